@@ -1,0 +1,36 @@
+# Targets a newcomer can guess. Every target sets up the local virtual environment
+# itself, so a fresh machine with only Python 3.10+ needs nothing else.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: install test test-fast lint bench demo clean
+
+$(STAMP): setup.cfg setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test,dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# The whole non-GPU suite (slow and multi-process tests included).
+test: $(STAMP)
+	$(PY) -m pytest -m "not gpu" -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not gpu and not slow" -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy dataloader samplers sources operations
+
+bench: $(STAMP)
+	$(PY) benchmarks/run.py
+
+demo: $(STAMP)
+	$(PY) -m dataloader demo
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis

@@ -1,0 +1,29 @@
+"""Samplers: which record comes at which position of the stream, in O(1).
+
+Depends on numpy and the standard library only (JAX is imported lazily by
+:class:`ShardByJaxProcess`).
+
+Example:
+    >>> from samplers import IndexSampler, ShardOptions
+    >>> sampler = IndexSampler(10, ShardOptions(shard_index=1, shard_count=2), num_epochs=1)
+    >>> sampler.record_keys([0, 1, 2]).tolist()
+    [1, 3, 5]
+"""
+
+from __future__ import annotations
+
+from samplers.index_sampler import IndexSampler, SequentialSampler
+from samplers.metadata import RecordMetadata, record_rng
+from samplers.permutation import permute
+from samplers.sharding import NoSharding, ShardByJaxProcess, ShardOptions
+
+__all__ = [
+    "IndexSampler",
+    "NoSharding",
+    "RecordMetadata",
+    "SequentialSampler",
+    "ShardByJaxProcess",
+    "ShardOptions",
+    "permute",
+    "record_rng",
+]

@@ -1,0 +1,33 @@
+"""The package's public names, and what importing it drags in."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import samplers
+
+
+def test_all_lists_the_public_names_sorted() -> None:
+    assert samplers.__all__ == sorted(samplers.__all__)
+    assert set(samplers.__all__) == {
+        "IndexSampler",
+        "NoSharding",
+        "RecordMetadata",
+        "SequentialSampler",
+        "ShardByJaxProcess",
+        "ShardOptions",
+        "permute",
+        "record_rng",
+    }
+    for name in samplers.__all__:
+        assert getattr(samplers, name).__module__.startswith("samplers.")
+
+
+def test_importing_samplers_loads_neither_jax_nor_sibling_packages() -> None:
+    code = (
+        "import sys, samplers\n"
+        "bad = [m for m in ('jax', 'dataloader', 'sources', 'operations') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

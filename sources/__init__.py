@@ -1,0 +1,46 @@
+"""Data sources: random access to records by index.
+
+A data source is anything with ``__len__`` and ``__getitem__`` (see
+:class:`RandomAccessDataSource` for the obligations); this package provides
+sources over ranges, in-memory sequences, ArrayRecord files and Parquet files,
+and :func:`read_records`, the one function through which the loader reads.
+
+It depends on numpy, array_record and pyarrow only, and knows nothing of
+samplers, operations or workers. ``ParquetDataSource`` is imported on first
+use, so a worker process that unpickles an ArrayRecord or in-memory source
+does not pay for importing pyarrow (about 0.1 s and tens of MB per process).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from sources.array_record import ArrayRecordDataSource
+from sources.array_record_writer import write_array_record
+from sources.base import RandomAccessDataSource, read_records
+from sources.in_memory import InMemoryDataSource, RangeDataSource
+
+if TYPE_CHECKING:
+    from sources.parquet import ParquetDataSource
+
+__all__ = [
+    "ArrayRecordDataSource",
+    "InMemoryDataSource",
+    "ParquetDataSource",
+    "RandomAccessDataSource",
+    "RangeDataSource",
+    "read_records",
+    "write_array_record",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ParquetDataSource":
+        from sources.parquet import ParquetDataSource
+
+        return ParquetDataSource
+    raise AttributeError(f"module 'sources' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

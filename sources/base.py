@@ -1,0 +1,91 @@
+"""The data-source protocol and the one function the loader reads through."""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from typing import Protocol, SupportsIndex, TypeVar, runtime_checkable
+
+import numpy as np
+
+T_co = TypeVar("T_co", covariant=True)
+
+
+@runtime_checkable
+class RandomAccessDataSource(Protocol[T_co]):
+    """Anything with ``__len__`` and ``__getitem__`` that the loader can read.
+
+    A list, a ``numpy`` array or any user class with these two methods is a
+    data source. To behave well inside the loader a source must also honour
+    these obligations, which the protocol cannot check:
+
+    * **Deterministic.** ``source[i]`` returns the same record every time, in
+      every process, for the life of a training run. The loader's guarantee
+      that batches are a pure function of the configuration rests on it.
+    * **Thread-safe reads.** ``__getitem__`` (and ``__getitems__``) may be
+      called from several threads at once.
+    * **Picklable, opened lazily.** The source is pickled into each worker
+      process. Open file handles in the process that reads (remember the pid
+      and reopen after a fork or unpickling) and drop them in
+      ``__getstate__``.
+    * **A stable ``repr``.** Equal sources print equal reprs in every process
+      (no addresses, no element dumps), because the repr identifies the
+      source in checkpoints and error messages.
+    * **Integer indices.** Indices are Python or numpy integers in
+      ``[0, len(source))``; out-of-range indices raise ``IndexError``.
+    * **Optional batched reads.** ``__getitems__(indices) -> list`` returns the
+      records of ``indices`` (a list of ints or a 1-D integer array, unsorted,
+      possibly with duplicates) in the order given. Define it when reading
+      many records at once is cheaper than reading them one by one; the
+      loader calls it once per work unit through :func:`read_records`.
+
+    Example:
+        >>> isinstance([b"a", b"b"], RandomAccessDataSource)
+        True
+    """
+
+    def __len__(self) -> int:
+        """Returns the number of records."""
+        ...
+
+    def __getitem__(self, index: SupportsIndex) -> T_co:
+        """Returns the record at ``index``."""
+        ...
+
+
+def read_records(source: RandomAccessDataSource, indices: Sequence[int] | np.ndarray) -> list:
+    """Reads the records at ``indices`` from ``source``, in the order given.
+
+    Uses ``source.__getitems__`` when the source defines it, else one
+    ``source[i]`` per index.
+
+    Args:
+        source: The data source.
+        indices: A list of ints or a 1-D numpy integer array (the loader passes
+            int64 arrays). Duplicates and any order are allowed.
+
+    Returns:
+        A list with one record per index.
+
+    Raises:
+        ValueError: ``__getitems__`` returned a different number of records.
+
+    Example:
+        >>> read_records(["a", "b", "c"], [2, 0, 2])
+        ['c', 'a', 'c']
+    """
+    getitems = getattr(source, "__getitems__", None)
+    if getitems is None:
+        if isinstance(indices, np.ndarray):
+            indices = indices.tolist()
+        # operator.index, unlike int, refuses 1.5 instead of reading record 1.
+        return [source[operator.index(i)] for i in indices]
+    records = getitems(indices)
+    if not isinstance(records, list):
+        records = list(records)
+    if len(records) != len(indices):
+        raise ValueError(
+            f"{source!r}.__getitems__ returned {len(records)} records for "
+            f"{len(indices)} indices; it must return exactly one record per index"
+        )
+    return records

@@ -1,0 +1,241 @@
+"""Tests for ArrayRecordDataSource."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+import threading
+import warnings
+
+import numpy as np
+import pytest
+
+from sources import ArrayRecordDataSource, RandomAccessDataSource, write_array_record
+from tests.sources._child import read_in_child
+from tests.sources._data import record
+
+
+@pytest.fixture
+def two_files(make_array_record):
+    """Files of 7 and 5 records: global indices 0-6 and 7-11."""
+    return [make_array_record("a.array_record", 7, 0), make_array_record("b.array_record", 5, 1)]
+
+
+def _expected_two_files(index: int) -> bytes:
+    return record(0, index) if index < 7 else record(1, index - 7)
+
+
+def test_single_file_round_trips(make_array_record):
+    source = ArrayRecordDataSource(make_array_record("one.array_record", 20))
+    assert len(source) == 20
+    assert [source[i] for i in range(20)] == [record(0, i) for i in range(20)]
+
+
+def test_source_satisfies_protocol(make_array_record):
+    source = ArrayRecordDataSource(make_array_record("one.array_record", 2))
+    assert isinstance(source, RandomAccessDataSource)
+
+
+def test_list_of_files_numbers_records_file_after_file(two_files):
+    source = ArrayRecordDataSource(two_files)
+    assert len(source) == 12
+    assert source.num_records_per_file == (7, 5)
+    assert [source[i] for i in range(12)] == [_expected_two_files(i) for i in range(12)]
+
+
+def test_list_order_is_kept(two_files):
+    source = ArrayRecordDataSource(two_files[::-1])
+    assert source[0] == record(1, 0)
+    assert source[5] == record(0, 0)
+
+
+def test_glob_reads_files_in_sorted_order(two_files, tmp_path):
+    source = ArrayRecordDataSource(str(tmp_path / "*.array_record"))
+    assert source.paths == tuple(str(p) for p in two_files)
+    assert source[7] == record(1, 0)
+
+
+def test_getitems_keeps_order_duplicates_across_file_boundary(two_files):
+    source = ArrayRecordDataSource(two_files)
+    indices = [11, 6, 7, 6, 0, 11, 8]
+    assert source.__getitems__(indices) == [_expected_two_files(i) for i in indices]
+
+
+def test_getitems_accepts_int64_array_on_single_file(make_array_record):
+    source = ArrayRecordDataSource(make_array_record("one.array_record", 9))
+    indices = np.array([8, 2, 2, 5], dtype=np.int64)
+    assert source.__getitems__(indices) == [record(0, i) for i in indices.tolist()]
+
+
+def test_getitem_accepts_numpy_integer(two_files):
+    assert ArrayRecordDataSource(two_files)[np.int64(8)] == record(1, 1)
+
+
+def test_concurrent_reads_from_threads_are_correct(make_array_record):
+    source = ArrayRecordDataSource(make_array_record("one.array_record", 300))
+    failures = []
+
+    def read(seed: int) -> None:
+        indices = np.random.default_rng(seed).integers(0, 300, 400)
+        if source.__getitems__(indices) != [record(0, i) for i in indices.tolist()]:
+            failures.append(seed)
+
+    threads = [threading.Thread(target=read, args=(seed,)) for seed in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+
+
+def test_pickled_source_reads_in_same_process(two_files):
+    source = ArrayRecordDataSource(two_files)
+    source[0]  # opens a reader, which must not travel in the pickle
+    clone = pickle.loads(pickle.dumps(source))
+    assert clone.__getitems__([9, 1]) == [record(1, 2), record(0, 1)]
+    assert repr(clone) == repr(source)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_source_reads_in_spawned_process(two_files):
+    source = ArrayRecordDataSource(two_files)
+    source[3]
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        pid, records = pool.apply_async(read_in_child, (source, [10, 2])).get(timeout=50)
+    assert pid != os.getpid()
+    assert records == [record(1, 3), record(0, 2)]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_source_reopens_readers_in_forked_process(two_files):
+    """A fork inherits open readers; the child must open its own.
+
+    The fork happens in a fresh interpreter: forking the test process itself, where JAX
+    and other tests may have started threads, can deadlock.
+    """
+    script = textwrap.dedent(
+        f"""
+        import multiprocessing, os, sys
+        from sources import ArrayRecordDataSource
+        source = ArrayRecordDataSource({[str(p) for p in two_files]!r})
+        parent = source[8]
+        def read(indices):
+            return os.getpid(), source.__getitems__(indices)
+        with multiprocessing.get_context("fork").Pool(1) as pool:
+            pid, records = pool.apply_async(read, ([8, 0],)).get(timeout=50)
+        assert pid != os.getpid()
+        assert records == [parent, source[0]], records
+        print("ok")
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_close_then_read_reopens(make_array_record):
+    with ArrayRecordDataSource(make_array_record("one.array_record", 3)) as source:
+        assert source[1] == record(0, 1)
+        source.close()
+        assert source[2] == record(0, 2)
+
+
+def test_repr_names_paths_and_record_count(make_array_record):
+    path = make_array_record("one.array_record", 3)
+    assert repr(ArrayRecordDataSource(path)) == (
+        f"ArrayRecordDataSource(paths=[{str(path)!r}], num_records=3)"
+    )
+
+
+def test_repr_abbreviates_many_paths(make_array_record, tmp_path):
+    for i in range(6):
+        make_array_record(f"part{i}.array_record", 1, i)
+    text = repr(ArrayRecordDataSource(str(tmp_path / "part*.array_record")))
+    assert "... 3 more ..." in text
+    assert text.endswith(f"{str(tmp_path / 'part5.array_record')!r}], num_records=6)")
+
+
+def test_group_size_above_one_warns_once_per_file(make_array_record):
+    paths = [
+        make_array_record("g4.array_record", 8, group_size=4),
+        make_array_record("g1.array_record", 8),
+        make_array_record("g2.array_record", 8, group_size=2),
+    ]
+    with pytest.warns(UserWarning, match=r"Rewrite it with group_size=1") as caught:
+        source = ArrayRecordDataSource(paths)
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 2
+    assert "g4.array_record' was written with group_size=4" in messages[0]
+    assert "g2.array_record' was written with group_size=2" in messages[1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert pickle.loads(pickle.dumps(source))[3] == record(0, 3)
+
+
+def test_group_size_one_does_not_warn(make_array_record):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ArrayRecordDataSource(make_array_record("g1.array_record", 2))
+
+
+def test_missing_file_is_named(tmp_path):
+    path = tmp_path / "nope.array_record"
+    with pytest.raises(
+        FileNotFoundError, match=r"ArrayRecord file '.*nope\.array_record' does not exist"
+    ):
+        ArrayRecordDataSource(path)
+
+
+def test_glob_matching_nothing_is_named(tmp_path):
+    with pytest.raises(
+        FileNotFoundError, match=r"glob pattern '.*\*\.array_record' matches no file"
+    ):
+        ArrayRecordDataSource(str(tmp_path / "*.array_record"))
+
+
+def test_empty_path_list_is_refused():
+    with pytest.raises(ValueError, match="paths is an empty list; pass at least one ArrayRecord"):
+        ArrayRecordDataSource([])
+
+
+def test_zero_byte_file_is_named(tmp_path):
+    path = tmp_path / "empty.array_record"
+    path.write_bytes(b"")
+    with pytest.raises(ValueError, match=r"'.*empty\.array_record' is empty \(0 bytes\)"):
+        ArrayRecordDataSource(path)
+
+
+def test_file_without_records_is_named(tmp_path):
+    path = tmp_path / "zero.array_record"
+    write_array_record(path, [])
+    with pytest.raises(ValueError, match=r"'.*zero\.array_record' has no records"):
+        ArrayRecordDataSource(path)
+
+
+def test_file_of_another_format_is_named(tmp_path):
+    path = tmp_path / "text.array_record"
+    path.write_bytes(b"this is not an array record file\n" * 10)
+    with pytest.raises(
+        ValueError, match=r"'.*text\.array_record' is not a readable ArrayRecord file"
+    ):
+        ArrayRecordDataSource(path)
+
+
+def test_index_out_of_range_names_index_and_length(two_files):
+    with pytest.raises(IndexError, match=r"index 12 is out of range for a source of length 12"):
+        ArrayRecordDataSource(two_files)[12]
+
+
+def test_getitems_out_of_range_names_index_and_length(two_files):
+    with pytest.raises(IndexError, match=r"index 40 is out of range for a source of length 12"):
+        ArrayRecordDataSource(two_files).__getitems__(np.array([1, 40]))
+
+
+def test_float_index_is_refused(two_files):
+    with pytest.raises(TypeError, match=r"must be an integer, got float 1\.0"):
+        ArrayRecordDataSource(two_files)[1.0]

@@ -1,0 +1,175 @@
+"""Element-wise operations: map, random map, flat map and filter.
+
+Each operation works two ways, as users of Grain expect:
+
+* by subclassing and overriding the method (``map``, ``random_map``, ``flat_map``,
+  ``filter``), or
+* by wrapping a plain function: ``MapTransform(lambda x: x + 1)``.
+
+Example:
+    >>> double = MapTransform(lambda x: 2 * x)
+    >>> double.map(3)
+    6
+    >>> class Even(FilterTransform):
+    ...     def filter(self, element):
+    ...         return element % 2 == 0
+    >>> Even().filter(4)
+    True
+
+Operations must be picklable (with cloudpickle, so lambdas and local functions work)
+because the worker pool sends them to child processes. They should be pure functions of
+their input (and, for random maps, of the generator they are given): the loader's
+output is then a pure function of the data, the sampler and the operations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+
+def _callable_name(fn: Any) -> str:
+    """A short, stable name for a function-like object (used in state and errors)."""
+    inner = getattr(fn, "func", None)  # functools.partial
+    if inner is not None and callable(inner):
+        return _callable_name(inner)
+    return getattr(fn, "__qualname__", None) or type(fn).__qualname__
+
+
+class Operation:
+    """Base of every operation; subclasses define the per-element method.
+
+    ``method_name`` names the method a subclass overrides; a function given to the
+    constructor replaces it.
+    """
+
+    method_name = ""
+    _fn: Callable[..., Any] | None = None
+
+    def __init__(self, fn: Callable[..., Any] | None = None) -> None:
+        kind = type(self).__name__
+        if fn is not None and not callable(fn):
+            raise TypeError(
+                f"{kind} needs a callable, got {fn!r} ({type(fn).__name__}); pass a function "
+                f"or subclass {kind} and override {self.method_name}()"
+            )
+        if fn is None and not self._overrides_method():
+            raise TypeError(
+                f"{kind} was given no function and does not override {self.method_name}(); "
+                f"pass a function, e.g. {kind}(lambda x: ...), or subclass it"
+            )
+        self._fn = fn
+
+    def _overrides_method(self) -> bool:
+        base = next(
+            c for c in type(self).__mro__ if c.__dict__.get("method_name") == self.method_name
+        )
+        return getattr(type(self), self.method_name) is not getattr(base, self.method_name)
+
+    @property
+    def name(self) -> str:
+        """The operation's name in states and error messages, e.g. ``MapTransform(decode)``."""
+        if self._fn is not None:
+            return f"{type(self).__name__}({_callable_name(self._fn)})"
+        return type(self).__qualname__
+
+    def __repr__(self) -> str:
+        return self.name
+
+    def element_fn(self) -> Callable[..., Any]:
+        """The callable to apply per element.
+
+        The wrapped function itself when one was given (saving a method call per
+        element on the hot path), else the overridden method.
+        """
+        if self._fn is not None and not self._overrides_method():
+            return self._fn
+        return getattr(self, self.method_name)
+
+    def _missing(self) -> Any:
+        raise NotImplementedError(
+            f"{type(self).__name__}.{self.method_name}() is not defined; pass a function "
+            f"or override it"
+        )
+
+
+class MapTransform(Operation):
+    """Applies ``map(element) -> element`` to every element."""
+
+    method_name = "map"
+
+    def map(self, element: Any) -> Any:
+        if self._fn is None:
+            return self._missing()
+        return self._fn(element)
+
+
+class RandomMapTransform(Operation):
+    """Applies ``random_map(element, rng) -> element`` with a per-element generator.
+
+    The ``rng`` is a ``numpy.random.Generator`` derived from the sampler's seed, the
+    element's global position and this operation's place in the pipeline, so the result
+    does not depend on worker count, prefetch depth, host count or a restore.
+    """
+
+    method_name = "random_map"
+
+    def random_map(self, element: Any, rng: np.random.Generator) -> Any:
+        if self._fn is None:
+            return self._missing()
+        return self._fn(element, rng)
+
+
+class FlatMapTransform(Operation):
+    """Replaces each element by the elements of ``flat_map(element) -> Sequence``.
+
+    Args:
+        fn: the function, unless a subclass overrides ``flat_map``.
+        max_fan_out: the most elements one input may produce (``None``: no limit). An
+            element producing more raises an error naming the operation and the counts.
+            Subclasses may set it as a class attribute instead.
+    """
+
+    method_name = "flat_map"
+    max_fan_out: int | None = None
+
+    def __init__(
+        self, fn: Callable[[Any], Sequence[Any]] | None = None, *, max_fan_out: int | None = None
+    ) -> None:
+        super().__init__(fn)
+        if max_fan_out is not None:
+            self.max_fan_out = max_fan_out
+        limit = self.max_fan_out
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise ValueError(
+                f"max_fan_out must be a positive integer or None, got {limit!r}; pass the "
+                f"largest number of elements one input can produce"
+            )
+
+    def flat_map(self, element: Any) -> Sequence[Any]:
+        if self._fn is None:
+            return self._missing()
+        return self._fn(element)
+
+    def checked_flat_map(self, element: Any) -> list[Any]:
+        """``flat_map`` as a list, with ``max_fan_out`` enforced."""
+        out = list(self.flat_map(element))
+        if self.max_fan_out is not None and len(out) > self.max_fan_out:
+            raise ValueError(
+                f"{self.name} produced {len(out)} elements from one input, more than "
+                f"max_fan_out={self.max_fan_out}; raise max_fan_out or split the input"
+            )
+        return out
+
+
+class FilterTransform(Operation):
+    """Keeps the elements for which ``filter(element)`` is true."""
+
+    method_name = "filter"
+
+    def filter(self, element: Any) -> bool:
+        if self._fn is None:
+            return self._missing()
+        return bool(self._fn(element))

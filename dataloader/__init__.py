@@ -1,0 +1,90 @@
+"""granary: a deterministic, checkpointable DataLoader for JAX training loops.
+
+One import gives the whole public API: ``import dataloader as dl`` then
+``dl.DataLoader``, ``dl.IndexSampler``, ``dl.ArrayRecordDataSource``,
+``dl.MapTransform``, ``dl.Batch``, ...
+"""
+
+from dataloader.errors import (
+    GranaryError,
+    PipelineError,
+    StateMismatchError,
+    WorkerCrashError,
+    WorkerError,
+)
+from dataloader.iterator import DataLoaderIterator
+from dataloader.loader import DataLoader
+from dataloader.options import ReadOptions
+from operations import (
+    Batch,
+    FilterTransform,
+    FlatMapTransform,
+    MapTransform,
+    Operation,
+    RandomMapTransform,
+    stack_elements,
+)
+from samplers import (
+    IndexSampler,
+    NoSharding,
+    RecordMetadata,
+    SequentialSampler,
+    ShardByJaxProcess,
+    ShardOptions,
+    permute,
+    record_rng,
+)
+from sources import (
+    ArrayRecordDataSource,
+    InMemoryDataSource,
+    RandomAccessDataSource,
+    RangeDataSource,
+    read_records,
+    write_array_record,
+)
+
+# Names whose modules are heavy to import (pyarrow, JAX) load on first use, so worker
+# processes that do not need them never pay for them.
+_LAZY = {"ParquetDataSource": "sources"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'dataloader' has no attribute {name!r}")
+
+
+__all__ = [
+    "ArrayRecordDataSource",
+    "Batch",
+    "DataLoader",
+    "DataLoaderIterator",
+    "FilterTransform",
+    "FlatMapTransform",
+    "GranaryError",
+    "InMemoryDataSource",
+    "IndexSampler",
+    "MapTransform",
+    "NoSharding",
+    "Operation",
+    "ParquetDataSource",
+    "PipelineError",
+    "RandomAccessDataSource",
+    "RandomMapTransform",
+    "RangeDataSource",
+    "ReadOptions",
+    "RecordMetadata",
+    "SequentialSampler",
+    "ShardByJaxProcess",
+    "ShardOptions",
+    "StateMismatchError",
+    "WorkerCrashError",
+    "WorkerError",
+    "permute",
+    "read_records",
+    "record_rng",
+    "stack_elements",
+    "write_array_record",
+]

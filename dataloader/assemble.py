@@ -1,0 +1,156 @@
+"""Turns the ordered stream of unit results into the user's stream, tracking the position.
+
+One assembler per unit layout (see :mod:`dataloader.plan`). Each has ``next()`` and
+``state() -> (position, sub_index, skip)``, the restart point after the last output
+handed out. The common ``batch`` layout does no per-record work here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from dataloader.compute import UnitResult, batch_and_post
+from dataloader.plan import BATCH, ELEMENTS, Plan
+
+
+class BatchAssembler:
+    """``batch`` layout: each unit's outputs (usually one batch) are handed on as they are."""
+
+    def __init__(self, units: Iterator[UnitResult], position: int, skip: int) -> None:
+        self._units = units
+        self._outputs: list[Any] = []
+        self._i = 0
+        self._start, self._stop = position, position
+        self._skip = skip
+
+    def next(self) -> Any:
+        while self._i >= len(self._outputs):
+            r = next(self._units)
+            self._outputs, self._start, self._stop = r.outputs, r.start, r.stop
+            self._i, self._skip = self._skip, 0
+        out = self._outputs[self._i]
+        self._outputs[self._i] = None  # let the batch's memory go once the user drops it
+        self._i += 1
+        return out
+
+    def state(self) -> tuple[int, int, int]:
+        if self._i < len(self._outputs):
+            return self._start, 0, self._i
+        return self._stop, 0, self._skip
+
+
+class ElementAssembler:
+    """``elements`` layout, and the survivor stream under ``regroup``."""
+
+    def __init__(self, units: Iterator[UnitResult], position: int, sub_index: int) -> None:
+        self._units = units
+        self._outputs: list[Any] = []
+        self._pos = self._sub = np.zeros(0, dtype=np.int64)
+        self._i = 0
+        self._stop = position
+        self._first = (position, sub_index)
+
+    def _pull(self) -> None:
+        r = next(self._units)
+        self._outputs = r.outputs
+        self._pos, self._sub = r.tags()
+        self._stop, self._i = r.stop, 0
+        if self._first is not None:
+            # Restoring mid-position: drop the outputs of that position already handed out.
+            p, s = self._first
+            self._first = None
+            while self._i < len(self._outputs) and self._pos[self._i] == p and self._sub[self._i] < s:
+                self._i += 1
+
+    def next(self) -> Any:
+        while self._i >= len(self._outputs):
+            self._pull()
+        out = self._outputs[self._i]
+        self._outputs[self._i] = None
+        self._i += 1
+        return out
+
+    def take(self, n: int) -> tuple[list[Any], tuple[int, int] | None]:
+        """Up to ``n`` elements (fewer only at the end) and the first one's tags."""
+        got: list[Any] = []
+        first = None
+        while len(got) < n:
+            if self._i >= len(self._outputs):
+                try:
+                    self._pull()
+                except StopIteration:
+                    break
+                continue
+            if first is None:
+                first = (int(self._pos[self._i]), int(self._sub[self._i]))
+            j = min(len(self._outputs), self._i + n - len(got))
+            got.extend(self._outputs[self._i : j])
+            self._outputs[self._i : j] = [None] * (j - self._i)
+            self._i = j
+        return got, first
+
+    def state(self) -> tuple[int, int, int]:
+        if self._i < len(self._outputs):
+            return int(self._pos[self._i]), int(self._sub[self._i]), 0
+        if self._first is not None:
+            return self._first[0], self._first[1], 0
+        return self._stop, 0, 0
+
+
+class RegroupAssembler:
+    """``regroup`` layout: batches survivors in the parent, then the post-batch operations."""
+
+    def __init__(
+        self, plan: Plan, units: Iterator[UnitResult], position: int, sub_index: int, skip: int
+    ) -> None:
+        assert plan.batch is not None
+        self._plan = plan
+        self._src = ElementAssembler(units, position, sub_index)
+        self._outputs: list[Any] = []
+        self._j = 0
+        self._batch_start = (position, sub_index)
+        self._skip = skip
+        self._end: tuple[int, int, int] | None = None
+
+    def next(self) -> Any:
+        batch = self._plan.batch
+        assert batch is not None
+        while self._j >= len(self._outputs):
+            if self._end is not None:
+                raise StopIteration
+            start = self._src.state()[:2]
+            elements, first = self._src.take(batch.batch_size)
+            if not elements or (batch.drop_remainder and len(elements) < batch.batch_size):
+                # Dropping a remainder hands nothing out, so the state stays where it was.
+                self._end = (*start, 0)
+                raise StopIteration
+            assert first is not None
+            self._outputs, _, _ = batch_and_post(self._plan, elements, *first)
+            self._batch_start = start
+            self._j, self._skip = self._skip, 0
+        out = self._outputs[self._j]
+        self._outputs[self._j] = None
+        self._j += 1
+        return out
+
+    def state(self) -> tuple[int, int, int]:
+        if self._end is not None:
+            return self._end
+        if self._j < len(self._outputs):
+            return self._batch_start[0], self._batch_start[1], self._j
+        if self._skip:
+            return self._batch_start[0], self._batch_start[1], self._skip
+        return self._src.state()
+
+
+def make_assembler(
+    plan: Plan, units: Iterator[UnitResult], position: int, sub_index: int, skip: int
+) -> BatchAssembler | ElementAssembler | RegroupAssembler:
+    if plan.layout == BATCH:
+        return BatchAssembler(units, position, skip)
+    if plan.layout == ELEMENTS:
+        return ElementAssembler(units, position, sub_index)
+    return RegroupAssembler(plan, units, position, sub_index, skip)

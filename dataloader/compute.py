@@ -1,0 +1,176 @@
+"""Computes one work unit: read its records, apply the operations. Pure and process-free.
+
+The same function runs in the training process (``worker_count=0``) and in worker
+processes, which is what makes the output independent of the worker count.
+
+Elements carry two tags while they flow: the local ``position`` they came from and
+``sub``, their rank among that position's outputs (non-zero only after a flat map).
+The tags key the random generators of random maps and let the loader say exactly where
+the stream is. A batch is tagged with its first element's tags.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from dataloader.errors import PipelineError
+from dataloader.plan import BATCH, Plan, Step
+from operations import FilterTransform, FlatMapTransform, MapTransform, RandomMapTransform
+from samplers import record_rng
+from sources import read_records
+
+
+@dataclasses.dataclass
+class UnitResult:
+    """A unit's outputs, in order.
+
+    Attributes:
+        start, stop: the unit's range of local positions.
+        outputs: the elements (``elements``/``regroup`` layouts) or batches (``batch``).
+        positions: the local position of each output; ``None`` means
+            ``start + arange(len(outputs))`` (nothing was filtered or expanded).
+        subs: each output's rank among its position's outputs; ``None`` means all zero.
+    """
+
+    start: int
+    stop: int
+    outputs: list[Any]
+    positions: np.ndarray | None = None
+    subs: np.ndarray | None = None
+
+    def tags(self) -> tuple[np.ndarray, np.ndarray]:
+        n = len(self.outputs)
+        pos = self.positions if self.positions is not None else np.arange(self.start, self.start + n)
+        sub = self.subs if self.subs is not None else np.zeros(n, dtype=np.int64)
+        return pos, sub
+
+
+def record_index(plan: Plan, position: int) -> int:
+    """The source index of the record at a local position (for error messages)."""
+    return int(plan.sampler.record_keys(np.asarray([position], dtype=np.int64))[0])
+
+
+def _fail(plan: Plan, what: str, position: int, sub: int, exc: BaseException) -> PipelineError:
+    key = record_index(plan, position)
+    where = f"record {key} (position {position}" + (f", output {sub}" if sub else "") + ")"
+    return PipelineError(
+        f"{what} failed on {where}: {type(exc).__name__}: {exc}",
+        operation=what,
+        record_index=key,
+        position=position,
+    )
+
+
+def _ranks(positions: np.ndarray) -> np.ndarray:
+    """Rank of each entry within its run of equal (contiguous) positions."""
+    if positions.size == 0:
+        return positions.copy()
+    idx = np.arange(positions.size, dtype=np.int64)
+    starts = np.empty(positions.size, dtype=bool)
+    starts[0] = True
+    np.not_equal(positions[1:], positions[:-1], out=starts[1:])
+    return idx - np.maximum.accumulate(np.where(starts, idx, 0))
+
+
+def apply_steps(
+    plan: Plan,
+    steps: tuple[Step, ...],
+    elements: list[Any],
+    positions: np.ndarray | None,
+    subs: np.ndarray | None,
+    start: int,
+) -> tuple[list[Any], np.ndarray | None, np.ndarray | None]:
+    """Applies element-wise operations, keeping the tags in step with the elements."""
+    for step in steps:
+        op, fn = step.op, step.op.element_fn()
+        out: list[Any] = []
+        append = out.append
+        try:
+            if isinstance(op, MapTransform):
+                for x in elements:
+                    append(fn(x))
+            elif isinstance(op, RandomMapTransform):
+                pos = positions if positions is not None else np.arange(start, start + len(elements))
+                glob = plan.sampler.global_positions(pos).tolist()
+                sub = [0] * len(elements) if subs is None else subs.tolist()
+                seed = plan.sampler.seed
+                for x, g, s in zip(elements, glob, sub):
+                    append(fn(x, record_rng(seed, g, step.stream, s)))
+            elif isinstance(op, FilterTransform):
+                for x in elements:
+                    append(bool(fn(x)))
+            else:
+                assert isinstance(op, FlatMapTransform)
+                for x in elements:
+                    append(op.checked_flat_map(x))
+        except Exception as exc:
+            i = len(out)
+            pos_i = int(positions[i]) if positions is not None else start + i
+            sub_i = int(subs[i]) if subs is not None else 0
+            raise _fail(plan, op.name, pos_i, sub_i, exc) from exc
+        if positions is None and isinstance(op, (FilterTransform, FlatMapTransform)):
+            positions = np.arange(start, start + len(elements), dtype=np.int64)
+        if isinstance(op, FilterTransform):
+            keep = np.fromiter(out, dtype=bool, count=len(out))
+            elements = [x for x, k in zip(elements, out) if k]
+            assert positions is not None
+            positions = positions[keep]
+            subs = subs[keep] if subs is not None else None
+        elif isinstance(op, FlatMapTransform):
+            counts = np.fromiter((len(o) for o in out), dtype=np.int64, count=len(out))
+            elements = [y for o in out for y in o]
+            assert positions is not None
+            positions = np.repeat(positions, counts)
+            subs = _ranks(positions)
+        else:
+            elements = out
+    return elements, positions, subs
+
+
+def compute_unit(plan: Plan, start: int, stop: int) -> UnitResult:
+    """Reads and transforms the records at local positions ``[start, stop)``."""
+    keys = plan.sampler.record_keys(np.arange(start, stop, dtype=np.int64))
+    try:
+        records = read_records(plan.source, keys)
+    except Exception as exc:
+        shown = keys[:8].tolist()
+        raise PipelineError(
+            f"reading records {shown}{'...' if len(keys) > 8 else ''} from {plan.source!r} "
+            f"failed: {type(exc).__name__}: {exc}",
+            operation="read",
+            record_index=int(keys[0]),
+            position=start,
+        ) from exc
+    elements, positions, subs = apply_steps(plan, plan.pre, list(records), None, None, start)
+    if plan.layout != BATCH:
+        return UnitResult(start, stop, elements, positions, subs)
+    assert plan.batch is not None
+    return UnitResult(start, stop, *batch_and_post(plan, elements, start, 0))
+
+
+def batch_and_post(
+    plan: Plan, elements: list[Any], position: int, sub: int
+) -> tuple[list[Any], np.ndarray | None, np.ndarray | None]:
+    """Stacks elements into one batch and applies the operations after the batch.
+
+    Returns the outputs (usually one batch) and their tags: ``None`` tags when there
+    are no operations after the batch.
+    """
+    assert plan.batch is not None
+    try:
+        batch = plan.batch.batch_fn(elements)
+    except Exception as exc:
+        raise _fail(plan, plan.batch.name, position, sub, exc) from exc
+    if not plan.post:
+        return [batch], None, None
+    return apply_steps(
+        plan,
+        plan.post,
+        [batch],
+        np.asarray([position], dtype=np.int64),
+        np.asarray([sub], dtype=np.int64),
+        position,
+    )

@@ -1,0 +1,153 @@
+"""``DataLoader``: wires a data source, a sampler and operations into an iterable."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from dataloader.inprocess import InProcessExecutor
+from dataloader.iterator import DataLoaderIterator
+from dataloader.options import ReadOptions
+from dataloader.plan import Plan, make_plan
+from dataloader.pool import PoolExecutor, pickle_plan
+from samplers import ShardOptions
+
+
+def _shard_tuple(options: ShardOptions) -> tuple[int, int, bool]:
+    return options.shard_index, options.shard_count, options.drop_remainder
+
+
+def _check_int(name: str, value: Any, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def _resolve_sampler(sampler: Any, shard_options: ShardOptions | None) -> Any:
+    """Applies the loader's shard options to the sampler, refusing a contradiction."""
+    for attr in ("record_keys", "global_positions", "num_positions", "shard_options", "seed"):
+        if not hasattr(sampler, attr):
+            raise TypeError(
+                f"sampler {sampler!r} has no {attr!r}; pass a samplers.IndexSampler "
+                f"(or SequentialSampler)"
+            )
+    if shard_options is None:
+        return sampler
+    if not isinstance(shard_options, ShardOptions):
+        raise TypeError(f"shard_options must be a ShardOptions, got {shard_options!r}")
+    own = sampler.shard_options
+    if _shard_tuple(own) == _shard_tuple(shard_options):
+        return sampler
+    if own.shard_count != 1:
+        raise ValueError(
+            f"the sampler is already sharded ({own}) and the loader was given "
+            f"shard_options={shard_options}; pass the shard options in one place only"
+        )
+    return sampler.with_shard_options(shard_options)
+
+
+class DataLoader:
+    """Reads records by index, applies operations, and yields results in order.
+
+    Args:
+        data_source: random-access source (``__len__``, ``__getitem__`` and optionally
+            ``__getitems__``), e.g. :class:`~sources.ArrayRecordDataSource`.
+        sampler: an :class:`~samplers.IndexSampler`: order, epochs and sharding.
+        operations: ``MapTransform``, ``RandomMapTransform``, ``FilterTransform``,
+            ``FlatMapTransform`` and at most one ``Batch``, applied in order.
+        worker_count: child processes computing work units (0: in this process).
+            The output is the same for every worker count.
+        worker_buffer_size: work units in flight per worker.
+        shard_options: sharding, if the sampler does not carry it already (giving
+            different non-trivial options in both places is an error).
+        read_options: read-ahead of the in-process path; see :class:`ReadOptions`.
+        worker_init_fn: ``f(worker_index, worker_count)`` run once in each child.
+        warm_start: with workers, compute the first units in this process while the
+            workers start, so the first batch comes as fast as in-process. Set it to
+            False when a record may crash the process (a segfaulting decoder): then
+            every unit runs in a worker, where a crash is survived.
+
+    Example:
+        >>> import dataloader as dl
+        >>> loader = dl.DataLoader(
+        ...     data_source=dl.RangeDataSource(10),
+        ...     sampler=dl.IndexSampler(10, shuffle=True, seed=1, num_epochs=1),
+        ...     operations=[dl.MapTransform(lambda x: x * 10), dl.Batch(4)])
+        >>> [b.tolist() for b in loader][0]
+        [40, 60, 20, 80]
+    """
+
+    def __init__(
+        self,
+        data_source: Any,
+        sampler: Any,
+        operations: Sequence[Any] = (),
+        *,
+        worker_count: int = 0,
+        worker_buffer_size: int = 2,
+        shard_options: ShardOptions | None = None,
+        read_options: ReadOptions | None = None,
+        worker_init_fn: Callable[[int, int], Any] | None = None,
+        warm_start: bool = True,
+    ) -> None:
+        if not (hasattr(data_source, "__len__") and hasattr(data_source, "__getitem__")):
+            raise TypeError(
+                f"data_source {data_source!r} needs __len__ and __getitem__ (a random-access "
+                f"source such as ArrayRecordDataSource or InMemoryDataSource)"
+            )
+        sampler = _resolve_sampler(sampler, shard_options)
+        if sampler.num_records > len(data_source):
+            raise ValueError(
+                f"the sampler has num_records={sampler.num_records} but the data source "
+                f"{data_source!r} holds only {len(data_source)} records; build the sampler "
+                f"with num_records=len(source)"
+            )
+        if isinstance(operations, (str, bytes)) or not isinstance(operations, Sequence):
+            operations = list(operations)
+        read_options = read_options or ReadOptions()
+        if not isinstance(read_options, ReadOptions):
+            raise TypeError(f"read_options must be a ReadOptions, got {read_options!r}")
+        if worker_init_fn is not None and not callable(worker_init_fn):
+            raise TypeError(f"worker_init_fn must be callable, got {worker_init_fn!r}")
+        self.worker_count = _check_int("worker_count", worker_count, 0)
+        self.worker_buffer_size = _check_int("worker_buffer_size", worker_buffer_size, 1)
+        self.read_options = read_options
+        self.worker_init_fn = worker_init_fn
+        self.warm_start = bool(warm_start)
+        self.plan: Plan = make_plan(data_source, sampler, list(operations), read_options.unit_size)
+        # Pickled once, here, so an operation that cannot reach the workers fails now.
+        self._plan_bytes = pickle_plan(self.plan) if self.worker_count else b""
+
+    @property
+    def data_source(self) -> Any:
+        return self.plan.source
+
+    @property
+    def sampler(self) -> Any:
+        return self.plan.sampler
+
+    def __iter__(self) -> DataLoaderIterator:
+        return DataLoaderIterator(self)
+
+    def iterator(self, state: Any = None) -> DataLoaderIterator:
+        """A new iterator, starting from ``state`` (from ``get_state``) when given."""
+        return DataLoaderIterator(self, state)
+
+    def _make_executor(self, position: int) -> Any:
+        if not self.worker_count:
+            return InProcessExecutor(self.plan, position, self.read_options)
+        return PoolExecutor(
+            self.plan,
+            self._plan_bytes,
+            position,
+            worker_count=self.worker_count,
+            buffer_size=self.worker_buffer_size,
+            init_fn=self.worker_init_fn,
+            warm_start=self.warm_start,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"DataLoader(data_source={self.plan.source!r}, sampler={self.plan.sampler!r}, "
+            f"operations={self.plan.operation_names}, worker_count={self.worker_count})"
+        )

@@ -1,0 +1,137 @@
+"""The execution plan: how a pipeline's stream is cut into work units.
+
+A unit is a range ``[start, stop)`` of local positions (positions in this shard's
+stream). Its result is a pure function of the range, so any process can compute any
+unit, a lost unit is simply computed again, and the output never depends on how many
+workers there are. Three layouts, chosen from the operations:
+
+``batch``
+    A ``Batch`` with only maps and random maps before it (the common case). A unit is
+    exactly one batch, ``[k*B, (k+1)*B)``; the worker reads, maps, stacks and applies the
+    operations after the batch, and the parent only hands the result on.
+``elements``
+    No ``Batch``. A unit is ``unit_size`` positions; its outputs are elements, each
+    tagged with the position it came from and its rank among that position's outputs
+    (``sub``, non-zero only after a flat map).
+``regroup``
+    A filter or flat map before the ``Batch``. Units are as in ``elements``; the parent
+    regroups the surviving elements into batches and applies the operations after the
+    batch. Batch composition depends only on the order of survivors, never on unit
+    boundaries, so the unit size is free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from operations import (
+    Batch,
+    FilterTransform,
+    FlatMapTransform,
+    MapTransform,
+    Operation,
+    RandomMapTransform,
+)
+
+BATCH, ELEMENTS, REGROUP = "batch", "elements", "regroup"
+DEFAULT_UNIT_SIZE = 128
+
+_KINDS = "MapTransform, RandomMapTransform, FilterTransform, FlatMapTransform or Batch"
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One element-wise operation and its stream number (its index in the pipeline).
+
+    The stream number keys the per-element generators of a random map, so adding an
+    operation elsewhere does not change another one's randomness.
+    """
+
+    op: Operation
+    stream: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Everything a process needs to compute any unit. Picklable (with cloudpickle)."""
+
+    source: Any
+    sampler: Any
+    pre: tuple[Step, ...]
+    batch: Batch | None
+    post: tuple[Step, ...]
+    layout: str
+    unit_size: int
+
+    @property
+    def num_positions(self) -> int | None:
+        return self.sampler.num_positions
+
+    @property
+    def operation_names(self) -> list[str]:
+        names = [s.op.name for s in self.pre]
+        if self.batch is not None:
+            names.append(self.batch.name)
+        return names + [s.op.name for s in self.post]
+
+    def units(self, position: int) -> Iterator[tuple[int, int]]:
+        """Unit ranges from ``position`` to the end of the stream (for ever if infinite).
+
+        Units stay aligned to multiples of ``unit_size`` after a restore mid-unit (the
+        first one is shorter), so the stream's states are the same whether or not it
+        was restored.
+        """
+        end = self.num_positions
+        step = self.unit_size
+        drop = self.layout == BATCH and self.batch is not None and self.batch.drop_remainder
+        start = position
+        while end is None or start < end:
+            stop = (start // step + 1) * step
+            if end is not None and stop > end:
+                if drop:
+                    return
+                stop = end
+            yield start, stop
+            start = stop
+
+
+def make_plan(
+    source: Any, sampler: Any, operations: Sequence[Any], unit_size: int | None = None
+) -> Plan:
+    """Validates ``operations`` and chooses the unit layout.
+
+    Raises:
+        TypeError: an operation is not one of the operation types.
+        ValueError: more than one ``Batch``, or a random map without a seed.
+    """
+    pre: list[Step] = []
+    post: list[Step] = []
+    batch: Batch | None = None
+    for i, op in enumerate(operations):
+        if isinstance(op, Batch):
+            if batch is not None:
+                raise ValueError(
+                    f"operations[{i}] is a second Batch ({op.name}); a pipeline takes one "
+                    f"Batch (put the operations that need bigger groups in its batch_fn)"
+                )
+            batch = op
+            continue
+        if not isinstance(op, (MapTransform, RandomMapTransform, FilterTransform, FlatMapTransform)):
+            hint = f"; wrap it as MapTransform({getattr(op, '__name__', 'fn')})" if callable(op) else ""
+            raise TypeError(f"operations[{i}] is {op!r}, expected a {_KINDS}{hint}")
+        if isinstance(op, RandomMapTransform) and sampler.seed is None:
+            raise ValueError(
+                f"operations[{i}] ({op.name}) is a random map but the sampler has no seed; "
+                f"pass seed=... to the sampler so augmentations are reproducible"
+            )
+        (post if batch is not None else pre).append(Step(op, i))
+    reshapes = any(isinstance(s.op, (FilterTransform, FlatMapTransform)) for s in pre)
+    if batch is None:
+        layout, size = ELEMENTS, unit_size or DEFAULT_UNIT_SIZE
+    elif reshapes:
+        layout, size = REGROUP, unit_size or batch.batch_size
+    else:
+        layout, size = BATCH, batch.batch_size
+    return Plan(source, sampler, tuple(pre), batch, tuple(post), layout, size)

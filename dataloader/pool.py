@@ -1,0 +1,435 @@
+"""The worker pool: child processes computing units, results handed back in unit order.
+
+Each worker is a ``python -m dataloader.worker`` child with two pipes of its own. The
+parent keeps at most ``buffer_size`` units in flight per worker, gives the next unit to
+whichever worker has room (so one slow unit does not stall the others) and never runs
+more than ``worker_count * buffer_size`` units ahead of the consumer, which bounds
+memory. Results come back through shared memory (:mod:`dataloader.shm`).
+
+While no worker has started yet, the parent computes the first unit itself, so the first
+batch costs what it costs in-process rather than a process start-up (``warm_start``;
+only one unit, so a record that crashes its process can hurt the parent only there).
+
+A worker that dies (SIGKILL, OOM killer, segfault) closes its result pipe, which wakes
+the parent at once: it is replaced and its units are computed again, so the output is
+unchanged. A unit that killed its worker ``MAX_CRASHES`` times becomes an error at its
+place in the stream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import os
+import pickle
+import subprocess
+import sys
+import threading
+import time
+import warnings
+import weakref
+from collections import deque
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+import cloudpickle
+
+from dataloader import shm
+from dataloader.compute import UnitResult, compute_unit, record_index
+from dataloader.errors import PipelineError, WorkerCrashError, WorkerError
+from dataloader.plan import Plan
+
+MAX_CRASHES = 3
+STOP_GRACE_S = 2.0
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Worker:
+    """One child process and its pipes."""
+
+    def __init__(self, index: int, init: bytes) -> None:
+        self.index = index
+        task_r, task_w = os.pipe()
+        res_r, res_w = os.pipe()
+        path = os.pathsep.join([_PACKAGE_ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])
+        # Workers never touch accelerators; JAX, if a user operation imports it, stays on CPU.
+        env = dict(os.environ, PYTHONPATH=path, JAX_PLATFORMS="cpu")
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "dataloader.worker", str(task_r), str(res_w)],
+                pass_fds=(task_r, res_w),
+                env=env,
+                stdin=subprocess.DEVNULL,
+            )
+        finally:
+            os.close(task_r)
+            os.close(res_w)
+        self.tasks = Connection(task_w, readable=False)
+        self.results = Connection(res_r, writable=False)
+        self.ready = False
+        self.outstanding: deque[tuple[int, int, shm.Block | None]] = deque()
+        self.forgotten = 0
+        # The init message may exceed the pipe's buffer; a thread keeps the parent free
+        # while the child starts up and reads it.
+        threading.Thread(target=self._send_quietly, args=(init,), daemon=True).start()
+
+    def _send_quietly(self, data: bytes) -> None:
+        with contextlib.suppress(OSError):
+            self.tasks.send_bytes(data)
+
+    def send(self, message: tuple) -> None:
+        self.tasks.send_bytes(pickle.dumps(message))
+
+    def close_pipes(self) -> None:
+        for conn in (self.tasks, self.results):
+            with contextlib.suppress(OSError):
+                conn.close()
+
+
+class _Resources:
+    """What must be released whatever happens: the processes and the blocks."""
+
+    def __init__(self) -> None:
+        self.workers: list[Worker] = []
+        self.blocks = shm.BlockPool()
+
+
+def _shutdown(res: _Resources) -> None:
+    """Stops every child within a bounded time and unlinks every block."""
+    # Closing a worker's task pipe is its signal to stop (EOF), whatever it was doing;
+    # a message could race with the init message still being written by its thread.
+    for w in res.workers:
+        with contextlib.suppress(OSError):
+            w.tasks.close()
+    deadline = time.monotonic() + STOP_GRACE_S
+    for w in res.workers:
+        try:
+            w.proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            w.proc.terminate()
+    for w in res.workers:
+        try:
+            w.proc.wait(1.0)
+        except subprocess.TimeoutExpired:
+            w.proc.kill()
+            w.proc.wait()
+        w.close_pipes()
+    res.workers.clear()
+    res.blocks.close()
+
+
+def pickle_plan(plan: Plan) -> bytes:
+    """The plan as sent to workers; names the part that cannot be pickled."""
+    try:
+        return cloudpickle.dumps(plan)
+    except Exception as exc:
+        parts = [("data_source", plan.source), ("sampler", plan.sampler)]
+        parts += [(f"operation {s.op.name}", s.op) for s in (*plan.pre, *plan.post)]
+        if plan.batch is not None:
+            parts.append((plan.batch.name, plan.batch))
+        for label, obj in parts:
+            try:
+                cloudpickle.dumps(obj)
+            except Exception as part_exc:
+                raise TypeError(
+                    f"{label} ({obj!r}) cannot be sent to worker processes: "
+                    f"{type(part_exc).__name__}: {part_exc}; make it picklable (open files "
+                    f"and locks lazily) or use worker_count=0"
+                ) from part_exc
+        raise TypeError(f"the pipeline cannot be sent to worker processes: {exc}") from exc
+
+
+def _remote_error(data: bytes, worker: int) -> Exception:
+    """Rebuilds a worker's exception with the child's traceback in its message."""
+    exc, cause, text = cloudpickle.loads(data)
+    detail = f"\n\nTraceback in worker {worker}:\n{text}"
+    if isinstance(exc, PipelineError):
+        err: Exception = PipelineError(
+            f"{exc}{detail}",
+            operation=exc.operation,
+            record_index=exc.record_index,
+            position=exc.position,
+        )
+        err.__cause__ = cause
+    else:
+        err = WorkerError(f"worker {worker} failed: {type(exc).__name__}: {exc}{detail}")
+        err.__cause__ = exc
+    return err
+
+
+class PoolExecutor:
+    """Unit results in order, computed by a pool of worker processes.
+
+    Args:
+        plan: the pipeline's plan; ``plan_bytes`` its pickled form (made once, at
+            loader construction, so an unpicklable operation fails early).
+        position: the local position to start from.
+        worker_count, buffer_size: processes, and units in flight per process.
+        init_fn: ``f(worker_index, worker_count)`` run in each child before work.
+        warm_start: compute the first unit in this process if no worker is ready yet.
+    """
+
+    def __init__(
+        self,
+        plan: Plan,
+        plan_bytes: bytes,
+        position: int,
+        *,
+        worker_count: int,
+        buffer_size: int,
+        init_fn: Any = None,
+        warm_start: bool = True,
+    ) -> None:
+        self._plan = plan
+        self._warm_start = warm_start
+        self._buffer = buffer_size
+        self._worker_count = worker_count
+        self._window = worker_count * buffer_size
+        self._use_shm = shm.shm_available()
+        if not self._use_shm:
+            self._warn(f"{shm.SHM_DIR} is not available")
+        else:
+            shm.sweep_stale_blocks()
+        self._gen = 0
+        self._init = {
+            "sys_path": list(sys.path),
+            "parent_pid": os.getpid(),
+            "plan": plan_bytes,
+            "init_fn": cloudpickle.dumps(init_fn),
+            "worker_count": worker_count,
+        }
+        self._start()
+        self.reset(position)
+
+    # -- set-up ---------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        self._res = _Resources()
+        self._finalizer = weakref.finalize(self, _shutdown, self._res)
+        self._ever_ready = False
+        self._warm_units = 1 if self._warm_start else 0
+        self._startup_deaths = 0
+        self._res.workers = [self._spawn(i) for i in range(self._worker_count)]
+
+    def _spawn(self, index: int) -> Worker:
+        init = pickle.dumps(("init", pickle.dumps({**self._init, "worker_index": index})))
+        return Worker(index, init)
+
+    def _warn(self, why: str) -> None:
+        self._use_shm = False
+        warnings.warn(
+            f"granary: {why}, so results travel through pipes (slower, one more copy); "
+            f"enlarge /dev/shm (e.g. docker --shm-size=2g) or lower worker_count or "
+            f"worker_buffer_size",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+
+    def reset(self, position: int) -> None:
+        """Starts a new stream at ``position``; results of the old one are discarded.
+
+        The workers stay up (a restore costs no process start-up), unless an error had
+        stopped them, in which case a fresh pool starts.
+        """
+        if not self._finalizer.alive:
+            self._start()
+        self._gen += 1
+        self._units = self._plan.units(position)
+        self._ranges: dict[int, tuple[int, int]] = {}
+        self._new = 0
+        self._exhausted = False
+        self._redo: list[int] = []
+        self._assigned: set[int] = set()
+        self._done: dict[int, tuple[str, Any]] = {}
+        self._head = 0
+        self._crashes: dict[int, int] = {}
+
+    # -- consuming ------------------------------------------------------------------------
+
+    def __iter__(self) -> PoolExecutor:
+        return self
+
+    def __next__(self) -> UnitResult:
+        if not self._finalizer.alive:
+            raise StopIteration
+        while True:
+            item = self._done.pop(self._head, None)
+            if item is not None:
+                self._ranges.pop(self._head, None)
+                self._head += 1
+                kind, value = item
+                if kind == "err":
+                    self.close()  # an error ends the stream; every child is stopped
+                    raise value
+                return value
+            if self._exhausted and self._head >= self._new and not self._redo:
+                raise StopIteration
+            self._dispatch()
+            if self._warm_units and not self._ever_ready and self._head not in self._assigned:
+                self._warm_units = 0
+                self._compute_inline(self._head)
+            else:
+                self._wait(1.0)
+
+    def _compute_inline(self, unit: int) -> None:
+        if unit >= self._new and self._next_unit() is None:
+            return
+        start, stop = self._ranges[unit]
+        try:
+            result = compute_unit(self._plan, start, stop)
+        except PipelineError as exc:
+            self._done[unit] = ("err", exc)
+            return
+        self._done[unit] = ("ok", result)
+        if self._use_shm and not self._res.blocks.target_size:
+            self._size_blocks(shm.payload_size(*shm.dumps(result)))
+
+    def _size_blocks(self, nbytes: int) -> None:
+        blocks = self._res.blocks
+        first = not blocks.target_size
+        blocks.note_payload(nbytes)
+        needed = blocks.target_size * (self._window + len(self._res.workers) + 2)
+        if first and shm.shm_free_bytes() < needed:
+            self._warn(
+                f"{shm.SHM_DIR} has {shm.shm_free_bytes() / 2**20:.0f} MiB free but the "
+                f"buffers need about {needed / 2**20:.0f} MiB"
+            )
+
+    # -- dispatching ----------------------------------------------------------------------
+
+    def _next_unit(self) -> int | None:
+        if self._redo:
+            return heapq.heappop(self._redo)
+        if self._exhausted or self._new >= self._head + self._window:
+            return None
+        rng = next(self._units, None)
+        if rng is None:
+            self._exhausted = True
+            return None
+        unit = self._new
+        self._new += 1
+        self._ranges[unit] = rng
+        return unit
+
+    def _dispatch(self) -> None:
+        ready = [w for w in self._res.workers if w.ready]
+        while ready:
+            w = min(ready, key=lambda w: len(w.outstanding))
+            if len(w.outstanding) >= self._buffer:
+                return
+            unit = self._next_unit()
+            if unit is None:
+                return
+            if unit in self._done:
+                continue  # computed in the parent during start-up
+            block = self._res.blocks.acquire() if self._use_shm else None
+            discarded = self._res.blocks.discarded
+            forget, w.forgotten = discarded[w.forgotten :], len(discarded)
+            start, stop = self._ranges[unit]
+            try:
+                w.send(("task", self._gen, unit, start, stop, block and block.name, forget))
+            except OSError:
+                if block is not None:
+                    self._res.blocks.give_back(block)
+                heapq.heappush(self._redo, unit)
+                return  # the worker is dying; _wait will notice and replace it
+            w.outstanding.append((self._gen, unit, block))
+            self._assigned.add(unit)
+
+    # -- receiving ------------------------------------------------------------------------
+
+    def _wait(self, timeout: float) -> None:
+        by_conn = {w.results: w for w in self._res.workers}
+        for conn in wait(list(by_conn), timeout):
+            w = by_conn[conn]  # type: ignore[index]
+            try:
+                message = pickle.loads(conn.recv_bytes())  # type: ignore[union-attr]
+            except (EOFError, OSError):
+                self._replace(w)
+                continue
+            self._receive(w, message)
+
+    def _receive(self, w: Worker, message: tuple) -> None:
+        kind = message[0]
+        if kind == "ready":
+            w.ready = self._ever_ready = True
+            return
+        if kind == "fatal":
+            self.close()
+            raise WorkerError(f"worker {w.index} could not start:\n{message[1]}")
+        gen, unit, block = w.outstanding.popleft()
+        assert (gen, unit) == tuple(message[1:3]), "worker answered out of order"
+        self._assigned.discard(unit)
+        blocks = self._res.blocks
+        if gen != self._gen:
+            if block is not None:
+                blocks.give_back(block)
+            return
+        if kind == "error":
+            if block is not None:
+                blocks.give_back(block)
+            self._done[unit] = ("err", _remote_error(message[3], w.index))
+            return
+        where, (data, size) = message[3], message[4]
+        if where == "shm":
+            assert block is not None
+            value = shm.read_payload(blocks.lease(block), data)
+        else:
+            if block is not None:
+                blocks.give_back(block)
+            value = pickle.loads(data)
+        if self._use_shm:
+            self._size_blocks(size)
+        self._done[unit] = ("ok", value)
+
+    def _replace(self, w: Worker) -> None:
+        """A worker died: reap it, start another, and compute its units again."""
+        try:
+            code = w.proc.wait(5.0)
+        except subprocess.TimeoutExpired:
+            w.proc.kill()
+            code = w.proc.wait()
+        w.close_pipes()
+        if not w.ready:
+            self._startup_deaths += 1
+            if self._startup_deaths >= MAX_CRASHES:
+                self.close()
+                raise WorkerError(
+                    f"worker processes keep dying before they start (exit code {code}); "
+                    f"run with worker_count=0 to see the error in this process"
+                )
+        first = True
+        for gen, unit, block in w.outstanding:
+            if block is not None:
+                self._res.blocks.give_back(block)
+            if gen != self._gen:
+                continue
+            self._assigned.discard(unit)
+            if first:  # a worker computes its units in order: the first one killed it
+                first = False
+                self._crashes[unit] = self._crashes.get(unit, 0) + 1
+                if self._crashes[unit] >= MAX_CRASHES:
+                    self._done[unit] = ("err", self._crash_error(unit, code))
+                    continue
+            heapq.heappush(self._redo, unit)
+        i = self._res.workers.index(w)
+        self._res.workers[i] = self._spawn(w.index)
+
+    def _crash_error(self, unit: int, code: int) -> WorkerCrashError:
+        start, stop = self._ranges[unit]
+        keys = [record_index(self._plan, p) for p in range(start, stop)]
+        how = f"signal {-code}" if code < 0 else f"exit code {code}"
+        return WorkerCrashError(
+            f"the unit of positions [{start}, {stop}) killed its worker {MAX_CRASHES} times "
+            f"(last: {how}); it reads record indices {keys}; find the record that crashes "
+            f"(e.g. with worker_count=0 under a debugger) and filter or repair it"
+        )
+
+    # -- shutting down --------------------------------------------------------------------
+
+    @property
+    def pids(self) -> list[int]:
+        return [w.proc.pid for w in self._res.workers]
+
+    def close(self) -> None:
+        self._finalizer()

@@ -1,0 +1,244 @@
+"""What the loader computes: the order, the operations, the batches, the errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import dataloader as dl
+from tests.dataloader.pipelines import make_loader
+from tests.helpers import assert_streams_equal
+
+
+class CountingSource:
+    """An in-memory source that counts the records read (to prove O(1) restore)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.reads = 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        self.reads += 1
+        return int(i)
+
+    def __getitems__(self, indices):
+        self.reads += len(indices)
+        return [int(i) for i in indices]
+
+
+def keys_of(sampler, count):
+    return sampler.record_keys(np.arange(count, dtype=np.int64)).tolist()
+
+
+def test_batches_follow_the_sampler_order_through_the_map():
+    sampler = dl.IndexSampler(50, shuffle=True, seed=3, num_epochs=2)
+    loader = dl.DataLoader(dl.RangeDataSource(50), sampler, [dl.MapTransform(lambda x: x * 10), dl.Batch(8)])
+    batches = [b.tolist() for b in loader]
+    flat = [x for b in batches for x in b]
+    assert flat == [10 * k for k in keys_of(sampler, 100)]
+    assert [len(b) for b in batches] == [8] * 12 + [4]
+
+
+def test_drop_remainder_drops_only_the_last_partial_batch():
+    sampler = dl.IndexSampler(50, shuffle=False, num_epochs=2)
+    loader = dl.DataLoader(dl.RangeDataSource(50), sampler, [dl.Batch(8, drop_remainder=True)])
+    batches = [b.tolist() for b in loader]
+    assert len(batches) == 12 and batches[6] == [48, 49, 0, 1, 2, 3, 4, 5]
+
+
+def test_each_epoch_is_a_permutation_of_the_records():
+    sampler = dl.IndexSampler(40, shuffle=True, seed=5, num_epochs=3)
+    out = list(dl.DataLoader(dl.RangeDataSource(40), sampler))
+    for e in range(3):
+        assert sorted(out[40 * e : 40 * (e + 1)]) == list(range(40))
+    assert out[:40] != out[40:80]
+
+
+def test_filter_then_batch_regroups_the_survivors_in_order():
+    sampler = dl.IndexSampler(30, shuffle=True, seed=1, num_epochs=1)
+    loader = dl.DataLoader(
+        dl.RangeDataSource(30), sampler, [dl.FilterTransform(lambda x: x % 4 != 0), dl.Batch(5)]
+    )
+    expected = [k for k in keys_of(sampler, 30) if k % 4 != 0]
+    batches = [b.tolist() for b in loader]
+    assert [x for b in batches for x in b] == expected
+    assert [len(b) for b in batches][:-1] == [5] * (len(batches) - 1)
+
+
+def test_flat_map_expands_each_element_in_order():
+    sampler = dl.SequentialSampler(5)
+    loader = dl.DataLoader(dl.RangeDataSource(5), sampler, [dl.FlatMapTransform(lambda x: [x] * x)])
+    assert list(loader) == [1, 2, 2, 3, 3, 3, 4, 4, 4, 4]
+
+
+def test_random_map_gets_the_generator_of_its_seed_position_and_stream():
+    sampler = dl.IndexSampler(10, shuffle=True, seed=11, num_epochs=2)
+    loader = dl.DataLoader(
+        dl.RangeDataSource(10), sampler,
+        [dl.MapTransform(lambda x: x), dl.RandomMapTransform(lambda x, rng: rng.random())],
+    )
+    got = list(loader)
+    expected = [dl.record_rng(11, g, 1, 0).random() for g in range(20)]
+    assert got == expected
+
+
+def test_random_augmentations_differ_between_epochs_and_records():
+    sampler = dl.IndexSampler(10, shuffle=False, seed=11, num_epochs=2)
+    loader = dl.DataLoader(dl.RangeDataSource(10), sampler, [dl.RandomMapTransform(lambda x, rng: rng.random())])
+    got = list(loader)
+    assert len(set(got)) == 20
+
+
+def test_two_runs_give_identical_batches():
+    a = list(make_loader("everything"))
+    b = list(make_loader("everything"))
+    assert_streams_equal(a, b)
+
+
+def test_shards_interleave_the_global_stream():
+    outs = []
+    for h in range(3):
+        sampler = dl.IndexSampler(10, shard_options=dl.ShardOptions(h, 3), shuffle=True, seed=2, num_epochs=3)
+        outs.append(list(dl.DataLoader(dl.RangeDataSource(10), sampler)))
+    whole = list(dl.DataLoader(dl.RangeDataSource(10), dl.IndexSampler(10, shuffle=True, seed=2, num_epochs=3)))
+    assert [outs[g % 3][g // 3] for g in range(30)] == whole
+
+
+def test_loader_shard_options_apply_to_an_unsharded_sampler():
+    sampler = dl.IndexSampler(10, shuffle=False, num_epochs=1)
+    loader = dl.DataLoader(dl.RangeDataSource(10), sampler, shard_options=dl.ShardOptions(1, 2))
+    assert list(loader) == [1, 3, 5, 7, 9]
+
+
+def test_same_shard_options_in_both_places_are_accepted():
+    opts = dl.ShardOptions(1, 2)
+    loader = dl.DataLoader(dl.RangeDataSource(10), dl.IndexSampler(10, shard_options=opts, num_epochs=1), shard_options=dl.ShardOptions(1, 2))
+    assert list(loader) == [1, 3, 5, 7, 9]
+
+
+def test_restore_is_constant_time_far_into_an_infinite_stream():
+    source = CountingSource(1000)
+    loader = dl.DataLoader(source, dl.IndexSampler(1000, shuffle=True, seed=1), [dl.Batch(10)])
+    it = iter(loader)
+    next(it)
+    state = it.get_state()
+    state["position"] = 10 * 10**9
+    it2 = iter(loader)
+    it2.set_state(state)
+    before = source.reads
+    batch = next(it2)
+    assert source.reads - before == 10
+    keys = loader.sampler.record_keys(np.arange(10 * 10**9, 10 * 10**9 + 10)).tolist()
+    assert batch.tolist() == keys
+
+
+def test_state_is_small_json_and_accepted_as_json_text():
+    import json
+
+    it = iter(make_loader("everything"))
+    next(it)
+    state = it.get_state()
+    text = json.dumps(state)
+    assert len(text) < 1000
+    it2 = iter(make_loader("everything"))
+    it2.set_state(text.encode())
+    assert_streams_equal([next(it2)], [next(it)])
+
+
+def test_operation_error_names_the_operation_and_record_and_chains_the_cause():
+    def explode(x):
+        if x == 13:
+            raise KeyError("bad record")
+        return x
+
+    loader = dl.DataLoader(dl.RangeDataSource(20), dl.SequentialSampler(20), [dl.MapTransform(explode), dl.Batch(4)])
+    it = iter(loader)
+    got = [next(it).tolist() for _ in range(3)]
+    assert got == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    with pytest.raises(dl.PipelineError, match=r"MapTransform\(.*explode\) failed on record 13 .*KeyError") as info:
+        next(it)
+    assert isinstance(info.value.__cause__, KeyError)
+    assert info.value.record_index == 13
+
+
+def test_unbatchable_shapes_name_the_field_and_shapes():
+    loader = dl.DataLoader(
+        dl.RangeDataSource(4), dl.SequentialSampler(4),
+        [dl.MapTransform(lambda x: {"img": np.zeros(x + 1)}), dl.Batch(2)],
+    )
+    with pytest.raises(dl.PipelineError, match=r"field \['img'\]: element 0 has shape \(1,\) but element 1 has \(2,\)"):
+        next(iter(loader))
+
+
+def test_max_fan_out_overflow_is_an_error():
+    loader = dl.DataLoader(
+        dl.RangeDataSource(4), dl.SequentialSampler(4), [dl.FlatMapTransform(lambda x: [x] * 3, max_fan_out=2)]
+    )
+    with pytest.raises(dl.PipelineError, match=r"produced 3 elements from one input, more than max_fan_out=2"):
+        next(iter(loader))
+
+
+def test_failed_read_names_the_records_and_source():
+    class Broken(CountingSource):
+        def __getitems__(self, indices):
+            raise OSError("disk gone")
+
+    loader = dl.DataLoader(Broken(8), dl.SequentialSampler(8), [dl.Batch(4)])
+    with pytest.raises(dl.PipelineError, match=r"reading records \[0, 1, 2, 3\] from .* failed: OSError: disk gone"):
+        next(iter(loader))
+
+
+# --- bad input, refused at construction ---------------------------------------------------
+
+
+def test_sampler_larger_than_the_source_is_refused():
+    with pytest.raises(ValueError, match=r"num_records=20 but the data source .* holds only 10 records"):
+        dl.DataLoader(dl.RangeDataSource(10), dl.IndexSampler(20))
+
+
+def test_a_plain_function_as_operation_is_refused_with_a_hint():
+    def decode(x):
+        return x
+
+    with pytest.raises(TypeError, match=r"operations\[0\] is .*expected a MapTransform.*wrap it as MapTransform\(decode\)"):
+        dl.DataLoader(dl.RangeDataSource(10), dl.IndexSampler(10), [decode])
+
+
+def test_two_batches_are_refused():
+    with pytest.raises(ValueError, match=r"operations\[1\] is a second Batch"):
+        dl.DataLoader(dl.RangeDataSource(10), dl.IndexSampler(10), [dl.Batch(2), dl.Batch(2)])
+
+
+def test_random_map_without_a_seed_is_refused():
+    with pytest.raises(ValueError, match=r"random map but the sampler has no seed; pass seed="):
+        dl.DataLoader(dl.RangeDataSource(10), dl.IndexSampler(10), [dl.RandomMapTransform(lambda x, r: x)])
+
+
+def test_conflicting_shard_options_are_refused():
+    sampler = dl.IndexSampler(10, shard_options=dl.ShardOptions(0, 2))
+    with pytest.raises(ValueError, match=r"already sharded .* pass the shard options in one place only"):
+        dl.DataLoader(dl.RangeDataSource(10), sampler, shard_options=dl.ShardOptions(1, 2))
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"worker_count": -1}, r"worker_count must be an integer >= 0, got -1"),
+    ({"worker_buffer_size": 0}, r"worker_buffer_size must be an integer >= 1, got 0"),
+    ({"read_options": "fast"}, r"read_options must be a ReadOptions, got 'fast'"),
+    ({"worker_init_fn": 3}, r"worker_init_fn must be callable, got 3"),
+])
+def test_bad_loader_options_are_refused(kwargs, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        dl.DataLoader(dl.RangeDataSource(10), dl.IndexSampler(10), **kwargs)
+
+
+def test_a_source_without_getitem_is_refused():
+    with pytest.raises(TypeError, match=r"needs __len__ and __getitem__"):
+        dl.DataLoader(object(), dl.IndexSampler(10))
+
+
+def test_something_that_is_not_a_sampler_is_refused():
+    with pytest.raises(TypeError, match=r"has no 'record_keys'; pass a samplers.IndexSampler"):
+        dl.DataLoader(dl.RangeDataSource(10), [1, 2, 3])

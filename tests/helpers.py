@@ -1,0 +1,81 @@
+"""Shared test helpers: deep equality of nested outputs, and restore-at-every-step."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+
+def assert_tree_equal(a: Any, b: Any, path: str = "") -> None:
+    """Asserts two nested structures of arrays/scalars are equal, naming the first difference."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), f"{path}: keys {a.keys()} vs {b}"
+        for k in a:
+            assert_tree_equal(a[k], b[k], f"{path}[{k!r}]")
+    elif isinstance(a, (tuple, list)):
+        assert type(a) is type(b) and len(a) == len(b), f"{path}: {a!r} vs {b!r}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_tree_equal(x, y, f"{path}[{i}]")
+    elif isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        a_, b_ = np.asarray(a), np.asarray(b)
+        assert a_.shape == b_.shape and a_.dtype == b_.dtype, f"{path}: {a_.shape}/{a_.dtype} vs {b_.shape}/{b_.dtype}"
+        assert np.array_equal(a_, b_), f"{path}: {a_} != {b_}"
+    else:
+        assert a == b, f"{path}: {a!r} != {b!r}"
+
+
+def assert_streams_equal(a: list[Any], b: list[Any]) -> None:
+    assert len(a) == len(b), f"streams differ in length: {len(a)} vs {len(b)}"
+    for i, (x, y) in enumerate(zip(a, b)):
+        assert_tree_equal(x, y, f"output {i}")
+
+
+def take(iterator: Any, limit: int | None) -> list[Any]:
+    return list(itertools.islice(iterator, limit))
+
+
+def assert_restores_everywhere(
+    make_iterator: Callable[[], Any],
+    limit: int = 60,
+    fresh_iterator_every: int = 1,
+) -> list[Any]:
+    """Restores at every step and checks the rest equals the uninterrupted stream.
+
+    Runs the pipeline once (up to ``limit`` outputs), recording the state after each
+    output, then for every step ``k`` restores from the state after ``k`` outputs
+    (round-tripped through JSON, as a checkpoint would) and compares everything that
+    follows, to the same limit, with the uninterrupted run. Every ``fresh_iterator_every``
+    steps the restore goes into a new iterator, otherwise into the one already open
+    (``set_state`` on a running iterator must work too). Epoch boundaries are among the
+    steps whenever the stream crosses one.
+
+    Returns:
+        The uninterrupted outputs.
+    """
+    it = make_iterator()
+    states = [json.dumps(it.get_state())]
+    outputs = []
+    for x in itertools.islice(it, limit):
+        outputs.append(x)
+        states.append(json.dumps(it.get_state()))
+    if hasattr(it, "close"):
+        it.close()
+    reused = make_iterator()
+    try:
+        for k, state in enumerate(states):
+            target = make_iterator() if k % fresh_iterator_every == 0 else reused
+            target.set_state(json.loads(state))
+            rest = take(target, limit - k)
+            assert_streams_equal(rest, outputs[k:])
+            # Having caught up, the restored iterator is exactly where the original ended.
+            assert json.loads(json.dumps(target.get_state())) == json.loads(states[-1])
+            if target is not reused and hasattr(target, "close"):
+                target.close()
+    finally:
+        if hasattr(reused, "close"):
+            reused.close()
+    return outputs

@@ -1,0 +1,53 @@
+"""Multi-process tests check afterwards that no child process and no block is left."""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+
+import pytest
+
+
+def child_pids(pid: int | None = None) -> set[int]:
+    """Live (non-zombie) children of ``pid`` (default: this process), from /proc."""
+    pid = os.getpid() if pid is None else pid
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.add(int(entry))
+    return found
+
+
+def shm_blocks() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith("granary_")}
+
+
+def wait_until(predicate, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+@pytest.fixture(autouse=True)
+def no_leaks():
+    """Fails a test that leaves a worker process or a shared-memory block behind."""
+    children_before, blocks_before = child_pids(), shm_blocks()
+    yield
+    gc.collect()
+    assert wait_until(lambda: child_pids() <= children_before), (
+        f"child processes left behind: {child_pids() - children_before}"
+    )
+    assert wait_until(lambda: shm_blocks() <= blocks_before), (
+        f"shared-memory blocks left behind: {shm_blocks() - blocks_before}"
+    )

@@ -1,0 +1,177 @@
+"""Every way a loader's life can end leaves no child process and no shared memory."""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import dataloader as dl
+from tests.integration import workers_pipelines as wp
+from tests.integration.conftest import child_pids, shm_blocks, wait_until
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(180)]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def make_loader(workers=2, n=10_000):
+    return dl.DataLoader(
+        dl.RangeDataSource(n), dl.IndexSampler(n, shuffle=True, seed=0),
+        [dl.MapTransform(wp.to_array), dl.Batch(16)], worker_count=workers,
+    )
+
+
+def run_script(body: str, **kwargs) -> subprocess.Popen:
+    script = textwrap.dedent(body)
+    return subprocess.Popen(
+        [sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, **kwargs,
+    )
+
+
+def test_fifty_cycles_of_create_iterate_break_collect_leave_nothing():
+    loader = make_loader()
+    for cycle in range(50):
+        for i, _ in enumerate(loader):
+            if i == cycle % 3:
+                break
+        gc.collect()
+    # The autouse fixture checks children and blocks; check here too, to name the test.
+    assert wait_until(lambda: not child_pids())
+    assert wait_until(lambda: not shm_blocks())
+
+
+def test_close_is_bounded_even_with_busy_workers():
+    loader = dl.DataLoader(
+        dl.RangeDataSource(1000), dl.SequentialSampler(1000),
+        [dl.MapTransform(wp.slow_identity), dl.Batch(50)], worker_count=2,
+    )
+    it = iter(loader)
+    next(it)
+    start = time.monotonic()
+    it.close()
+    assert time.monotonic() - start < 5
+    assert not child_pids()
+
+
+def test_exception_in_the_training_loop_cleans_up():
+    def train():
+        for _ in make_loader():
+            raise RuntimeError("training failed")
+
+    with pytest.raises(RuntimeError, match="training failed"):
+        train()
+    gc.collect()
+    assert wait_until(lambda: not child_pids())
+
+
+def test_sigkilled_parent_leaves_no_children_and_no_blocks():
+    proc = run_script(
+        """
+        import os, sys, dataloader as dl
+        from tests.integration import workers_pipelines as wp
+        loader = dl.DataLoader(dl.RangeDataSource(100000), dl.IndexSampler(100000, shuffle=True, seed=0),
+                               [dl.MapTransform(wp.to_array), dl.Batch(16)], worker_count=2)
+        it = iter(loader)
+        for _ in range(20):
+            next(it)
+        print(" ".join(map(str, it._executor.pids)), flush=True)
+        print(" ".join(it._executor._res.blocks.names), flush=True)
+        import time; time.sleep(60)
+        """
+    )
+    pids = [int(p) for p in proc.stdout.readline().split()]
+    blocks = proc.stdout.readline().split()
+    assert len(pids) == 2 and blocks
+    assert all(os.path.exists(f"/dev/shm/{b}") for b in blocks)
+    proc.kill()
+    proc.wait()
+    assert wait_until(lambda: not any(os.path.exists(f"/proc/{p}") for p in pids), 10)
+    assert wait_until(lambda: not any(os.path.exists(f"/dev/shm/{b}") for b in blocks), 10)
+
+
+def test_ctrl_c_ends_the_training_process_and_its_workers():
+    proc = run_script(
+        """
+        import dataloader as dl
+        from tests.integration import workers_pipelines as wp
+        loader = dl.DataLoader(dl.RangeDataSource(10**6), dl.IndexSampler(10**6, shuffle=True, seed=0),
+                               [dl.MapTransform(wp.slow_identity), dl.Batch(16)], worker_count=2)
+        it = iter(loader)
+        next(it); next(it)
+        print(" ".join(map(str, it._executor.pids)), flush=True)
+        for batch in it:
+            pass
+        """,
+        start_new_session=True,
+    )
+    pids = [int(p) for p in proc.stdout.readline().split()]
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole group
+    _, err = proc.communicate(timeout=20)
+    assert "KeyboardInterrupt" in err
+    assert wait_until(lambda: not any(os.path.exists(f"/proc/{p}") for p in pids), 10)
+    assert not {b for b in shm_blocks() if b.startswith(f"granary_{proc.pid}_")}
+
+
+def test_interpreter_exit_without_close_stops_the_workers():
+    proc = run_script(
+        """
+        import dataloader as dl
+        from tests.integration import workers_pipelines as wp
+        loader = dl.DataLoader(dl.RangeDataSource(1000), dl.SequentialSampler(1000),
+                               [dl.MapTransform(wp.to_array), dl.Batch(16)], worker_count=2)
+        it = iter(loader)
+        next(it); next(it)
+        print(" ".join(map(str, it._executor.pids)), flush=True)
+        """
+    )
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    pids = [int(p) for p in out.split()]
+    assert wait_until(lambda: not any(os.path.exists(f"/proc/{p}") for p in pids), 10)
+    assert not {b for b in shm_blocks() if b.startswith(f"granary_{proc.pid}_")}
+
+
+def test_script_without_main_guard_runs_with_workers(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(
+        """
+        import dataloader as dl
+        print("top level ran", flush=True)
+        loader = dl.DataLoader(dl.RangeDataSource(100), dl.SequentialSampler(100),
+                               [dl.MapTransform(lambda x: x * 2), dl.Batch(10)], worker_count=2)
+        print(sum(int(b.sum()) for b in loader))
+        """
+    ))
+    out = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["top", "level", "ran", str(2 * sum(range(100)))]
+
+
+@pytest.mark.slow
+def test_resident_memory_stays_flat_over_many_epochs():
+    def rss_mb():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    loader = dl.DataLoader(
+        dl.RangeDataSource(2000), dl.IndexSampler(2000, shuffle=True, seed=0),
+        [dl.MapTransform(wp.to_array), dl.Batch(20)], worker_count=2,
+    )
+    it = iter(loader)
+    samples = []
+    for _ in range(12):
+        for _ in range(100):
+            next(it)
+        gc.collect()
+        samples.append(rss_mb())
+    growth = samples[-1] - samples[2]
+    assert growth < 8, f"resident memory grew {growth:.1f} MB over 10 epochs: {samples}"
+    it.close()

@@ -1,0 +1,185 @@
+"""The worker pool: same output for every worker count, restores, errors, dead workers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+
+import pytest
+
+import dataloader as dl
+from tests.dataloader.pipelines import make_loader
+from tests.helpers import assert_restores_everywhere, assert_streams_equal, take
+from tests.integration import workers_pipelines as wp
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(120)]
+
+
+@pytest.mark.parametrize("name", ["batch", "random_map_batch", "filter_batch", "flat_map", "everything", "batch_then_flat_map"])
+def test_output_is_identical_for_worker_counts_0_1_2_3(name):
+    reference = list(make_loader(name, n=61, epochs=2))
+    for workers, buffer in [(1, 1), (2, 2), (3, 4)]:
+        got = list(make_loader(name, n=61, epochs=2, worker_count=workers, worker_buffer_size=buffer))
+        assert_streams_equal(got, reference)
+
+
+def test_output_is_identical_without_warm_start():
+    reference = list(make_loader("everything", n=40, epochs=1))
+    got = list(make_loader("everything", n=40, epochs=1, worker_count=2, warm_start=False))
+    assert_streams_equal(got, reference)
+
+
+@pytest.mark.parametrize("name", ["batch", "everything", "flat_map"])
+def test_restore_at_every_step_with_workers(name):
+    loader = make_loader(name, worker_count=2)
+    reference = list(make_loader(name))[:40]
+    outputs = assert_restores_everywhere(lambda: iter(loader), limit=40, fresh_iterator_every=10)
+    assert_streams_equal(outputs, reference)
+
+
+@pytest.mark.parametrize(("save_workers", "restore_workers"), [(2, 0), (0, 3), (3, 1), (1, 2)])
+def test_state_saved_with_n_workers_restores_with_m(save_workers, restore_workers):
+    name = "everything"
+    reference = list(make_loader(name, n=50, epochs=2))
+    saving = iter(make_loader(name, n=50, epochs=2, worker_count=save_workers))
+    states = []
+    for _ in range(len(reference)):
+        next(saving)
+        states.append(json.dumps(saving.get_state()))
+    saving.close()
+    restoring = iter(make_loader(name, n=50, epochs=2, worker_count=restore_workers))
+    for k in range(0, len(reference), 3):
+        restoring.set_state(json.loads(states[k]))
+        assert_streams_equal(take(restoring, 4), reference[k + 1 : k + 5])
+    restoring.close()
+
+
+def test_state_ignores_what_is_in_flight():
+    loader = make_loader("batch", n=200, epochs=1, worker_count=2, worker_buffer_size=4)
+    it = iter(loader)
+    next(it)
+    next(it)
+    assert it.get_state()["position"] == 8  # two batches of 4, whatever is prefetched
+    it.close()
+
+
+def test_batches_arrive_through_shared_memory_and_free_their_blocks():
+    src = dl.RangeDataSource(400)
+    loader = dl.DataLoader(src, dl.SequentialSampler(400), [dl.MapTransform(wp.to_array), dl.Batch(8)], worker_count=2)
+    it = iter(loader)
+    batches = [next(it) for _ in range(30)]
+    # Once block sizes are known (after the first results), batches view shared memory.
+    assert all(not b["x"].flags.owndata for b in batches[8:])
+    pool = it._executor._res.blocks
+    assert pool.target_size > 0 and len(pool.names) >= 1
+    held = len(pool.names)
+    del batches
+    rest = [next(it) for _ in range(20)]
+    assert len(pool.names) <= held + 2  # freed blocks were reused, not new ones made
+    assert rest[-1]["id"].tolist() == list(range(392, 400))
+    it.close()
+
+
+def test_shm_shortage_falls_back_to_pipes_with_one_warning(monkeypatch):
+    from dataloader import shm
+
+    monkeypatch.setattr(shm, "shm_free_bytes", lambda: 1000)
+    loader = dl.DataLoader(dl.RangeDataSource(64), dl.SequentialSampler(64), [dl.MapTransform(wp.to_array), dl.Batch(8)], worker_count=2)
+    with pytest.warns(RuntimeWarning, match=r"MiB free but the buffers need about .* results travel through pipes"):
+        got = list(loader)
+    assert [b["id"].tolist() for b in got] == [list(range(i, i + 8)) for i in range(0, 64, 8)]
+
+
+def test_worker_error_arrives_at_its_place_with_operation_record_and_traceback():
+    loader = dl.DataLoader(
+        dl.RangeDataSource(40), dl.SequentialSampler(40),
+        [dl.MapTransform(wp.raise_on_17), dl.Batch(4)], worker_count=2, warm_start=False,
+    )
+    it = iter(loader)
+    got = [next(it).tolist() for _ in range(4)]
+    assert got == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+    with pytest.raises(dl.PipelineError, match=r"(?s)MapTransform\(raise_on_17\) failed on record 17 .*ZeroDivisionError: record 17 is cursed.*Traceback in worker .*raise_on_17") as info:
+        next(it)
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
+    assert info.value.record_index == 17
+    assert it._executor.pids == []  # every child was stopped
+    # A restore past the bad record starts a fresh pool and goes on.
+    state = it.get_state()
+    state["position"] = 20
+    it.set_state(state)
+    assert next(it).tolist() == [20, 21, 22, 23]
+    it.close()
+
+
+def test_sigkilled_worker_is_replaced_and_output_is_identical():
+    def make(workers):
+        return dl.DataLoader(
+            dl.RangeDataSource(300), dl.IndexSampler(300, shuffle=True, seed=4, num_epochs=1),
+            [dl.MapTransform(wp.slow_identity), dl.MapTransform(wp.to_array), dl.Batch(10)],
+            worker_count=workers,
+        )
+
+    reference = list(make(0))
+    it = iter(make(2))
+    got = [next(it) for _ in range(5)]
+    victim = it._executor.pids[0]
+    os.kill(victim, signal.SIGKILL)
+    got += list(it)
+    assert victim not in it._executor.pids
+    assert_streams_equal(got, reference)
+    it.close()
+
+
+def test_a_worker_killed_once_by_a_record_is_survived(tmp_path):
+    loader = dl.DataLoader(
+        dl.RangeDataSource(60), dl.SequentialSampler(60),
+        [dl.MapTransform(wp.kill_once_marker(str(tmp_path / "seen"))), dl.Batch(5)],
+        worker_count=2, warm_start=False,
+    )
+    assert [b.tolist() for b in loader] == [list(range(i, i + 5)) for i in range(0, 60, 5)]
+
+
+@pytest.mark.parametrize("warm_start", [True, False])
+def test_poison_record_that_always_kills_its_worker_is_named(warm_start):
+    loader = dl.DataLoader(
+        dl.RangeDataSource(60), dl.SequentialSampler(60),
+        [dl.MapTransform(wp.kill_self_on(23)), dl.Batch(5)],
+        worker_count=2, warm_start=warm_start,
+    )
+    it = iter(loader)
+    got = [next(it).tolist() for _ in range(4)]
+    assert got[-1] == [15, 16, 17, 18, 19]
+    with pytest.raises(dl.WorkerCrashError, match=r"positions \[20, 25\) killed its worker 3 times \(last: signal 9\); it reads record indices \[20, 21, 22, 23, 24\]"):
+        next(it)
+    it.close()
+
+
+def test_unpicklable_operation_is_named_at_construction():
+    lock = threading.Lock()
+    with pytest.raises(TypeError, match=r"operation MapTransform\(.*<lambda>\) .* cannot be sent to worker processes.*lock"):
+        dl.DataLoader(dl.RangeDataSource(10), dl.IndexSampler(10), [dl.MapTransform(lambda x: (lock, x))], worker_count=2)
+
+
+def test_worker_init_fn_runs_once_in_each_worker(tmp_path):
+    loader = dl.DataLoader(
+        dl.RangeDataSource(50), dl.SequentialSampler(50), [dl.Batch(5)],
+        worker_count=3, worker_init_fn=wp.record_init(str(tmp_path)), warm_start=False,
+    )
+    assert len(list(loader)) == 10
+    names = sorted(n.rsplit("-", 1)[0] for n in os.listdir(tmp_path))
+    assert names == ["0-of-3", "1-of-3", "2-of-3"]
+
+
+def test_lambdas_and_local_functions_run_in_workers():
+    offset = 1000
+
+    def local(x):
+        return x + offset
+
+    loader = dl.DataLoader(
+        dl.RangeDataSource(20), dl.SequentialSampler(20),
+        [dl.MapTransform(local), dl.MapTransform(lambda x: x * 2), dl.Batch(10)], worker_count=2,
+    )
+    assert [b.tolist() for b in loader] == [[(i + 1000) * 2 for i in range(10)], [(i + 1000) * 2 for i in range(10, 20)]]

@@ -104,10 +104,17 @@ class RegroupAssembler:
     """``regroup`` layout: batches survivors in the parent, then the post-batch operations."""
 
     def __init__(
-        self, plan: Plan, units: Iterator[UnitResult], position: int, sub_index: int, skip: int
+        self,
+        plan: Plan,
+        units: Iterator[UnitResult],
+        position: int,
+        sub_index: int,
+        skip: int,
+        timings: dict[str, float],
     ) -> None:
         assert plan.batch is not None
         self._plan = plan
+        self._timings = timings
         self._src = ElementAssembler(units, position, sub_index)
         self._outputs: list[Any] = []
         self._j = 0
@@ -128,7 +135,7 @@ class RegroupAssembler:
                 self._end = (*start, 0)
                 raise StopIteration
             assert first is not None
-            self._outputs, _, _ = batch_and_post(self._plan, elements, *first)
+            self._outputs, _, _ = batch_and_post(self._plan, elements, *first, self._timings)
             self._batch_start = start
             self._j, self._skip = self._skip, 0
         out = self._outputs[self._j]
@@ -147,10 +154,16 @@ class RegroupAssembler:
 
 
 def make_assembler(
-    plan: Plan, units: Iterator[UnitResult], position: int, sub_index: int, skip: int
+    plan: Plan,
+    units: Iterator[UnitResult],
+    position: int,
+    sub_index: int,
+    skip: int,
+    timings: dict[str, float],
 ) -> BatchAssembler | ElementAssembler | RegroupAssembler:
+    """The assembler for the plan's layout; ``timings`` collects parent-side work."""
     if plan.layout == BATCH:
         return BatchAssembler(units, position, skip)
     if plan.layout == ELEMENTS:
         return ElementAssembler(units, position, sub_index)
-    return RegroupAssembler(plan, units, position, sub_index, skip)
+    return RegroupAssembler(plan, units, position, sub_index, skip, timings)

@@ -6,6 +6,7 @@ from typing import Any
 
 from dataloader.assemble import make_assembler
 from dataloader.state import make_state, resolve_state
+from dataloader.stats import Counted, Stats
 
 
 class DataLoaderIterator:
@@ -28,6 +29,7 @@ class DataLoaderIterator:
         self._executor: Any = None
         self._assembler: Any = None
         self._closed = False
+        self._stats = Stats()
         self._restart(*(resolve_state(self._plan, state) if state is not None else (0, 0, 0)))
 
     def _restart(self, position: int, sub_index: int, skip: int) -> None:
@@ -35,7 +37,14 @@ class DataLoaderIterator:
             self._executor = self._loader._make_executor(position)
         else:
             self._executor.reset(position)  # keeps worker processes up
-        self._assembler = make_assembler(self._plan, self._executor, position, sub_index, skip)
+        self._assembler = make_assembler(
+            self._plan,
+            Counted(self._executor, self._stats),
+            position,
+            sub_index,
+            skip,
+            self._stats.seconds,
+        )
 
     def __iter__(self) -> DataLoaderIterator:
         return self
@@ -58,6 +67,10 @@ class DataLoaderIterator:
         """
         self._restart(*resolve_state(self._plan, state))
         self._closed = False
+
+    def stats(self) -> dict[str, Any]:
+        """Where the time went since this iterator was made (see :class:`Stats`)."""
+        return self._stats.as_dict()
 
     def close(self) -> None:
         """Stops all background work; safe to call more than once."""

@@ -242,3 +242,21 @@ def test_a_source_without_getitem_is_refused():
 def test_something_that_is_not_a_sampler_is_refused():
     with pytest.raises(TypeError, match=r"has no 'record_keys'; pass a samplers.IndexSampler"):
         dl.DataLoader(dl.RangeDataSource(10), [1, 2, 3])
+
+
+def test_stats_say_where_the_time_went():
+    import time as _time
+
+    def slow(x):
+        _time.sleep(0.001)
+        return x
+
+    loader = dl.DataLoader(dl.RangeDataSource(40), dl.SequentialSampler(40), [dl.MapTransform(slow), dl.Batch(8)])
+    it = iter(loader)
+    list(it)
+    stats = it.stats()
+    assert stats["units"] == 5 and stats["records_read"] == 40
+    stages = stats["stage_seconds"]
+    assert set(stages) == {"read", "MapTransform(test_stats_say_where_the_time_went.<locals>.slow)", "batch"}
+    assert stages["MapTransform(test_stats_say_where_the_time_went.<locals>.slow)"] >= 0.04
+    assert stats["wait_s"] >= 0.04

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Creates benchmarks/.venv: the project itself (editable) plus the peers it is
+# compared against. Peers live only here, never in the project's dependencies.
+#
+# Idempotent: a stamp file records what was installed; delete benchmarks/.venv
+# (or the stamp) to start over. Set PYTHON to choose the interpreter.
+#
+# torch is pinned to the exact CPU build: any looser spec resolves to a CUDA
+# build of several GB.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(cd "${HERE}/.." && pwd)"
+VENV="${HERE}/.venv"
+PY="${VENV}/bin/python"
+PYTHON="${PYTHON:-python3}"
+
+PEERS=(
+  "grain==0.2.18"
+  "torch==2.13.0"
+  "pillow"
+  "psutil"
+)
+STAMP="${VENV}/.bench-stamp"
+# The stamp's content: change either list (or setup.cfg) and the install reruns.
+WANT="$(printf '%s\n' "${PEERS[@]}"; cat "${ROOT}/setup.cfg" "${ROOT}/setup.py")"
+
+if [[ -f "${STAMP}" && "$(cat "${STAMP}")" == "${WANT}" ]]; then
+  exit 0
+fi
+
+if [[ ! -x "${PY}" ]]; then
+  "${PYTHON}" -m venv "${VENV}"
+fi
+# pip's chatter goes to a log, shown only if the install fails.
+LOG="${VENV}/install.log"
+echo "setting up ${VENV} (log: ${LOG}) ..."
+if ! { "${PY}" -m pip install -q --upgrade pip &&
+       "${PY}" -m pip install -q -e "${ROOT}" "${PEERS[@]}"; } >"${LOG}" 2>&1; then
+  tail -n 40 "${LOG}" >&2
+  echo "setup_env.sh: pip install failed; full log in ${LOG}" >&2
+  exit 1
+fi
+
+# Peers must import next to the project's numpy and jax; fail loudly if not.
+"${PY}" - <<'EOF'
+import importlib.metadata as md
+
+import grain.python  # noqa: F401
+import numpy
+import torch  # noqa: F401
+import PIL  # noqa: F401
+import psutil  # noqa: F401
+
+for name in ("numpy", "jax", "array_record", "grain", "torch", "pillow", "psutil"):
+    try:
+        version = md.version(name)
+    except md.PackageNotFoundError:
+        version = "absent"
+    print(f"  {name:13s} {version}")
+EOF
+"${PY}" -m pip check >/dev/null || {
+  "${PY}" -m pip check >&2
+  echo "warning: pip check reports version conflicts (above)" >&2
+}
+
+printf '%s' "${WANT}" > "${STAMP}"

@@ -157,6 +157,39 @@ def _remote_error(data: bytes, worker: int) -> Exception:
     return err
 
 
+def _prestart(ref: weakref.ref[PoolExecutor]) -> None:
+    """Hands out the first units as soon as workers are ready, before the first ``next()``.
+
+    So the pool works while the training script is still setting up (compiling its
+    step, restoring a checkpoint). Ends when the consumer starts, or the executor is
+    closed or collected (it holds only a weak reference).
+    """
+    while True:
+        executor = ref()
+        if executor is None:
+            return
+        with executor._lock:
+            if executor._consumer_started or not executor._finalizer.alive:
+                return
+            conns = [w.results for w in executor._res.workers]
+        del executor
+        with contextlib.suppress(OSError, ValueError):  # a pipe closed under us
+            wait(conns, 0.05)
+        executor = ref()
+        if executor is None:
+            return
+        with executor._lock:
+            if executor._consumer_started or not executor._finalizer.alive:
+                return
+            try:
+                executor._wait(0)
+                executor._dispatch()
+            except Exception as exc:  # e.g. a worker that cannot start
+                executor._prestart_error = exc
+                return
+        del executor
+
+
 class PoolExecutor:
     """Unit results in order, computed by a pool of worker processes.
 
@@ -198,8 +231,14 @@ class PoolExecutor:
             "init_fn": cloudpickle.dumps(init_fn),
             "worker_count": worker_count,
         }
+        self._lock = threading.Lock()
+        self._consumer_started = False
+        self._prestart_error: Exception | None = None
         self._start()
-        self.reset(position)
+        self._reset_locked(position)
+        threading.Thread(
+            target=_prestart, args=(weakref.ref(self),), name="granary-prestart", daemon=True
+        ).start()
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -212,7 +251,8 @@ class PoolExecutor:
         self._res.workers = [self._spawn(i) for i in range(self._worker_count)]
 
     def _spawn(self, index: int) -> Worker:
-        init = pickle.dumps(("init", pickle.dumps({**self._init, "worker_index": index})))
+        config = {**self._init, "worker_index": index, "block_prefix": self._res.blocks.prefix}
+        init = pickle.dumps(("init", pickle.dumps(config)))
         return Worker(index, init)
 
     def _warn(self, why: str) -> None:
@@ -231,8 +271,12 @@ class PoolExecutor:
         The workers stay up (a restore costs no process start-up), unless an error had
         stopped them, in which case a fresh pool starts.
         """
-        if not self._finalizer.alive:
-            self._start()
+        with self._lock:
+            if not self._finalizer.alive:
+                self._start()
+            self._reset_locked(position)
+
+    def _reset_locked(self, position: int) -> None:
         self._gen += 1
         self._units = self._plan.units(position)
         self._ranges: dict[int, tuple[int, int]] = {}
@@ -250,6 +294,14 @@ class PoolExecutor:
         return self
 
     def __next__(self) -> UnitResult:
+        with self._lock:
+            self._consumer_started = True
+            return self._next_locked()
+
+    def _next_locked(self) -> UnitResult:
+        if self._prestart_error is not None:
+            error, self._prestart_error = self._prestart_error, None
+            raise error
         if not self._finalizer.alive:
             raise StopIteration
         while True:

@@ -58,8 +58,12 @@ def _pid_alive(pid: int) -> bool:
 
 def unlink_blocks_of(pid: int) -> int:
     """Unlinks every block made by process ``pid``; returns how many."""
+    return unlink_prefixed(f"{PREFIX}{pid}_")
+
+
+def unlink_prefixed(head: str) -> int:
+    """Unlinks every block whose name starts with ``head``; returns how many."""
     count = 0
-    head = f"{PREFIX}{pid}_"
     with contextlib.suppress(OSError):
         for name in os.listdir(SHM_DIR):
             if name.startswith(head):
@@ -162,7 +166,7 @@ class BlockPool:
     """
 
     def __init__(self) -> None:
-        self._token = f"{PREFIX}{os.getpid()}_{os.urandom(4).hex()}_"
+        self.prefix = f"{PREFIX}{os.getpid()}_{os.urandom(4).hex()}_"
         self._lock = threading.Lock()
         self._free: list[Block] = []
         self._blocks: dict[str, Block] = {}
@@ -190,7 +194,7 @@ class BlockPool:
                 if block.size >= self.target_size:
                     return block
                 self._discard(block)
-            name = f"{self._token}{self._count}"
+            name = f"{self.prefix}{self._count}"
             self._count += 1
         try:
             block = Block(name, self.target_size)

@@ -26,16 +26,17 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 WATCH_INTERVAL_S = 0.2
+_BLOCK_PREFIX = ""  # the pool's block names start with it; set from the init message
 
 
-def _watch_parent(parent_pid: int) -> None:
-    """Exits, unlinking the parent's shared memory, once the parent has died."""
-    from dataloader.shm import unlink_blocks_of
+def _watch_parent(parent_pid: int, block_prefix: str) -> None:
+    """Exits, unlinking the pool's shared memory, once the parent has died."""
+    from dataloader.shm import unlink_prefixed
 
     while True:
         time.sleep(WATCH_INTERVAL_S)
         if os.getppid() != parent_pid:
-            unlink_blocks_of(parent_pid)
+            unlink_prefixed(block_prefix)
             os._exit(0)
 
 
@@ -73,9 +74,13 @@ def serve(tasks: Connection, results: Connection) -> None:
     """The worker loop. Returns when the parent closes the pipe or says stop."""
     import cloudpickle
 
+    global _BLOCK_PREFIX
     config = pickle.loads(pickle.loads(tasks.recv_bytes())[1])
+    _BLOCK_PREFIX = config["block_prefix"]
     sys.path[:] = config["sys_path"]
-    threading.Thread(target=_watch_parent, args=(config["parent_pid"],), daemon=True).start()
+    threading.Thread(
+        target=_watch_parent, args=(config["parent_pid"], config["block_prefix"]), daemon=True
+    ).start()
     try:
         from dataloader.compute import compute_unit
 
@@ -114,9 +119,17 @@ def main(argv: list[str]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     tasks = Connection(int(argv[1]), writable=False)
     results = Connection(int(argv[2]), readable=False)
-    # If the parent went away, the watchdog (or the parent's own shutdown) cleans up.
-    with contextlib.suppress(BrokenPipeError, EOFError, ConnectionResetError):
-        serve(tasks, results)
+    try:
+        with contextlib.suppress(BrokenPipeError, EOFError, ConnectionResetError):
+            serve(tasks, results)
+    finally:
+        # The task pipe closes when the pool shuts down or the parent dies (even by
+        # SIGKILL). Unlinking the pool's blocks is harmless in the first case (the parent
+        # unlinks the same names) and is the only cleanup there is in the second.
+        if _BLOCK_PREFIX:
+            from dataloader.shm import unlink_prefixed
+
+            unlink_prefixed(_BLOCK_PREFIX)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import dataloader as dl
 from tests.dataloader.pipelines import make_loader
 from tests.helpers import assert_restores_everywhere, assert_streams_equal, take
 from tests.integration import workers_pipelines as wp
+from tests.integration.conftest import wait_until
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(120)]
 
@@ -183,3 +184,17 @@ def test_lambdas_and_local_functions_run_in_workers():
         [dl.MapTransform(local), dl.MapTransform(lambda x: x * 2), dl.Batch(10)], worker_count=2,
     )
     assert [b.tolist() for b in loader] == [[(i + 1000) * 2 for i in range(10)], [(i + 1000) * 2 for i in range(10, 20)]]
+
+
+def test_workers_start_computing_before_the_first_next():
+    loader = dl.DataLoader(
+        dl.RangeDataSource(400), dl.SequentialSampler(400), [dl.MapTransform(wp.to_array), dl.Batch(8)],
+        worker_count=2, worker_buffer_size=2,
+    )
+    it = iter(loader)
+    executor = it._executor
+    # While the "training script" sets up, the workers start and take the first units.
+    assert wait_until(lambda: len(executor._done) >= 2, 30)
+    assert executor._done.keys() >= {0, 1}
+    assert next(it)["id"].tolist() == list(range(8))
+    it.close()

@@ -20,7 +20,7 @@ import numpy as np
 from dataloader.errors import PipelineError
 from dataloader.plan import BATCH, Plan, Step
 from operations import FilterTransform, FlatMapTransform, MapTransform, RandomMapTransform
-from samplers import record_rng
+from samplers import RecordRngFactory
 from sources import read_records
 
 
@@ -106,9 +106,14 @@ def apply_steps(
                 pos = positions if positions is not None else np.arange(start, start + len(elements))
                 glob = plan.sampler.global_positions(pos).tolist()
                 sub = [0] * len(elements) if subs is None else subs.tolist()
-                seed = plan.sampler.seed
+                # A random map may carry its own seed (the dataset API's random_map(seed=)).
+                seed = getattr(op, "rng_seed", None)
+                if seed is None:
+                    seed = plan.sampler.seed
+                # One reusable generator per operation and unit, reset for each element.
+                rngs = RecordRngFactory(seed, step.stream)
                 for x, g, s in zip(elements, glob, sub):
-                    append(fn(x, record_rng(seed, g, step.stream, s)))
+                    append(fn(x, rngs(g, s)))
             elif isinstance(op, FilterTransform):
                 for x in elements:
                     append(bool(fn(x)))

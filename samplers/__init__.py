@@ -13,7 +13,7 @@ Example:
 from __future__ import annotations
 
 from samplers.index_sampler import IndexSampler, SequentialSampler
-from samplers.metadata import RecordMetadata, record_rng
+from samplers.metadata import RecordMetadata, RecordRngFactory, record_rng
 from samplers.permutation import permute
 from samplers.sharding import NoSharding, ShardByJaxProcess, ShardOptions
 
@@ -21,6 +21,7 @@ __all__ = [
     "IndexSampler",
     "NoSharding",
     "RecordMetadata",
+    "RecordRngFactory",
     "SequentialSampler",
     "ShardByJaxProcess",
     "ShardOptions",

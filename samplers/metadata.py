@@ -118,3 +118,39 @@ class RecordMetadata:
             ValueError: If the sampler had no seed.
         """
         return record_rng(self.seed, self.global_position)
+
+
+class RecordRngFactory:
+    """Hands out the generators of :func:`record_rng` for one ``(seed, stream)``, fast.
+
+    Building a ``Philox`` costs ~8 us; this factory keeps one bit generator and resets
+    its state for each record (~1 us), so the draws equal ``record_rng``'s exactly. The
+    generator returned is reused by the next call: use it within the call it was
+    given to (as a random map does), never keep it.
+
+    Example:
+        >>> rngs = RecordRngFactory(seed=1, stream=2)
+        >>> float(rngs(10).random()) == float(record_rng(1, 10, 2).random())
+        True
+    """
+
+    def __init__(self, seed: int | None, stream: int = 0) -> None:
+        if seed is None:
+            raise ValueError(
+                "per-record random generators need a seed; pass seed=... to the sampler"
+            )
+        _check_word("seed", seed)
+        _check_word("stream", stream)
+        key = _philox_key(int(seed), int(stream))
+        self._bits = np.random.Philox(key=key)
+        self._generator = np.random.Generator(self._bits)
+        self._state = self._bits.state
+        self._inner = self._state["state"]
+
+    def __call__(self, global_position: int, sub_index: int = 0) -> np.random.Generator:
+        _check_word("global_position", global_position)
+        _check_word("sub_index", sub_index)
+        self._inner["counter"] = np.array([0, 0, global_position, sub_index], dtype=np.uint64)
+        # The rest of the state (an empty buffer, no cached 32-bit half) is as built.
+        self._bits.state = self._state
+        return self._generator

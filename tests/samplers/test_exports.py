@@ -14,6 +14,7 @@ def test_all_lists_the_public_names_sorted() -> None:
         "IndexSampler",
         "NoSharding",
         "RecordMetadata",
+        "RecordRngFactory",
         "SequentialSampler",
         "ShardByJaxProcess",
         "ShardOptions",

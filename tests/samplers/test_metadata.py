@@ -106,3 +106,32 @@ def test_metadata_is_frozen_and_slotted() -> None:
 def test_metadata_survives_pickling() -> None:
     meta = RecordMetadata(index=3, record_key=4, epoch=5, global_position=6, seed=7)
     assert pickle.loads(pickle.dumps(meta)) == meta
+
+
+def test_rng_factory_draws_exactly_what_record_rng_draws() -> None:
+    from samplers import RecordRngFactory
+
+    rngs = RecordRngFactory(seed=5, stream=3)
+    for position, sub in [(0, 0), (7, 2), (2**40, 0), (7, 2)]:
+        fresh = record_rng(5, position, 3, sub)
+        reused = rngs(position, sub)
+        assert reused.random(4).tolist() == fresh.random(4).tolist()
+        assert reused.integers(0, 2**31, size=3, dtype=np.uint32).tolist() == fresh.integers(
+            0, 2**31, size=3, dtype=np.uint32
+        ).tolist()
+        assert reused.normal(size=2).tolist() == fresh.normal(size=2).tolist()
+
+
+def test_rng_factory_resets_a_generator_left_mid_stream() -> None:
+    from samplers import RecordRngFactory
+
+    rngs = RecordRngFactory(seed=5)
+    rngs(1).integers(0, 10, dtype=np.uint32)  # leaves half a 64-bit word cached
+    assert rngs(1).random() == record_rng(5, 1).random()
+
+
+def test_rng_factory_needs_a_seed() -> None:
+    from samplers import RecordRngFactory
+
+    with pytest.raises(ValueError, match=r"need a seed; pass seed="):
+        RecordRngFactory(None)

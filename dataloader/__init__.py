@@ -45,7 +45,11 @@ from sources import (
 
 # Names whose modules are heavy to import (pyarrow, JAX) load on first use, so worker
 # processes that do not need them never pay for them.
-_LAZY = {"ParquetDataSource": "sources"}
+_LAZY = {
+    "DeviceIterator": "dataloader.device",
+    "ParquetDataSource": "sources",
+    "device_prefetch": "dataloader.device",
+}
 
 
 def __getattr__(name: str):
@@ -61,6 +65,7 @@ __all__ = [
     "Batch",
     "DataLoader",
     "DataLoaderIterator",
+    "DeviceIterator",
     "FilterTransform",
     "FlatMapTransform",
     "GranaryError",
@@ -82,6 +87,7 @@ __all__ = [
     "StateMismatchError",
     "WorkerCrashError",
     "WorkerError",
+    "device_prefetch",
     "permute",
     "read_records",
     "record_rng",

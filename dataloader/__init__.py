@@ -5,6 +5,7 @@ One import gives the whole public API: ``import dataloader as dl`` then
 ``dl.MapTransform``, ``dl.Batch``, ...
 """
 
+from dataloader.dataset import IterDataset, MapDataset, MultiprocessingOptions, device_put
 from dataloader.errors import (
     GranaryError,
     PipelineError,
@@ -17,11 +18,13 @@ from dataloader.loader import DataLoader
 from dataloader.options import ReadOptions
 from operations import (
     Batch,
+    BatchAndPad,
     FilterTransform,
     FlatMapTransform,
     MapTransform,
     Operation,
     RandomMapTransform,
+    batch_and_pad,
     stack_elements,
 )
 from samplers import (
@@ -63,6 +66,7 @@ def __getattr__(name: str):
 __all__ = [
     "ArrayRecordDataSource",
     "Batch",
+    "BatchAndPad",
     "DataLoader",
     "DataLoaderIterator",
     "DeviceIterator",
@@ -71,7 +75,10 @@ __all__ = [
     "GranaryError",
     "InMemoryDataSource",
     "IndexSampler",
+    "IterDataset",
+    "MapDataset",
     "MapTransform",
+    "MultiprocessingOptions",
     "NoSharding",
     "Operation",
     "ParquetDataSource",
@@ -87,7 +94,9 @@ __all__ = [
     "StateMismatchError",
     "WorkerCrashError",
     "WorkerError",
+    "batch_and_pad",
     "device_prefetch",
+    "device_put",
     "permute",
     "read_records",
     "record_rng",

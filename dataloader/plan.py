@@ -121,7 +121,11 @@ def make_plan(
         if not isinstance(op, (MapTransform, RandomMapTransform, FilterTransform, FlatMapTransform)):
             hint = f"; wrap it as MapTransform({getattr(op, '__name__', 'fn')})" if callable(op) else ""
             raise TypeError(f"operations[{i}] is {op!r}, expected a {_KINDS}{hint}")
-        if isinstance(op, RandomMapTransform) and sampler.seed is None:
+        if (
+            isinstance(op, RandomMapTransform)
+            and sampler.seed is None
+            and getattr(op, "rng_seed", None) is None
+        ):
             raise ValueError(
                 f"operations[{i}] ({op.name}) is a random map but the sampler has no seed; "
                 f"pass seed=... to the sampler so augmentations are reproducible"

@@ -36,6 +36,7 @@ _HINTS = {
     "seed": "build the sampler with the same seed",
     "layout": "keep the pipeline's operations as they were",
     "operations": "keep the pipeline's operations as they were",
+    "index_map": "build the dataset with the same shuffle, repeat, slice, mix and concatenate steps",
 }
 
 
@@ -46,7 +47,7 @@ def made_for(plan: Plan) -> dict[str, Any]:
     if plan.batch is not None:
         ops.append(f"Batch(drop_remainder={plan.batch.drop_remainder})")
     ops += [s.op.name for s in plan.post]
-    return {
+    out = {
         "num_records": sampler.num_records,
         "shuffle": sampler.shuffle,
         "seed": sampler.seed,
@@ -57,6 +58,12 @@ def made_for(plan: Plan) -> dict[str, Any]:
         "layout": plan.layout,
         "operations": ops,
     }
+    # Samplers compiled from a dataset chain (mix, slice, ...) describe their index map;
+    # an IndexSampler has none, so the loader's states keep their format.
+    signature = getattr(sampler, "index_map_signature", None)
+    if signature is not None:
+        out["index_map"] = signature
+    return out
 
 
 def make_state(plan: Plan, position: int, sub_index: int = 0, skip: int = 0) -> dict[str, Any]:
@@ -96,9 +103,9 @@ def resolve_state(plan: Plan, state: Any) -> tuple[int, int, int]:
     state = _as_dict(state)
     saved, now = state["made_for"], made_for(plan)
     problems = [
-        f"{key}={saved.get(key)!r} but this loader has {key}={now[key]!r} ({_HINTS[key]})"
-        for key in _EXACT
-        if saved.get(key) != now[key]
+        f"{key}={saved.get(key)!r} but this loader has {key}={now.get(key)!r} ({_HINTS[key]})"
+        for key in (*_EXACT, "index_map")
+        if saved.get(key) != now.get(key)
     ]
     position, sub, skip = int(state["position"]), int(state["sub_index"]), int(state["skip"])
     same_sharding = (saved["shard_count"], saved["batch_size"]) == (now["shard_count"], now["batch_size"])

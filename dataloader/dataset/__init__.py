@@ -1,0 +1,21 @@
+"""The chained dataset API (``MapDataset``, ``IterDataset``), on the loader's engine.
+
+Users coming from Grain write ``MapDataset.source(src).seed(42).shuffle().map(f)
+.batch(128).to_iter_dataset().mp_prefetch(...)``; the chain compiles to the source,
+sampler and operations of a ``DataLoader``, so both styles share one permutation, one
+work-unit plan, one worker pool, one state format and one device feed.
+"""
+
+from dataloader.dataset.device_put import device_put
+from dataloader.dataset.iter_dataset import IterDataset, MultiprocessingOptions
+from dataloader.dataset.map_dataset import MapDataset
+from dataloader.dataset.mixing import MixSchedule, parse_mixture_spec
+
+__all__ = [
+    "IterDataset",
+    "MapDataset",
+    "MixSchedule",
+    "MultiprocessingOptions",
+    "device_put",
+    "parse_mixture_spec",
+]

@@ -1,0 +1,58 @@
+"""Argument checks and operation wrapping shared by ``MapDataset`` and ``IterDataset``."""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import numpy as np
+
+from dataloader.dataset.wrappers import SeededRandomMap
+from operations import Batch, FilterTransform, MapTransform, RandomMapTransform
+
+_SEED_LIMIT = 2**63
+
+
+def check_seed(seed: Any, what: str) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < _SEED_LIMIT:
+        raise ValueError(f"{what} must be an integer in [0, 2**63), got {seed!r}")
+    return int(seed)
+
+
+def derive_seed(seed: int, k: int) -> int:
+    """The ``k``-th seed derived from ``seed`` (``k >= 1``), unrelated to its neighbours."""
+    word = np.random.SeedSequence(seed, spawn_key=(0x5EED, k)).generate_state(1, np.uint64)[0]
+    return int(word) >> 1
+
+
+def as_operation(transform: Any, kind: type, method: str) -> Any:
+    """``transform`` as an operation of ``kind``, wrapping a plain function."""
+    if isinstance(transform, kind):
+        return transform
+    others = (MapTransform, RandomMapTransform, FilterTransform, Batch)
+    if isinstance(transform, others):
+        raise TypeError(
+            f"{method}() got a {type(transform).__name__} ({transform!r}); pass it to the "
+            f"matching method (map, random_map, filter or batch)"
+        )
+    if not callable(transform):
+        raise TypeError(f"{method}() needs a function or a {kind.__name__}, got {transform!r}")
+    return kind(transform)
+
+
+def random_map_op(transform: Any, seed: int | None, inherited: int | None) -> SeededRandomMap:
+    op = as_operation(transform, RandomMapTransform, "random_map")
+    if seed is None:
+        seed = inherited
+    if seed is None:
+        raise ValueError(
+            f"random_map({op.name}) needs a seed so that augmentations are reproducible; "
+            f"call .seed(...) earlier in the chain or pass random_map(..., seed=...)"
+        )
+    return SeededRandomMap(op, check_seed(seed, "random_map seed"))
+
+
+def check_size(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{what} must be a positive integer, got {value!r}")
+    return int(value)

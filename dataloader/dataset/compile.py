@@ -1,0 +1,226 @@
+"""Compiles a ``MapDataset`` tree into what ``DataLoader`` runs: source, sampler, operations.
+
+This is what puts the chained API on the loader's engine rather than beside it:
+
+* **Index-level calls** (``shuffle``, ``repeat``, ``slice``, ``mix``, ``concatenate``)
+  compose into one vectorised map from stream positions to keys of the concatenated
+  sources (:mod:`~dataloader.dataset.index_map`), behind the sampler interface. The
+  plain chains ``source[.shuffle()][.repeat(k)]`` compile to an ``IndexSampler`` itself,
+  so they are a ``DataLoader`` exactly: same order, same states.
+* **Element-level calls** (``map``, ``random_map``, ``filter``, ``batch``) become the
+  loader's operations, in data-flow order. ``map``/``filter``/``random_map`` act on one
+  element at a time, so they commute with index-level calls: ``.map(f).shuffle()``
+  runs ``f`` after the reordering, with identical results. An operation below a
+  ``mix``/``concatenate`` that concerns only some components is restricted to their
+  elements (:mod:`~dataloader.dataset.wrappers`).
+* A ``batch`` with an index-level call above it (``.batch(4).shuffle()``, mixing
+  batches) cannot be a loader ``Batch`` over consecutive positions; that sub-chain
+  becomes a random-access source of its own (:class:`NodeSource`, computed by the same
+  functions) and the index-level call runs over its batches.
+
+Random maps draw from ``record_rng(seed, g, operation number, ...)`` where ``g`` is the
+position in the stream the chain compiles to (inside a :class:`NodeSource`, in that
+source's stream), so augmentation never depends on worker count or restores.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import sys
+from typing import Any
+
+from dataloader.compute import compute_unit
+from dataloader.dataset import index_map as im
+from dataloader.dataset import nodes as nd
+from dataloader.dataset.concat_source import ConcatSource
+from dataloader.dataset.wrappers import DropNone, Untag, tagged
+from dataloader.plan import Plan, make_plan
+from operations import Batch, FilterTransform, Operation
+from samplers import IndexSampler
+
+
+@dataclasses.dataclass
+class _Lowered:
+    index: Any
+    parts: frozenset[int]
+    ops: list[tuple[Operation, frozenset[int]]]
+    batch: Batch | None = None
+    post: list[Operation] = dataclasses.field(default_factory=list)
+
+
+class _Builder:
+    def __init__(self) -> None:
+        self.sources: list[Any] = []
+        self.leaves: list[im.Leaf] = []
+
+    def leaf(self, source: Any, length: int) -> _Lowered:
+        part = len(self.sources)
+        self.sources.append(source)
+        self.leaves.append(im.Leaf(part, length))
+        return _Lowered(self.leaves[-1], frozenset([part]), [])
+
+    def as_leaf(self, node: Any) -> _Lowered:
+        """A batched sub-chain as one source of its batches."""
+        src = NodeSource(node)
+        low = self.leaf(src, len(src))
+        if _may_yield_none(node):
+            low.ops.append((DropNone(), low.parts))
+        return low
+
+    def lower(self, node: Any) -> _Lowered:
+        if isinstance(node, nd.SourceNode):
+            return self.leaf(node.source, node.length)
+        if isinstance(node, nd.OpNode):
+            low = self.lower(node.parent)
+            if low.batch is None:
+                low.ops.append((node.op, low.parts))
+            else:
+                low.post.append(node.op)
+            return low
+        if isinstance(node, nd.BatchNode):
+            parent = node.parent  # a batch of batches reads the inner batches as a source
+            low = self.as_leaf(parent) if nd.is_batched(parent) else self.lower(parent)
+            low.batch = node.batch
+            return low
+        children = [node.parent] if hasattr(node, "parent") else list(node.parents)
+        lowered = [self.as_leaf(c) if nd.is_batched(c) else self.lower(c) for c in children]
+        indices = [c.index for c in lowered]
+        if isinstance(node, nd.ShuffleNode):
+            index: Any = im.Shuffle(indices[0], node.seed)
+        elif isinstance(node, nd.RepeatNode):
+            index = im.Repeat(indices[0], node.num_epochs)
+        elif isinstance(node, nd.SliceNode):
+            index = im.Slice(indices[0], node.start, node.stop, node.step)
+        elif isinstance(node, nd.MixNode):
+            index = im.Mix(indices, node.schedule)
+        else:
+            assert isinstance(node, nd.ConcatNode), node
+            index = im.Concatenate(indices)
+        ops = [op for c in lowered for op in c.ops]
+        return _Lowered(index, frozenset().union(*(c.parts for c in lowered)), ops)
+
+
+def _may_yield_none(node: Any) -> bool:
+    while isinstance(node, nd.OpNode):
+        if isinstance(node.op, FilterTransform):
+            return True
+        node = node.parent
+    return False
+
+
+def _canonical_sampler(index: Any, seed: int | None) -> IndexSampler | None:
+    """An ``IndexSampler`` equal to ``index`` when there is one (then it *is* a DataLoader)."""
+    epochs: int | None = 1
+    if isinstance(index, im.Repeat):
+        epochs, index = index.num_epochs, index.child
+    shuffle_seed = None
+    if isinstance(index, im.Shuffle):
+        shuffle_seed, index = index.seed, index.child
+    if not isinstance(index, im.Leaf):
+        return None
+    if shuffle_seed is not None:
+        return IndexSampler(index.length, shuffle=True, seed=shuffle_seed, num_epochs=epochs)
+    return IndexSampler(index.length, shuffle=False, seed=seed, num_epochs=epochs)
+
+
+@dataclasses.dataclass(frozen=True)
+class Compiled:
+    """A chain as the engine runs it.
+
+    Attributes:
+        source, sampler, operations: the arguments of a ``DataLoader``.
+        length: elements (batches when batched) of one pass, ``None`` when infinite.
+        batch_size: the ``Batch``'s size, or ``None``.
+    """
+
+    source: Any
+    sampler: Any
+    operations: tuple[Operation, ...]
+    length: int | None
+    batch_size: int | None
+
+    @functools.cached_property
+    def plan(self) -> Plan:
+        return make_plan(self.source, self.sampler, list(self.operations))
+
+    def item(self, index: int) -> Any:
+        """The element (or batch) at ``index``; ``None`` where a filter dropped it."""
+        if self.batch_size is None:
+            start, stop = index, index + 1
+        else:
+            start = index * self.batch_size
+            stop = start + self.batch_size
+            if self.sampler.num_positions is not None:
+                stop = min(stop, self.sampler.num_positions)
+        outputs = compute_unit(self.plan, start, stop).outputs
+        return outputs[0] if outputs else None
+
+
+def compile_node(node: Any, seed: int | None) -> Compiled:
+    """Compiles a dataset tree; ``seed`` is the chain's seed (the sampler's, for states)."""
+    builder = _Builder()
+    low = builder.lower(node)
+    offset = 0
+    for leaf in builder.leaves:
+        leaf.offset = offset
+        offset += leaf.length
+    everything = frozenset(range(len(builder.sources)))
+    is_tagged = any(parts != everything for _, parts in low.ops)
+    operations: list[Any] = [tagged(op, parts) if is_tagged else op for op, parts in low.ops]
+    if is_tagged:
+        operations.append(Untag())
+    if low.batch is not None:
+        operations += [low.batch, *low.post]
+    sampler: Any = None if len(builder.sources) > 1 else _canonical_sampler(low.index, seed)
+    if sampler is not None:
+        source = builder.sources[0]
+    else:
+        source = ConcatSource(builder.sources, tagged=is_tagged)
+        sampler = im.IndexMapSampler(low.index, offset, seed)
+    return Compiled(
+        source,
+        sampler,
+        tuple(operations),
+        node.length,
+        low.batch.batch_size if low.batch is not None else None,
+    )
+
+
+class NodeSource:
+    """A (finite) dataset tree as a random-access source: ``source[i]`` is its ``i``-th item.
+
+    Items dropped by a filter read as ``None``.
+    """
+
+    def __init__(self, node: Any, seed: int | None = None) -> None:
+        if node.length is None:
+            raise ValueError(
+                f"{node!r} is infinite and batched, so it cannot be shuffled, sliced, mixed "
+                f"or concatenated; batch after those steps, or repeat after the batch"
+            )
+        self.node, self.seed = node, seed
+
+    @functools.cached_property
+    def compiled(self) -> Compiled:
+        return compile_node(self.node, self.seed)
+
+    def __len__(self) -> int:
+        return self.node.length
+
+    def __getitem__(self, index: int) -> Any:
+        index = int(index)
+        if not 0 <= index < self.node.length:
+            raise IndexError(f"index {index} is out of range for {len(self)} items")
+        return self.compiled.item(index)
+
+    def __getitems__(self, indices: Any) -> list[Any]:
+        return [self[i] for i in indices]
+
+    def __repr__(self) -> str:
+        return repr(self.node)
+
+
+def python_length(length: int | None) -> int:
+    """``len()`` of a dataset: ``sys.maxsize`` when infinite."""
+    return sys.maxsize if length is None else length

@@ -1,0 +1,349 @@
+"""``MapDataset``: a lazy, random-access dataset built by chaining calls, as in Grain.
+
+Every call returns a new dataset; nothing is read until an element is asked for. The
+chain compiles (:mod:`dataloader.dataset.compile`) to a data source, a sampler and
+operations, and runs on the loader's engine: ``ds[i]`` computes position ``i`` with the
+same function a worker uses, and ``ds.to_iter_dataset()`` is a ``DataLoader``.
+
+Seeds: ``.seed(s)`` sets the seed of the calls that follow. The first ``shuffle()``
+after it uses ``s`` itself (so ``source(x).seed(s).shuffle()`` is
+``IndexSampler(len(x), shuffle=True, seed=s)``, the very same order), later ones derive
+their own from ``s``; ``random_map`` draws from ``record_rng(s, position, operation)``.
+An explicit ``shuffle(seed=...)`` / ``random_map(..., seed=...)`` overrides it.
+"""
+
+from __future__ import annotations
+
+import functools
+import numbers
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from dataloader.dataset import nodes as nd
+from dataloader.dataset.arguments import (
+    as_operation,
+    check_seed,
+    check_size,
+    derive_seed,
+    random_map_op,
+)
+from dataloader.dataset.compile import Compiled, compile_node, python_length
+from dataloader.dataset.index_map import mix_length
+from dataloader.dataset.mixing import MixSchedule, parse_mixture_spec
+from dataloader.options import ReadOptions
+from operations import Batch, FilterTransform, MapTransform, RandomMapTransform
+from operations.padding import BatchAndPad
+from samplers import ShardOptions
+
+if TYPE_CHECKING:
+    from dataloader.dataset.iter_dataset import IterDataset
+
+class MapDataset:
+    """A lazy dataset with random access, chained as in Grain; runs on the loader's engine.
+
+    Build one with :meth:`source`, :meth:`range`, :meth:`mix`, :meth:`concatenate` or
+    :meth:`mix_from_spec`, then chain calls. ``len(ds)`` is one pass (``sys.maxsize``
+    after ``repeat()``), ``ds[i]`` the element at ``i`` (``None`` if a filter dropped
+    it), ``ds[a:b:c]`` a slice, and ``to_iter_dataset()`` the checkpointable stream.
+
+    Example:
+        >>> import dataloader as dl
+        >>> ds = dl.MapDataset.range(10).seed(1).shuffle().map(lambda x: x * 10).batch(4)
+        >>> len(ds), ds[2].shape
+        (3, (2,))
+        >>> sorted(x for batch in ds for x in batch.tolist()) == list(range(0, 100, 10))
+        True
+    """
+
+    def __init__(
+        self, node: Any, *, seed: int | None = None, seed_uses: int = 0, filtered: bool = False
+    ) -> None:
+        self._node = node
+        self._seed = seed
+        self._seed_uses = seed_uses
+        self._filtered = filtered
+
+    def _then(self, node: Any, **changes: Any) -> MapDataset:
+        fields: dict[str, Any] = {"seed": self._seed, "seed_uses": self._seed_uses, "filtered": self._filtered}
+        fields.update(changes)
+        return MapDataset(node, **fields)
+
+    # -- sources -------------------------------------------------------------------------
+
+    @staticmethod
+    def source(source: Any) -> MapDataset:
+        """A dataset over a random-access source (``__len__`` and ``__getitem__``)."""
+        if not (hasattr(source, "__len__") and hasattr(source, "__getitem__")):
+            raise TypeError(
+                f"MapDataset.source needs a random-access source with __len__ and "
+                f"__getitem__ (e.g. ArrayRecordDataSource or a list), got {source!r}"
+            )
+        if len(source) < 1:
+            raise ValueError(f"MapDataset.source got an empty source ({source!r}); pass one with records")
+        return MapDataset(nd.SourceNode(source, len(source)))
+
+    @staticmethod
+    def range(start: int, stop: int | None = None, step: int = 1) -> MapDataset:
+        """The integers of ``range(start, stop, step)``."""
+        from sources import RangeDataSource
+
+        return MapDataset.source(RangeDataSource(start, stop, step))
+
+    @staticmethod
+    def mix(datasets: Sequence[MapDataset], weights: Sequence[float] | None = None) -> MapDataset:
+        """Interleaves ``datasets`` in proportion to ``weights`` (see :mod:`.mixing`).
+
+        Exact over every window of one period (10 positions for 0.3/0.7), deterministic,
+        and a pure function of position, so the state stays one position. Each
+        component keeps its own order and epochs. One pass ends where the first finite
+        component with weight runs out; ``repeat()`` the components for an endless mix.
+
+        Raises:
+            ValueError: no datasets, a weight that is negative or not finite, all
+                weights zero, or a batched component that is infinite.
+        """
+        datasets = _check_datasets(datasets, "mix")
+        schedule = MixSchedule(weights, len(datasets))
+        length = mix_length([d._node.length for d in datasets], schedule)
+        node = nd.MixNode(tuple(d._node for d in datasets), schedule, length)
+        return _combine(node, datasets)
+
+    @staticmethod
+    def concatenate(datasets: Sequence[MapDataset]) -> MapDataset:
+        """The datasets one after another (each finite)."""
+        datasets = _check_datasets(datasets, "concatenate")
+        for i, d in enumerate(datasets):
+            if d._node.length is None:
+                raise ValueError(
+                    f"concatenate: dataset {i} ({d!r}) is infinite; concatenate finite "
+                    f"datasets and repeat() the result"
+                )
+        node = nd.ConcatNode(tuple(d._node for d in datasets), sum(d._node.length for d in datasets))
+        return _combine(node, datasets)
+
+    @staticmethod
+    def mix_from_spec(
+        spec: str, *, seed: int | None = None, shuffle: bool = False, num_epochs: int | None = 1
+    ) -> MapDataset:
+        """A mixture of ArrayRecord files from a MaxText-style spec string.
+
+        ``"a*.array_record:0.3;b*.array_record:0.7"``: each part is a path or glob and its
+        weight (weights are normalised). Component ``c`` is
+        ``MapDataset.source(ArrayRecordDataSource(pattern_c))``, shuffled with seed
+        ``seed + c`` if ``shuffle``, repeated ``num_epochs`` times (``None``: for ever).
+        The mixture carries ``seed`` for the calls that follow.
+        """
+        from sources import ArrayRecordDataSource
+
+        if shuffle and seed is None:
+            raise ValueError("mix_from_spec(shuffle=True) needs a seed; pass seed=...")
+        parts = parse_mixture_spec(spec)
+        components = []
+        for c, (pattern, _) in enumerate(parts):
+            ds = MapDataset.source(ArrayRecordDataSource(pattern))
+            if shuffle:
+                ds = ds.shuffle(seed=check_seed(seed, "seed") + c)
+            if num_epochs != 1:
+                ds = ds.repeat(num_epochs)
+            components.append(ds)
+        mixed = MapDataset.mix(components, [w for _, w in parts])
+        return mixed.seed(seed) if seed is not None else mixed
+
+    # -- index-level calls -------------------------------------------------------------
+
+    def seed(self, seed: int) -> MapDataset:
+        """Sets the seed of the ``shuffle`` and ``random_map`` calls that follow."""
+        return self._then(self._node, seed=check_seed(seed, "seed"), seed_uses=0)
+
+    def shuffle(self, seed: int | None = None) -> MapDataset:
+        """A global shuffle: a new stateless permutation in every epoch.
+
+        Raises:
+            ValueError: no seed (set one with ``.seed(...)`` or pass ``seed=``), or the
+                dataset is infinite (shuffle before ``repeat()``).
+        """
+        length = self._finite("shuffle", "shuffle before repeat(): ds.shuffle().repeat()")
+        uses = self._seed_uses
+        if seed is not None:
+            key = check_seed(seed, "shuffle seed")
+        elif self._seed is None:
+            raise ValueError(
+                "shuffle() needs a seed; call .seed(...) earlier in the chain, e.g. "
+                "MapDataset.source(src).seed(42).shuffle(), or pass shuffle(seed=42)"
+            )
+        else:
+            key = self._seed if uses == 0 else derive_seed(self._seed, uses)
+            uses += 1
+        return self._then(nd.ShuffleNode(self._node, key, length), seed_uses=uses)
+
+    def repeat(self, num_epochs: int | None = None) -> MapDataset:
+        """``num_epochs`` passes (``None``: for ever, and ``len`` is ``sys.maxsize``)."""
+        length = self._finite("repeat", "it repeats already")
+        if num_epochs is not None:
+            num_epochs = check_size(num_epochs, "repeat(num_epochs)")
+        total = None if num_epochs is None else length * num_epochs
+        return self._then(nd.RepeatNode(self._node, num_epochs, total))
+
+    def slice(self, sl: slice) -> MapDataset:
+        """The elements at ``range(len(ds))[sl]``; also ``ds[start:stop:step]``.
+
+        ``ds[h::H]`` is Grain's way to shard; ``to_iter_dataset(shard_options=...)`` is
+        ours (see the README): the same elements, plus elastic restore.
+        """
+        if not isinstance(sl, slice):
+            raise TypeError(f"slice() needs a slice object, e.g. slice(0, 10), got {sl!r}")
+        n = self._node.length
+        length: int | None
+        if n is not None:
+            start, stop, step = sl.indices(n)
+            length = len(range(start, stop, step))
+        else:
+            start, stop, step = sl.start or 0, sl.stop, 1 if sl.step is None else sl.step
+            if start < 0 or step < 1 or (stop is not None and stop < 0):
+                raise ValueError(
+                    f"slice {sl} of an infinite dataset needs start, stop >= 0 and step >= 1; "
+                    f"slice before repeat() for negative indices"
+                )
+            length = None if stop is None else len(range(start, stop, step))
+            self._finite_if_batched("slice")
+        if length == 0:
+            raise ValueError(f"slice {sl} of a dataset of length {n} selects nothing")
+        return self._then(nd.SliceNode(self._node, start, stop, step, length))
+
+    # -- element-level calls -------------------------------------------------------------
+
+    def map(self, transform: MapTransform | Callable[[Any], Any]) -> MapDataset:
+        """Applies ``transform`` (a function or a ``MapTransform``) to every element."""
+        op = as_operation(transform, MapTransform, "map")
+        return self._then(nd.OpNode(self._node, op, self._node.length))
+
+    def random_map(
+        self, transform: RandomMapTransform | Callable[..., Any], *, seed: int | None = None
+    ) -> MapDataset:
+        """Applies ``transform(element, rng)``; ``rng`` depends on (seed, position, operation)."""
+        op = random_map_op(transform, seed, self._seed)
+        return self._then(nd.OpNode(self._node, op, self._node.length))
+
+    def filter(self, transform: FilterTransform | Callable[[Any], bool]) -> MapDataset:
+        """Keeps elements where ``transform`` is true; ``ds[i]`` is ``None`` for the others."""
+        op = as_operation(transform, FilterTransform, "filter")
+        return self._then(nd.OpNode(self._node, op, self._node.length), filtered=True)
+
+    def batch(
+        self,
+        batch_size: int,
+        *,
+        drop_remainder: bool = False,
+        batch_fn: Callable[[list[Any]], Any] | None = None,
+    ) -> MapDataset:
+        """Groups consecutive elements into batches (``ds[i]`` is batch ``i``).
+
+        Raises:
+            ValueError: a filter comes earlier in the chain (its holes would make
+                batches ragged): batch on the iterable stream instead,
+                ``ds.to_iter_dataset().batch(...)``.
+        """
+        return self._batch(Batch(batch_size, drop_remainder=drop_remainder, batch_fn=batch_fn))
+
+    def batch_and_pad(self, batch_size: int, *, pad_value: Any = 0, mask_key: str = "mask") -> MapDataset:
+        """Batches, padding the last short batch to ``batch_size`` rows with a mask (see
+        :func:`operations.padding.batch_and_pad`)."""
+        return self._batch(BatchAndPad(batch_size, pad_value=pad_value, mask_key=mask_key))
+
+    def _batch(self, op: Batch) -> MapDataset:
+        if self._filtered:
+            raise ValueError(
+                f"{op.name} after a filter is not available on a MapDataset: filtered "
+                f"elements leave holes, so batches would not be of consecutive elements. "
+                f"Batch the iterable stream instead: ds.to_iter_dataset().batch(...)"
+            )
+        n = self._node.length
+        if n is None:
+            length = None
+        else:
+            length = n // op.batch_size if op.drop_remainder else -(-n // op.batch_size)
+        return self._then(nd.BatchNode(self._node, op, length))
+
+    # -- access ----------------------------------------------------------------------------
+
+    @functools.cached_property
+    def _compiled(self) -> Compiled:
+        return compile_node(self._node, self._seed)
+
+    def __len__(self) -> int:
+        return python_length(self._node.length)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return self.slice(index)
+        if isinstance(index, bool) or not isinstance(index, numbers.Integral):
+            raise TypeError(f"dataset indices must be integers or slices, got {index!r}")
+        index = int(index)
+        n: int | None = self._node.length
+        if index < 0 or (n is not None and index >= n):
+            raise IndexError(
+                f"index {index} is out of range for a dataset of length {n}"
+                f"{'; repeat() it to read on' if n is not None and index >= n else ''}"
+            )
+        return self._compiled.item(index)
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        return [self[int(i)] for i in indices]
+
+    def __iter__(self) -> Any:
+        return iter(self.to_iter_dataset())
+
+    def to_iter_dataset(
+        self, read_options: ReadOptions | None = None, *, shard_options: ShardOptions | None = None
+    ) -> IterDataset:
+        """The checkpointable stream of this dataset's elements (filtered ones skipped).
+
+        Args:
+            read_options: read-ahead threads of the in-process path (``ReadOptions``).
+            shard_options: this host's shard of the stream, interleaved after the
+                global order (``ShardOptions`` or ``ShardByJaxProcess()``). A ``batch``
+                in the chain is then the per-host batch, as in ``DataLoader``.
+        """
+        from dataloader.dataset.iter_dataset import IterDataset
+
+        return IterDataset(self, read_options=read_options, shard_options=shard_options)
+
+    def __repr__(self) -> str:
+        return repr(self._node)
+
+    # -- checks ----------------------------------------------------------------------------
+
+    def _finite(self, what: str, hint: str) -> int:
+        if self._node.length is None:
+            raise ValueError(f"cannot {what} an infinite dataset ({self!r}); {hint}")
+        return self._node.length
+
+    def _finite_if_batched(self, what: str) -> None:
+        if self._node.length is None and nd.is_batched(self._node):
+            raise ValueError(
+                f"cannot {what} {self!r}: it is batched and infinite; {what} before the "
+                f"batch, or repeat after it"
+            )
+
+
+def _check_datasets(datasets: Any, what: str) -> list[MapDataset]:
+    datasets = list(datasets)
+    if not datasets:
+        raise ValueError(f"{what} needs at least one dataset")
+    for i, d in enumerate(datasets):
+        if not isinstance(d, MapDataset):
+            raise TypeError(
+                f"{what}: datasets[{i}] is {d!r}, expected a MapDataset (use "
+                f"IterDataset.mix for IterDatasets)"
+            )
+        d._finite_if_batched(what)
+    return datasets
+
+
+def _combine(node: Any, datasets: list[MapDataset]) -> MapDataset:
+    """A dataset over several: it keeps their seed only when they all share one."""
+    seeds = {d._seed for d in datasets}
+    seed = seeds.pop() if len(seeds) == 1 else None
+    uses = max(d._seed_uses for d in datasets) if seed is not None else 0
+    filtered = any(d._filtered for d in datasets)
+    return MapDataset(node, seed=seed, seed_uses=uses, filtered=filtered)

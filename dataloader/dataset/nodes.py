@@ -1,0 +1,110 @@
+"""The immutable tree behind a ``MapDataset``: one node per chained call.
+
+Nodes only record what was asked for (and the length that results, in the node's own
+units: elements, or batches after a ``batch``); :mod:`dataloader.dataset.compile` turns
+a tree into what the engine runs. Their ``repr`` is the chain as the user wrote it, and
+is stable across processes (no addresses), because it names a dataset in checkpoints'
+error messages and in the ``repr`` of a dataset used as a source.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from dataloader.dataset.mixing import MixSchedule
+from operations import Batch, Operation
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class SourceNode:
+    source: Any
+    length: int
+
+    def __repr__(self) -> str:
+        return f"MapDataset.source({self.source!r})"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ShuffleNode:
+    parent: Any
+    seed: int
+    length: int
+
+    def __repr__(self) -> str:
+        return f"{self.parent!r}.shuffle(seed={self.seed})"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RepeatNode:
+    parent: Any
+    num_epochs: int | None
+    length: int | None
+
+    def __repr__(self) -> str:
+        return f"{self.parent!r}.repeat({self.num_epochs})"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class SliceNode:
+    parent: Any
+    start: int
+    stop: int | None
+    step: int
+    length: int | None
+
+    def __repr__(self) -> str:
+        stop = "" if self.stop is None else self.stop
+        return f"{self.parent!r}[{self.start}:{stop}:{self.step}]"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class MixNode:
+    parents: tuple[Any, ...]
+    schedule: MixSchedule
+    length: int | None
+
+    def __repr__(self) -> str:
+        inner = ", ".join(repr(p) for p in self.parents)
+        return f"MapDataset.mix([{inner}], weights={self.schedule.describe()})"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ConcatNode:
+    parents: tuple[Any, ...]
+    length: int
+
+    def __repr__(self) -> str:
+        return f"MapDataset.concatenate([{', '.join(repr(p) for p in self.parents)}])"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class OpNode:
+    """``map``, ``random_map`` or ``filter``: ``op`` is the engine operation to run."""
+
+    parent: Any
+    op: Operation
+    length: int | None
+
+    def __repr__(self) -> str:
+        return f"{self.parent!r}.apply({self.op.name})"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class BatchNode:
+    parent: Any
+    batch: Batch
+    length: int | None
+
+    def __repr__(self) -> str:
+        return f"{self.parent!r}.apply({self.batch.name})"
+
+
+INDEX_NODES = (ShuffleNode, RepeatNode, SliceNode, MixNode, ConcatNode)
+
+
+def is_batched(node: Any) -> bool:
+    """Whether ``node``'s elements are batches (a ``batch`` with only element ops above)."""
+    while isinstance(node, OpNode):
+        node = node.parent
+    return isinstance(node, BatchNode)

@@ -1,0 +1,112 @@
+"""Engine operations that the dataset API builds around the user's operations.
+
+* :class:`SeededRandomMap` gives a random map its own seed (``rng_seed``), so its
+  generators do not depend on the seed of the sampler the chain compiles to.
+* The ``Tagged*`` operations apply an operation to the elements of some parts of a
+  :class:`~dataloader.dataset.concat_source.ConcatSource` only (elements travel as
+  ``(part, element)``), which is how ``mix([a.map(f), b])`` runs ``f`` on ``a`` alone
+  in one engine pipeline. :class:`Untag` drops the tag once those are done.
+
+Each keeps the wrapped operation's ``name``, so states and error messages read as if
+the user's operation ran directly (and match a ``DataLoader`` given the same operations).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from operations import FilterTransform, MapTransform, Operation, RandomMapTransform
+
+
+class SeededRandomMap(RandomMapTransform):
+    """A random map that draws from ``record_rng(rng_seed, global position, ...)``."""
+
+    def __init__(self, inner: RandomMapTransform, rng_seed: int) -> None:
+        self._f = inner.element_fn()
+        self._name = inner.name
+        self.rng_seed = rng_seed
+        super().__init__()
+
+    def random_map(self, element: Any, rng: np.random.Generator) -> Any:
+        return self._f(element, rng)
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+
+class _Tagged:
+    def _setup(self, inner: Operation, parts: frozenset[int]) -> None:
+        self._f: Callable[..., Any] = inner.element_fn()
+        self._parts = parts
+        self._name = inner.name
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+
+class TaggedMap(_Tagged, MapTransform):
+    def __init__(self, inner: MapTransform, parts: frozenset[int]) -> None:
+        self._setup(inner, parts)
+        super().__init__()
+
+    def map(self, element: Any) -> Any:
+        part, x = element
+        return (part, self._f(x)) if part in self._parts else element
+
+
+class TaggedRandomMap(_Tagged, RandomMapTransform):
+    def __init__(self, inner: RandomMapTransform, parts: frozenset[int]) -> None:
+        self._setup(inner, parts)
+        self.rng_seed = getattr(inner, "rng_seed", None)
+        super().__init__()
+
+    def random_map(self, element: Any, rng: np.random.Generator) -> Any:
+        part, x = element
+        return (part, self._f(x, rng)) if part in self._parts else element
+
+
+class TaggedFilter(_Tagged, FilterTransform):
+    def __init__(self, inner: FilterTransform, parts: frozenset[int]) -> None:
+        self._setup(inner, parts)
+        super().__init__()
+
+    def filter(self, element: Any) -> bool:
+        part, x = element
+        return bool(self._f(x)) if part in self._parts else True
+
+
+class Untag(MapTransform):
+    """Drops the part tag: ``(part, element) -> element``."""
+
+    def map(self, element: Any) -> Any:
+        return element[1]
+
+    @property
+    def name(self) -> str:
+        return "Untag"
+
+
+class DropNone(FilterTransform):
+    """Drops ``None``: what a filtered dataset used as a source returns for a dropped element."""
+
+    def filter(self, element: Any) -> bool:
+        return element is not None
+
+    @property
+    def name(self) -> str:
+        return "DropNone"
+
+
+def tagged(op: Operation, parts: frozenset[int]) -> Operation:
+    """``op`` restricted to the elements of ``parts``."""
+    if isinstance(op, RandomMapTransform):
+        return TaggedRandomMap(op, parts)
+    if isinstance(op, FilterTransform):
+        return TaggedFilter(op, parts)
+    assert isinstance(op, MapTransform), op
+    return TaggedMap(op, parts)

@@ -51,7 +51,7 @@ class ElementAssembler:
         self._pos = self._sub = np.zeros(0, dtype=np.int64)
         self._i = 0
         self._stop = position
-        self._first = (position, sub_index)
+        self._first: tuple[int, int] | None = (position, sub_index)
 
     def _pull(self) -> None:
         r = next(self._units)

@@ -219,7 +219,7 @@ class BlockPool:
         """
         holder = (ctypes.c_char * block.size).from_buffer(block.mmap)
         weakref.finalize(holder, self.give_back, block)
-        return np.frombuffer(holder, dtype=np.uint8)
+        return np.frombuffer(holder, dtype=np.uint8)  # type: ignore[call-overload]
 
     def _discard(self, block: Block) -> None:
         self._blocks.pop(block.name, None)

@@ -168,7 +168,11 @@ def test_worker_init_fn_runs_once_in_each_worker(tmp_path):
         dl.RangeDataSource(50), dl.SequentialSampler(50), [dl.Batch(5)],
         worker_count=3, worker_init_fn=wp.record_init(str(tmp_path)), warm_start=False,
     )
-    assert len(list(loader)) == 10
+    it = iter(loader)
+    assert len(list(it)) == 10
+    # Tiny units may all be done before the last worker has started; wait for it.
+    assert wait_until(lambda: len(os.listdir(tmp_path)) == 3, 30)
+    it.close()
     names = sorted(n.rsplit("-", 1)[0] for n in os.listdir(tmp_path))
     assert names == ["0-of-3", "1-of-3", "2-of-3"]
 

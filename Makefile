@@ -29,7 +29,12 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/run.py
 
-demo: $(STAMP)
+# The demo extra (scikit-learn, for its shipped digits) on top of the base install.
+$(VENV)/.demo-stamp: $(STAMP)
+	$(PY) -m pip install -q -e '.[demo]'
+	touch $@
+
+demo: $(VENV)/.demo-stamp
 	$(PY) -m dataloader demo
 
 clean:

@@ -49,9 +49,15 @@ from sources import (
 # Names whose modules are heavy to import (pyarrow, JAX) load on first use, so worker
 # processes that do not need them never pay for them.
 _LAZY = {
+    "CheckpointRestore": "dataloader.checkpoint",
+    "CheckpointSave": "dataloader.checkpoint",
+    "ConfigError": "dataloader.config",
     "DeviceIterator": "dataloader.device",
+    "IteratorCheckpointHandler": "dataloader.checkpoint",
     "ParquetDataSource": "sources",
+    "PipelineConfig": "dataloader.config",
     "device_prefetch": "dataloader.device",
+    "load_config": "dataloader.config",
 }
 
 
@@ -67,6 +73,9 @@ __all__ = [
     "ArrayRecordDataSource",
     "Batch",
     "BatchAndPad",
+    "CheckpointRestore",
+    "CheckpointSave",
+    "ConfigError",
     "DataLoader",
     "DataLoaderIterator",
     "DeviceIterator",
@@ -76,12 +85,14 @@ __all__ = [
     "InMemoryDataSource",
     "IndexSampler",
     "IterDataset",
+    "IteratorCheckpointHandler",
     "MapDataset",
     "MapTransform",
     "MultiprocessingOptions",
     "NoSharding",
     "Operation",
     "ParquetDataSource",
+    "PipelineConfig",
     "PipelineError",
     "RandomAccessDataSource",
     "RandomMapTransform",
@@ -97,6 +108,7 @@ __all__ = [
     "batch_and_pad",
     "device_prefetch",
     "device_put",
+    "load_config",
     "permute",
     "read_records",
     "record_rng",

@@ -1,0 +1,171 @@
+"""The command line, on absl: ``python -m dataloader run|inspect|convert|demo``.
+
+::
+
+    python -m dataloader run CONFIG [key.sub=value ...] [--max_batches=N]
+    python -m dataloader inspect PATH_OR_GLOB ... [--index=I]
+    python -m dataloader convert INPUT ... --output=PREFIX [--num_shards=N] [--group_size=1]
+                                           [--format=jsonl|parquet|npy|npz]
+    python -m dataloader demo [key.sub=value ...] [--out_dir=demo_out] [--config=...]
+
+``run`` iterates a pipeline config with a progress bar on stderr, then reports
+records/s, the time to the first batch and where the time went (reading, batching,
+each operation, waiting on workers) from the iterator's ``stats()``. A config error
+is printed as one line naming the key, with exit status 2.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from absl import app, flags, logging
+
+from dataloader.config_checks import ConfigError
+from dataloader.convert import FORMATS, convert
+from dataloader.plan import BATCH, REGROUP
+from dataloader.progress import Progress
+
+COMMANDS = ("run", "inspect", "convert", "demo")
+
+_MAX_BATCHES = flags.DEFINE_integer(
+    "max_batches", None, "run: stop after this many batches (default: the whole stream, "
+    "or one epoch's worth when it repeats for ever)", lower_bound=1)
+_INDEX = flags.DEFINE_integer("index", 0, "inspect: which record to show")
+_OUTPUT = flags.DEFINE_string(
+    "output", None, "convert: output prefix; shards are PREFIX-0000i-of-0000N.array_record")
+_NUM_SHARDS = flags.DEFINE_integer("num_shards", 1, "convert: number of output shards", lower_bound=1)
+_GROUP_SIZE = flags.DEFINE_integer(
+    "group_size", 1, "convert: ArrayRecord group size (1 gives fast random access)", lower_bound=1)
+_FORMAT = flags.DEFINE_enum("format", None, FORMATS, "convert: input format (default: by extension)")
+_OUT_DIR = flags.DEFINE_string("out_dir", "demo_out", "demo: where data and checkpoints go")
+_CONFIG = flags.DEFINE_string("config", None, "demo: the pipeline config (default: configs/demo.yaml)")
+
+
+def _count_records(batch: Any) -> int:
+    """The leading size of the first array leaf (1 for an unbatched element)."""
+    while isinstance(batch, (dict, list, tuple)) and batch:
+        batch = next(iter(batch.values())) if isinstance(batch, dict) else batch[0]
+    shape = getattr(batch, "shape", ())
+    return int(shape[0]) if shape else 1
+
+
+def _default_limit(config: Any, loader: Any) -> tuple[int | None, str]:
+    """Batches to run when --max_batches is not given, and why."""
+    sampler, batch = loader.sampler, loader.plan.batch
+    per_batch = batch.batch_size if batch is not None else 1
+    if sampler.num_positions is not None:
+        return None, "the whole stream"
+    epoch = -(-sampler.num_records // sampler.shard_options.shard_count)
+    return max(1, epoch // per_batch), "one epoch's worth (the stream repeats for ever)"
+
+
+def _expected_batches(loader: Any, limit: int | None) -> int | None:
+    """How many outputs the run will see, when that is known in advance."""
+    positions, batch, layout = loader.sampler.num_positions, loader.plan.batch, loader.plan.layout
+    if positions is None or layout == REGROUP:  # a filter or flat map: unknown until run
+        return limit
+    total = positions
+    if layout == BATCH:
+        full, rest = divmod(positions, batch.batch_size)
+        total = full + (1 if rest and not batch.drop_remainder else 0)
+    return total if limit is None else min(total, limit)
+
+
+def report(
+    stats: dict[str, Any], batches: int, records: int, elapsed: float, first_batch_s: float | None,
+    workers: int,
+) -> str:
+    """The summary ``run`` prints: throughput, first batch and where the time went."""
+    share = f"{stats['wait_s'] / elapsed:.0%}" if elapsed > 0 else "0%"
+    waited = (
+        f"waiting        {stats['wait_s']:.2f} s blocked on {workers} worker(s) ({share} of the run)"
+        if workers else f"computing      {stats['wait_s']:.2f} s in this process, no workers ({share} of the run)"
+    )
+    lines = [
+        f"batches        {batches:,} ({records:,} records) in {elapsed:.2f} s",
+        f"records/s      {records / elapsed if elapsed > 0 else 0.0:,.0f}",
+        f"first batch    {first_batch_s:.3f} s" if first_batch_s is not None else "first batch    none",
+        waited,
+        "where the time went (seconds of work, added up over worker processes):",
+    ]
+    stages = sorted(stats["stage_seconds"].items(), key=lambda kv: -kv[1])
+    work = sum(secs for _, secs in stages) or 1.0
+    width = max((len(name) for name, _ in stages), default=4)
+    lines += [f"  {name:<{width}}  {secs:8.3f} s  {secs / work:6.1%}" for name, secs in stages]
+    return "\n".join(lines)
+
+
+def run_command(args: Sequence[str], max_batches: int | None = None) -> str:
+    """``run CONFIG [overrides]``: iterates the pipeline; returns the report."""
+    from dataloader.config import load_config
+
+    if not args:
+        raise app.UsageError("run needs a config: python -m dataloader run CONFIG [key.sub=value ...]")
+    config = load_config(args[0], args[1:])
+    began = time.perf_counter()
+    loader = config.build_loader()
+    limit, why = (max_batches, f"--max_batches={max_batches}") if max_batches else _default_limit(config, loader)
+    base = loader.iterator()
+    it = config.on_device(base)
+    batches = records = 0
+    first_batch_s = None
+    try:
+        with Progress(f"run {args[0]}", total=_expected_batches(loader, limit), unit="batches") as bar:
+            for batch in itertools.islice(it, limit):
+                if first_batch_s is None:
+                    first_batch_s = time.perf_counter() - began
+                batches += 1
+                records += _count_records(batch)
+                bar.update()
+        elapsed = time.perf_counter() - began
+        stats = base.stats()
+    finally:
+        it.close()
+    header = f"ran {why} of {args[0]}" + (f" with {' '.join(args[1:])}" if args[1:] else "")
+    return header + "\n" + report(stats, batches, records, elapsed, first_batch_s, loader.worker_count)
+
+
+def main(argv: Sequence[str]) -> int:
+    """The absl entry point: ``argv[1]`` is the command, the rest its arguments."""
+    if not flags.FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)  # Orbax and JAX are chatty at INFO
+    if len(argv) < 2 or argv[1] not in COMMANDS:
+        raise app.UsageError(f"expected a command, one of {', '.join(COMMANDS)}; got {argv[1:2] or 'none'}")
+    command, args = argv[1], list(argv[2:])
+    try:
+        if command == "run":
+            print(run_command(args, _MAX_BATCHES.value), flush=True)
+        elif command == "inspect":
+            from dataloader.inspect_records import describe_array_records
+
+            if not args:
+                raise app.UsageError("inspect needs ArrayRecord paths or globs")
+            print(describe_array_records(args, _INDEX.value))
+        elif command == "convert":
+            if not args or not _OUTPUT.value:
+                raise app.UsageError("convert needs input files and --output=PREFIX")
+            paths = convert(args, _OUTPUT.value, num_shards=_NUM_SHARDS.value,
+                            group_size=_GROUP_SIZE.value, fmt=_FORMAT.value)
+            print("\n".join(["wrote", *(f"  {p}" for p in paths)]))
+        else:
+            from dataloader.demo import main as demo_main
+
+            return demo_main(_OUT_DIR.value, _CONFIG.value, args)
+    except ConfigError as error:
+        print(f"config error: {error}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, IndexError, ValueError) as error:
+        if command not in ("inspect", "convert"):
+            raise
+        print(f"{command}: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def run() -> None:
+    """Console entry: parses flags and runs :func:`main`."""
+    app.run(main)

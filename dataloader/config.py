@@ -1,0 +1,350 @@
+"""Declarative pipeline configs: YAML files with ``key.sub=value`` overrides.
+
+A config names the whole input pipeline; :func:`load_config` reads and checks it, and
+the returned :class:`PipelineConfig` builds the loader::
+
+    description: digits, decoded and batched            # free text (optional)
+    source:
+      kind: array_record             # array_record | parquet | an import path
+      paths: data/train-*.array_record   # a path, a glob or a list (from the cwd)
+      options: {}                    # keyword arguments of the source
+    sampler:
+      shuffle: true
+      seed: 42                       # needed when shuffling
+      num_epochs: 1                  # null: repeat for ever
+      sharding: none                 # none | jax | {shard_index: 0, shard_count: 2}
+      drop_remainder: false          # shards of equal length
+    operations:                      # see dataloader.config_operations
+      - map: mypkg.decode
+      - batch: {batch_size: 64, drop_remainder: true}
+    loader:
+      worker_count: 2
+      worker_buffer_size: 2
+      warm_start: true
+      read_options: {num_threads: 0, prefetch_buffer_size: 2}
+    device:                          # the device queue (device_prefetch)
+      enabled: false
+      cpu_buffer_size: 2
+      device_buffer_size: 2
+      shard_batch: false             # true: split the batch axis over all devices
+    train: {}                        # free mapping for the program running the config
+
+Everything is checked when the config is loaded: unknown keys, wrong types
+(``"sampler.seed: expected an integer, got 'abc'"``), files that do not exist,
+operations that do not import or are not operations, arguments a function does not
+take. Each message starts with the key. Loading opens no data file; the
+``build_*`` methods construct the objects.
+
+Example:
+    >>> config = load_config("configs/demo.yaml", ["loader.worker_count=0"])  # doctest: +SKIP
+    >>> loader = config.build_loader()                                         # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import inspect
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import yaml
+
+from dataloader import config_checks as check
+from dataloader.config_checks import ConfigError
+from dataloader.config_operations import build_operations
+from dataloader.loader import DataLoader
+from dataloader.options import ReadOptions
+from dataloader.overrides import OverrideError, apply_overrides
+from dataloader.resolve import ImportPathError, resolve_import
+from operations import RandomMapTransform
+from samplers import IndexSampler, NoSharding, ShardByJaxProcess, ShardOptions
+
+_TOP = ("description", "source", "sampler", "operations", "loader", "device", "train")
+_SOURCE_KINDS = {"array_record": "sources.ArrayRecordDataSource", "parquet": "sources.ParquetDataSource"}
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceConfig:
+    """``source:``: what to read. ``factory(paths, **options)`` builds it."""
+
+    kind: str
+    paths: tuple[str, ...] | None
+    options: Mapping[str, Any]
+    factory: Any = dataclasses.field(repr=False, compare=False)
+
+    def build(self) -> Any:
+        if self.paths is None:
+            return self.factory(**self.options)
+        return self.factory(list(self.paths), **self.options)
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerConfig:
+    """``sampler:``: order, epochs and sharding; becomes an :class:`IndexSampler`."""
+
+    shuffle: bool = False
+    seed: int | None = None
+    num_epochs: int | None = 1
+    sharding: str | tuple[int, int] = "none"
+    drop_remainder: bool = False
+
+    def shard_options(self) -> ShardOptions:
+        if self.sharding == "jax":
+            return ShardByJaxProcess(drop_remainder=self.drop_remainder)
+        if self.sharding == "none":
+            return NoSharding(drop_remainder=self.drop_remainder)
+        assert isinstance(self.sharding, tuple)
+        index, count = self.sharding
+        return ShardOptions(index, count, drop_remainder=self.drop_remainder)
+
+    def build(self, num_records: int) -> IndexSampler:
+        return IndexSampler(
+            num_records, self.shard_options(), shuffle=self.shuffle,
+            num_epochs=self.num_epochs, seed=self.seed,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class LoaderConfig:
+    """``loader:``: worker processes and buffers (none of it changes the output)."""
+
+    worker_count: int = 0
+    worker_buffer_size: int = 2
+    warm_start: bool = True
+    read_options: ReadOptions = dataclasses.field(default_factory=ReadOptions)
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceConfig:
+    """``device:``: keep batches on the accelerator ahead of the training step."""
+
+    enabled: bool = False
+    cpu_buffer_size: int = 2
+    device_buffer_size: int = 2
+    shard_batch: bool = False
+
+    def target(self) -> Any:
+        """``None`` (first local device), or a sharding splitting the batch over all devices."""
+        if not self.shard_batch:
+            return None
+        import jax
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+        return NamedSharding(Mesh(jax.devices(), ("data",)), PartitionSpec("data"))
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineConfig:
+    """A checked pipeline config; build the loader with :meth:`build_loader`.
+
+    Attributes:
+        data: the config as a plain dict, overrides applied (``yaml.safe_dump``-able).
+        train: the free-form ``train:`` mapping, for the program that runs the config.
+
+    Example:
+        >>> config = parse_config({"source": {"kind": "sources.RangeDataSource",
+        ...                                   "options": {"start": 10}},
+        ...                        "operations": [{"batch": 5}]})
+        >>> [b.tolist() for b in config.build_loader()]
+        [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
+    """
+
+    data: dict[str, Any]
+    source: SourceConfig
+    sampler: SamplerConfig
+    operations: tuple[Any, ...]
+    loader: LoaderConfig
+    device: DeviceConfig
+    train: dict[str, Any]
+
+    def build_source(self) -> Any:
+        return self.source.build()
+
+    def build_loader(self, source: Any = None) -> DataLoader:
+        """A :class:`DataLoader` for this config (over ``source`` if given)."""
+        source = self.build_source() if source is None else source
+        return DataLoader(
+            source,
+            self.sampler.build(len(source)),
+            list(self.operations),
+            worker_count=self.loader.worker_count,
+            worker_buffer_size=self.loader.worker_buffer_size,
+            read_options=self.loader.read_options,
+            warm_start=self.loader.warm_start,
+        )
+
+    def build_iterator(self, loader: DataLoader | None = None, state: Any = None) -> Any:
+        """The loader's iterator (from ``state`` if given), behind the device queue
+        when ``device.enabled``."""
+        loader = self.build_loader() if loader is None else loader
+        return self.on_device(loader.iterator(state))
+
+    def on_device(self, iterator: Any) -> Any:
+        """``iterator`` behind the device queue when ``device.enabled``, else itself."""
+        if not self.device.enabled:
+            return iterator
+        from dataloader.device import device_prefetch  # imports JAX
+
+        return device_prefetch(
+            iterator,
+            self.device.target(),
+            cpu_buffer_size=self.device.cpu_buffer_size,
+            device_buffer_size=self.device.device_buffer_size,
+        )
+
+
+def _check_paths(where: str, paths: tuple[str, ...]) -> tuple[str, ...]:
+    for i, path in enumerate(paths):
+        expanded = os.path.expanduser(path)
+        if os.path.exists(expanded) or (set("*?[") & set(path) and glob.glob(expanded)):
+            continue
+        at = check.sub(where, i) if len(paths) > 1 else where
+        what = "no file matches" if set("*?[") & set(path) else "no such file"
+        raise check.fail(at, f"{what} {path!r} (relative paths are read from {os.getcwd()})")
+    return tuple(os.path.expanduser(p) for p in paths)
+
+
+def _source(section: Any) -> SourceConfig:
+    where = "source"
+    section = check.mapping(where, section)
+    if not section:
+        raise check.fail(where, "missing; say what to read, e.g. {kind: array_record, paths: ...}")
+    check.known_keys(where, section, ("kind", "paths", "options"))
+    kind = check.string(check.sub(where, "kind"), check.get(section, "kind", where=where))
+    paths = section.get("paths")
+    options = check.mapping(check.sub(where, "options"), section.get("options"))
+    if kind in _SOURCE_KINDS and paths is None:
+        raise check.fail(check.sub(where, "paths"), f"missing; a {kind} source needs paths (a path, glob or list)")
+    if paths is not None:
+        paths = _check_paths(check.sub(where, "paths"), check.strings(check.sub(where, "paths"), paths))
+    try:
+        factory = resolve_import(_SOURCE_KINDS.get(kind, kind))
+    except ImportPathError as error:
+        raise check.fail(
+            check.sub(where, "kind"), f"not one of {', '.join(_SOURCE_KINDS)} and not an import path: {error}"
+        ) from None
+    if not callable(factory):
+        raise check.fail(check.sub(where, "kind"), f"{kind} is a {type(factory).__name__}, not callable")
+    try:
+        inspect.signature(factory).bind(*([paths] if paths is not None else []), **options)
+    except TypeError as error:
+        raise check.fail(check.sub(where, "options"), f"{kind} does not take these options: {error}") from None
+    except ValueError:  # no signature to check; the call itself will tell
+        pass
+    return SourceConfig(kind, paths, options, factory)
+
+
+def _sampler(section: Any) -> SamplerConfig:
+    where = "sampler"
+    section = check.mapping(where, section)
+    check.known_keys(where, section, ("shuffle", "seed", "num_epochs", "sharding", "drop_remainder"))
+    shuffle = check.boolean(f"{where}.shuffle", section.get("shuffle", False))
+    seed = check.optional_integer(f"{where}.seed", section.get("seed"), low=0)
+    if shuffle and seed is None:
+        raise check.fail(f"{where}.seed", "sampler.shuffle is true, so an integer seed is needed; add e.g. seed: 42")
+    epochs = check.optional_integer(f"{where}.num_epochs", section.get("num_epochs", 1), low=1)
+    sharding: Any = section.get("sharding", "none")
+    if isinstance(sharding, Mapping):
+        sharding = check.mapping(f"{where}.sharding", sharding)
+        check.known_keys(f"{where}.sharding", sharding, ("shard_index", "shard_count"))
+        count = check.integer(f"{where}.sharding.shard_count", check.get(sharding, "shard_count", where=f"{where}.sharding"), low=1)
+        index = check.integer(f"{where}.sharding.shard_index", check.get(sharding, "shard_index", where=f"{where}.sharding"), low=0)
+        if index >= count:
+            raise check.fail(f"{where}.sharding.shard_index", f"expected an integer below shard_count={count}, got {index}")
+        sharding = (index, count)
+    elif sharding is None:
+        sharding = "none"
+    else:
+        check.string(f"{where}.sharding", sharding, choices=("none", "jax"))
+    drop = check.boolean(f"{where}.drop_remainder", section.get("drop_remainder", False))
+    return SamplerConfig(shuffle, seed, epochs, sharding, drop)
+
+
+def _loader(section: Any) -> LoaderConfig:
+    where = "loader"
+    section = check.mapping(where, section)
+    check.known_keys(where, section, ("worker_count", "worker_buffer_size", "warm_start", "read_options"))
+    workers = check.integer(f"{where}.worker_count", section.get("worker_count", 0), low=0)
+    buffer = check.integer(f"{where}.worker_buffer_size", section.get("worker_buffer_size", 2), low=1)
+    warm = check.boolean(f"{where}.warm_start", section.get("warm_start", True))
+    read = check.mapping(f"{where}.read_options", section.get("read_options"))
+    check.known_keys(f"{where}.read_options", read, ("num_threads", "prefetch_buffer_size", "unit_size"))
+    for key in ("num_threads", "prefetch_buffer_size", "unit_size"):
+        if key in read:
+            check.optional_integer(f"{where}.read_options.{key}", read[key])
+    try:
+        read_options = ReadOptions(**read)
+    except ValueError as error:
+        raise check.fail(f"{where}.read_options", str(error)) from None
+    return LoaderConfig(workers, buffer, warm, read_options)
+
+
+def _device(section: Any) -> DeviceConfig:
+    where = "device"
+    section = check.mapping(where, section)
+    check.known_keys(where, section, ("enabled", "cpu_buffer_size", "device_buffer_size", "shard_batch"))
+    return DeviceConfig(
+        check.boolean(f"{where}.enabled", section.get("enabled", False)),
+        check.integer(f"{where}.cpu_buffer_size", section.get("cpu_buffer_size", 2), low=1),
+        check.integer(f"{where}.device_buffer_size", section.get("device_buffer_size", 2), low=0),
+        check.boolean(f"{where}.shard_batch", section.get("shard_batch", False)),
+    )
+
+
+def parse_config(data: Mapping[str, Any], overrides: Iterable[str] = ()) -> PipelineConfig:
+    """Checks a config given as a dict (e.g. parsed YAML) and applies ``overrides``.
+
+    Raises:
+        ConfigError: naming the key, what was expected and what was found.
+    """
+    data = check.mapping("config", data)
+    try:
+        data = apply_overrides(data, overrides)
+    except OverrideError as error:
+        raise ConfigError(str(error)) from None
+    check.known_keys("", data, _TOP)
+    if "description" in data and data["description"] is not None:
+        check.string("description", data["description"])
+    sampler = _sampler(data.get("sampler"))
+    operations = tuple(build_operations("operations", data.get("operations")))
+    if sampler.seed is None and any(isinstance(op, RandomMapTransform) for op in operations):
+        raise check.fail("sampler.seed", "the pipeline has a random_map, which needs a seed; add e.g. seed: 42")
+    return PipelineConfig(
+        data=data,
+        source=_source(data.get("source")),
+        sampler=sampler,
+        operations=operations,
+        loader=_loader(data.get("loader")),
+        device=_device(data.get("device")),
+        train=check.mapping("train", data.get("train")),
+    )
+
+
+def load_config(path: str | os.PathLike, overrides: Iterable[str] = ()) -> PipelineConfig:
+    """Reads a YAML pipeline config, applies ``key.sub=value`` overrides, checks it.
+
+    Args:
+        path: the YAML file.
+        overrides: strings like ``"sampler.seed=7"`` or ``"operations.1.batch.batch_size=32"``
+            (values are read as YAML), applied in order.
+
+    Raises:
+        ConfigError: the file is missing or not YAML, or a key is unknown, has the
+            wrong type, or names a missing file or an unknown operation; the message
+            starts with the key.
+    """
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path!r} does not exist") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML: {error}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{path}: expected a mapping of sections (source:, sampler:, ...), got {data!r}")
+    return parse_config(data, overrides)

@@ -1,0 +1,175 @@
+"""The ``operations:`` list of a pipeline config: import paths turned into operations.
+
+Each entry is a mapping with one kind key and optional ``args``::
+
+    operations:
+      - map: mypkg.decode                  # a function: MapTransform(decode)
+      - random_map: mypkg.augment          # f(element, rng, **args)
+        args: {max_shift: 2}
+      - filter: mypkg.Keep                 # a FilterTransform subclass: Keep(**args)
+        args: {min_label: 1}
+      - flat_map: mypkg.split
+        max_fan_out: 4
+      - operation: mypkg.make_op           # any factory returning an operation
+        args: {size: 3}
+      - batch: {batch_size: 64, drop_remainder: true}   # or: batch: 64
+
+For ``map``, ``random_map``, ``flat_map`` and ``filter`` the import path names either
+a function (wrapped in the kind's transform; ``args`` are bound as keyword arguments
+with ``functools.partial``), a subclass of that transform (instantiated with ``args``),
+or an instance of it. Everything is resolved and built when the config is loaded, so a
+path that does not import, an object of the wrong kind, or arguments the function does
+not take fail at load time, naming the entry (``operations.1.map: ...``).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any
+
+from dataloader import config_checks as check
+from dataloader.resolve import ImportPathError, resolve_import
+from operations import (
+    Batch,
+    FilterTransform,
+    FlatMapTransform,
+    MapTransform,
+    Operation,
+    RandomMapTransform,
+)
+
+_TRANSFORMS: dict[str, type[Operation]] = {
+    "map": MapTransform,
+    "random_map": RandomMapTransform,
+    "flat_map": FlatMapTransform,
+    "filter": FilterTransform,
+}
+# How many leading positional arguments the loader passes (element, and rng).
+_POSITIONAL = {"map": 1, "random_map": 2, "flat_map": 1, "filter": 1}
+_KINDS = (*_TRANSFORMS, "operation", "batch")
+
+
+def _resolve(where: str, path: Any) -> Any:
+    check.string(where, path)
+    try:
+        return resolve_import(path)
+    except ImportPathError as error:
+        raise check.fail(where, str(error)) from None
+
+
+def _check_arguments(where: str, fn: Any, path: str, positional: int, args: dict[str, Any]) -> None:
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # some builtins have none; they fail when called
+        return
+    try:
+        signature.bind(*([None] * positional), **args)
+    except TypeError as error:
+        raise check.fail(
+            where, f"{path} cannot be called with {positional} element argument(s) and "
+            f"args {sorted(args)}: {error}"
+        ) from None
+
+
+def _construct(where: str, factory: Any, path: str, args: dict[str, Any]) -> Any:
+    try:
+        return factory(**args)
+    except (TypeError, ValueError) as error:
+        raise check.fail(where, f"{path}(**args) failed: {error}") from error
+
+
+def _transform(where: str, kind: str, path: str, args: dict[str, Any], extra: dict[str, Any]) -> Operation:
+    cls = _TRANSFORMS[kind]
+    target = _resolve(check.sub(where, kind), path)
+    if (isinstance(target, type) and issubclass(target, Operation)) or isinstance(target, Operation):
+        made = target if isinstance(target, Operation) else None
+        cls_of: type = type(target) if isinstance(target, Operation) else target
+        if not issubclass(cls_of, cls):
+            actual = next((k.__name__ for k in _TRANSFORMS.values() if issubclass(cls_of, k)), cls_of.__name__)
+            raise check.fail(
+                check.sub(where, kind),
+                f"{path} is a {actual}, not a {cls.__name__}; list it under the key of its "
+                f"own kind, or under 'operation:'",
+            )
+        if made is not None:
+            if args or extra:
+                raise check.fail(where, f"{path} is already an operation; it takes no args")
+            return made
+        return _construct(where, target, path, {**args, **extra})
+    if not callable(target):
+        raise check.fail(
+            check.sub(where, kind),
+            f"{path} is a {type(target).__name__}, not a function or a {cls.__name__}",
+        )
+    _check_arguments(check.sub(where, "args"), target, path, _POSITIONAL[kind], args)
+    fn = functools.partial(target, **args) if args else target
+    return _construct(where, cls, cls.__name__, {"fn": fn, **extra})
+
+
+def _batch(where: str, spec: Any) -> Batch:
+    if isinstance(spec, int) and not isinstance(spec, bool):
+        spec = {"batch_size": spec}
+    spec = check.mapping(where, spec)
+    check.known_keys(where, spec, ("batch_size", "drop_remainder", "batch_fn"))
+    size = check.integer(check.sub(where, "batch_size"), check.get(spec, "batch_size", where=where), low=1)
+    drop = check.boolean(check.sub(where, "drop_remainder"), spec.get("drop_remainder", False))
+    batch_fn = None
+    if spec.get("batch_fn") is not None:
+        batch_fn = _resolve(check.sub(where, "batch_fn"), spec["batch_fn"])
+        if not callable(batch_fn):
+            raise check.fail(check.sub(where, "batch_fn"), f"{spec['batch_fn']} is not callable")
+    return Batch(size, drop_remainder=drop, batch_fn=batch_fn)
+
+
+def _operation(where: str, path: str, args: dict[str, Any]) -> Any:
+    target = _resolve(check.sub(where, "operation"), path)
+    if isinstance(target, (Operation, Batch)):
+        if args:
+            raise check.fail(where, f"{path} is already an operation; it takes no args")
+        return target
+    if not callable(target):
+        raise check.fail(check.sub(where, "operation"), f"{path} is a {type(target).__name__}, not callable")
+    made = _construct(where, target, path, args)
+    if not isinstance(made, (Operation, Batch)):
+        raise check.fail(
+            check.sub(where, "operation"),
+            f"{path}(**args) returned a {type(made).__name__}, not an operation (MapTransform, "
+            f"RandomMapTransform, FlatMapTransform, FilterTransform or Batch)",
+        )
+    return made
+
+
+def build_operation(where: str, entry: Any) -> Any:
+    """Builds the operation of one ``operations:`` entry; ``where`` is e.g. ``operations.2``."""
+    entry = check.mapping(where, entry)
+    kinds = [key for key in entry if key in _KINDS]
+    if len(kinds) != 1:
+        raise check.fail(
+            where, f"expected exactly one of {', '.join(_KINDS)} as a key, got {sorted(entry) or 'none'}"
+        )
+    kind = kinds[0]
+    allowed = [kind] if kind == "batch" else [kind, "args"] + (["max_fan_out"] if kind == "flat_map" else [])
+    check.known_keys(where, entry, allowed)
+    if kind == "batch":
+        return _batch(check.sub(where, "batch"), entry["batch"])
+    args = check.mapping(check.sub(where, "args"), entry.get("args"))
+    if kind == "operation":
+        return _operation(where, entry[kind], args)
+    extra = {}
+    if "max_fan_out" in entry:
+        extra["max_fan_out"] = check.integer(check.sub(where, "max_fan_out"), entry["max_fan_out"], low=1)
+    return _transform(where, kind, entry[kind], args, extra)
+
+
+def build_operations(where: str, entries: Any) -> list[Any]:
+    """Builds every entry of the ``operations:`` list, in order."""
+    if entries is None:
+        return []
+    if not isinstance(entries, list):
+        raise check.fail(where, f"expected a list of operations, got {entries!r}")
+    built = [build_operation(check.sub(where, i), entry) for i, entry in enumerate(entries)]
+    batches = [i for i, op in enumerate(built) if isinstance(op, Batch)]
+    if len(batches) > 1:
+        raise check.fail(where, f"at most one batch is allowed, found batches at {batches}")
+    return built

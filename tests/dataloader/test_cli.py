@@ -1,0 +1,139 @@
+"""The command line: run, inspect, convert (in-process), and one real ``python -m dataloader``."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from absl import app
+
+import dataloader as dl
+from dataloader import cli
+from dataloader.convert import convert
+from dataloader.inspect_records import describe_array_records
+from dataloader.progress import Progress
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def square(x):
+    return x * x
+
+
+def keep_even(x):
+    return x % 2 == 0
+
+
+@pytest.fixture
+def config_path(tmp_path) -> str:
+    data = {
+        "source": {"kind": "sources.RangeDataSource", "options": {"start": 40}},
+        "sampler": {"num_epochs": 1},
+        "operations": [{"map": f"{__name__}.square"}, {"filter": f"{__name__}.keep_even"},
+                       {"batch": {"batch_size": 5}}],
+    }
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def test_run_reports_throughput_first_batch_and_each_stage(config_path):
+    text = cli.run_command([config_path], max_batches=None)
+    assert "batches        4 (20 records)" in text
+    for label in ("records/s", "first batch", "computing", "read", "MapTransform(square)",
+                  "FilterTransform(keep_even)", "batch"):
+        assert label in text, f"{label!r} missing from:\n{text}"
+
+
+def test_run_applies_overrides_and_max_batches(config_path):
+    text = cli.run_command([config_path, "operations.2.batch.batch_size=2"], max_batches=3)
+    assert "batches        3 (6 records)" in text
+
+
+def test_run_needs_a_config():
+    with pytest.raises(app.UsageError, match="run needs a config"):
+        cli.run_command([], max_batches=None)
+
+
+def test_unknown_command_is_a_usage_error():
+    with pytest.raises(app.UsageError, match="expected a command, one of run, inspect, convert, demo"):
+        cli.main(["prog", "train"])
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_python_m_dataloader_run_draws_progress_and_refuses_a_bad_key(config_path):
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    ok = subprocess.run([sys.executable, "-m", "dataloader", "run", config_path, "loader.worker_count=2"],
+                        capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    assert "pipeline.yaml 4 batches" in ok.stderr and "records/s" in ok.stdout  # the progress line
+    assert "blocked on 2 worker(s)" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "dataloader", "run", config_path, "sampler.seed=abc"],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == "config error: sampler.seed: expected an integer (or null), got 'abc'"
+
+
+def test_inspect_reports_files_records_group_size_and_a_record(tmp_path):
+    for shard in range(2):
+        dl.write_array_record(tmp_path / f"d-{shard}.array_record", [b'{"x": %d}' % i for i in range(3)])
+    text = describe_array_records([str(tmp_path / "d-*.array_record")], index=4)
+    assert text.splitlines()[0] == "2 file(s), 6 records"
+    assert "3 records  group size 1" in text
+    assert text.splitlines()[-1] == 'record 4 (8 bytes): JSON {"x": 1}'
+
+
+def read_all(paths: list[str]) -> list[bytes]:
+    return dl.ArrayRecordDataSource(paths).__getitems__(range(len(dl.ArrayRecordDataSource(paths))))
+
+
+def test_convert_jsonl_keeps_each_line_in_order_across_shards(tmp_path):
+    lines = [json.dumps({"i": i}) for i in range(7)]
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+    paths = convert([str(tmp_path / "in.jsonl")], str(tmp_path / "out" / "rows"), num_shards=3, progress=False)
+    assert [os.path.basename(p) for p in paths] == [f"rows-0000{i}-of-00003.array_record" for i in range(3)]
+    assert [r.decode() for r in read_all(paths)] == lines
+
+
+def test_convert_parquet_writes_rows_as_json(tmp_path):
+    pq.write_table(pa.table({"x": [1, 2], "v": [[0.5, 1.0], [2.0]], "b": [b"\x00", b"hi"]}), tmp_path / "t.parquet")
+    paths = convert([str(tmp_path / "t.parquet")], str(tmp_path / "t"), progress=False)
+    assert [json.loads(r) for r in read_all(paths)] == [
+        {"x": 1, "v": [0.5, 1.0], "b": "AA=="}, {"x": 2, "v": [2.0], "b": "aGk="}]
+
+
+def test_convert_npy_writes_rows_as_npy(tmp_path):
+    array = np.arange(12, dtype=np.int16).reshape(3, 2, 2)
+    np.save(tmp_path / "a.npy", array)
+    records = read_all(convert([str(tmp_path / "a.npy")], str(tmp_path / "a"), progress=False))
+    np.testing.assert_array_equal(np.stack([np.load(io.BytesIO(r)) for r in records]), array)
+
+
+def test_convert_npz_writes_one_row_of_each_array(tmp_path):
+    np.savez(tmp_path / "z.npz", x=np.arange(6.0).reshape(3, 2), y=np.array([7, 8, 9]))
+    records = read_all(convert([str(tmp_path / "z.npz")], str(tmp_path / "z"), progress=False))
+    second = dict(np.load(io.BytesIO(records[1])))
+    assert second["x"].tolist() == [2.0, 3.0] and int(second["y"]) == 8
+
+
+def test_convert_refuses_an_unknown_extension(tmp_path):
+    (tmp_path / "data.csv").write_text("a,b\n")
+    with pytest.raises(ValueError, match=r"cannot tell the format of '.*data\.csv' from its extension"):
+        convert([str(tmp_path / "data.csv")], str(tmp_path / "out"), progress=False)
+
+
+def test_progress_writes_a_final_line_with_count_and_rate():
+    stream = io.StringIO()
+    with Progress("writing", total=4, unit="records", stream=stream) as bar:
+        bar.update(4)
+    assert stream.getvalue().startswith("writing [" + "#" * Progress.WIDTH + "] 4/4 records ")
+    assert stream.getvalue().endswith(" records/s\n")

@@ -1,9 +1,10 @@
 """The worker process: receive unit numbers, compute them, send results back.
 
-Started by :mod:`dataloader.pool` as ``python -m dataloader.worker TASK_FD RESULT_FD``
-(not through ``multiprocessing``, so the user's main script is never re-run and a
-script without an ``if __name__ == "__main__":`` guard works). It imports what the
-pipeline needs and nothing more.
+Started by :mod:`dataloader.pool` as ``python -c <boot> TASK_FD RESULT_FD CPUS`` (not
+through ``multiprocessing``, so the user's main script is never re-run and a script
+without an ``if __name__ == "__main__":`` guard works). The boot line pins the start-up
+to ``CPUS`` before any import; the worker imports what the pipeline needs and nothing
+more, then takes back all the CPUs it may use.
 
 Messages (pickled tuples) from the parent: ``("init", payload)`` once, then
 ``("task", generation, unit, start, stop, block_name, forget)``; the parent closing the
@@ -91,6 +92,9 @@ def serve(tasks: Connection, results: Connection) -> None:
     except BaseException:
         results.send_bytes(pickle.dumps(("fatal", traceback.format_exc())))
         return
+    # Start-up kept off the parent's CPU (see pool._startup_cpus); work may use them all.
+    with contextlib.suppress(OSError):
+        os.sched_setaffinity(0, config["cpus"])
     results.send_bytes(pickle.dumps(("ready", os.getpid())))
     blocks: dict[str, Any] = {}
     while True:

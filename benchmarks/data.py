@@ -63,7 +63,7 @@ SPECS: dict[str, Spec] = {
     "png": Spec("png", 50_000, 2, seed=2, decoder="png", params={"side": 32, "noise": 28}),
     # Measured: noise 28 at quality 93 gives JPEGs of about 150 KB (+-2 KB).
     "jpeg": Spec(
-        "jpeg", 2_000, 2, seed=3, decoder="jpeg", params={"side": 512, "noise": 28, "quality": 93}
+        "jpeg", 5_000, 4, seed=3, decoder="jpeg", params={"side": 512, "noise": 28, "quality": 93}
     ),
 }
 

@@ -40,7 +40,7 @@ VENV = HERE / ".venv"
 DATASET_RUNS = {
     "raw": {"batch_size": 128, "records": 200_000, "quick_records": 60_000},
     "png": {"batch_size": 128, "records": 50_000, "quick_records": 20_000},
-    "jpeg": {"batch_size": 32, "records": 2_000, "quick_records": 800},
+    "jpeg": {"batch_size": 32, "records": 5_000, "quick_records": 1_200},
 }
 FRAMEWORKS = ["raw", "granary", "grain", "grain_nothreads", "torch", "torch_spawn"]
 DEFAULT_ROWS = [

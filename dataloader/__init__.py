@@ -7,6 +7,7 @@ One import gives the whole public API: ``import dataloader as dl`` then
 
 from dataloader.dataset import IterDataset, MapDataset, MultiprocessingOptions, device_put
 from dataloader.errors import (
+    ConfigError,
     GranaryError,
     PipelineError,
     StateMismatchError,
@@ -51,7 +52,6 @@ from sources import (
 _LAZY = {
     "CheckpointRestore": "dataloader.checkpoint",
     "CheckpointSave": "dataloader.checkpoint",
-    "ConfigError": "dataloader.config",
     "DeviceIterator": "dataloader.device",
     "IteratorCheckpointHandler": "dataloader.checkpoint",
     "ParquetDataSource": "sources",

@@ -24,8 +24,8 @@ from typing import Any
 
 from absl import app, flags, logging
 
-from dataloader.config_checks import ConfigError
 from dataloader.convert import FORMATS, convert
+from dataloader.errors import ConfigError
 from dataloader.plan import BATCH, REGROUP
 from dataloader.progress import Progress
 

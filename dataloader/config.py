@@ -52,8 +52,8 @@ from typing import Any
 import yaml
 
 from dataloader import config_checks as check
-from dataloader.config_checks import ConfigError
 from dataloader.config_operations import build_operations
+from dataloader.errors import ConfigError
 from dataloader.loader import DataLoader
 from dataloader.options import ReadOptions
 from dataloader.overrides import OverrideError, apply_overrides

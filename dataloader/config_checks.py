@@ -11,13 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from dataloader.errors import GranaryError
+from dataloader.errors import ConfigError
 
 _MISSING: Any = object()
-
-
-class ConfigError(GranaryError, ValueError):
-    """A pipeline config is invalid; the message starts with the offending key."""
 
 
 def fail(where: str, message: str) -> ConfigError:

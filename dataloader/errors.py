@@ -2,6 +2,7 @@
 
 ```
 GranaryError
+├── ConfigError (ValueError)          a pipeline config is invalid (message starts with the key)
 ├── StateMismatchError (ValueError)   a saved state does not fit this loader
 ├── PipelineError (RuntimeError)      user code or a read failed; chained to the original
 └── WorkerError (RuntimeError)        the worker pool could not do its job
@@ -16,6 +17,10 @@ from __future__ import annotations
 
 class GranaryError(Exception):
     """Base of every error the loader raises itself."""
+
+
+class ConfigError(GranaryError, ValueError):
+    """A pipeline config is invalid; the message starts with the offending key."""
 
 
 class StateMismatchError(GranaryError, ValueError):

@@ -185,28 +185,39 @@ def _remote_error(data: bytes, worker: int) -> Exception:
     return err
 
 
+def _still_wanted(ref: weakref.ref[PoolExecutor]) -> PoolExecutor | None:
+    """The executor, while the start-up thread still has work: not collected, not
+    closed, and the consumer has not started (call with nothing locked)."""
+    executor = ref()
+    if executor is None:
+        return None
+    with executor._lock:
+        if executor._consumer_started or not executor._finalizer.alive:
+            return None
+    return executor
+
+
 def _prestart(ref: weakref.ref[PoolExecutor]) -> None:
     """Hands out the first units as soon as workers are ready, before the first ``next()``.
 
     So the pool works while the training script is still setting up (compiling its
     step, restoring a checkpoint). Ends when the consumer starts, or the executor is
-    closed or collected (it holds only a weak reference).
+    closed or collected (it holds only a weak reference between rounds).
     """
     while True:
-        executor = ref()
+        executor = _still_wanted(ref)
         if executor is None:
             return
-        with executor._lock:
-            if executor._consumer_started or not executor._finalizer.alive:
-                return
-            conns = [w.results for w in executor._res.workers]
+        conns = [w.results for w in executor._res.workers]
         del executor
         with contextlib.suppress(OSError, ValueError):  # a pipe closed under us
             wait(conns, 0.05)
-        executor = ref()
+        executor = _still_wanted(ref)
         if executor is None:
             return
         with executor._lock:
+            # Checked again under the lock: the consumer may have started, or the pool
+            # been closed (then its pipes are closed and must not look like dead workers).
             if executor._consumer_started or not executor._finalizer.alive:
                 return
             try:

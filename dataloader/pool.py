@@ -371,7 +371,7 @@ class PoolExecutor:
                 self._head += 1
                 kind, value = item
                 if kind == "err":
-                    self.close()  # an error ends the stream; every child is stopped
+                    self._finalizer()  # an error ends the stream; every child is stopped (lock held)
                     raise value
                 return value
             if self._exhausted and self._head >= self._new and not self._redo:
@@ -472,7 +472,7 @@ class PoolExecutor:
             self._spawn_deferred()
             return
         if kind == "fatal":
-            self.close()
+            self._finalizer()  # lock held: not close()
             raise WorkerError(f"worker {w.index} could not start:\n{message[1]}")
         gen, unit, block = w.outstanding.popleft()
         assert (gen, unit) == tuple(message[1:3]), "worker answered out of order"
@@ -501,6 +501,8 @@ class PoolExecutor:
 
     def _replace(self, w: Worker) -> None:
         """A worker died: reap it, start another, and compute its units again."""
+        if not self._finalizer.alive:
+            return  # the pool was closed: its pipes are closed, nobody died
         try:
             code = w.proc.wait(5.0)
         except subprocess.TimeoutExpired:
@@ -513,7 +515,7 @@ class PoolExecutor:
         if not w.ready:
             self._startup_deaths += 1
             if self._startup_deaths >= MAX_CRASHES:
-                self.close()
+                self._finalizer()  # lock held: not close()
                 raise WorkerError(
                     f"worker processes keep dying before they start (exit code {code}); "
                     f"run with worker_count=0 to see the error in this process"
@@ -552,4 +554,6 @@ class PoolExecutor:
         return [w.proc.pid for w in self._res.workers]
 
     def close(self) -> None:
-        self._finalizer()
+        """Stops every worker and unlinks every block; waits for a call in progress."""
+        with self._lock:
+            self._finalizer()

@@ -7,20 +7,10 @@ from typing import Any
 
 from dataloader.inprocess import InProcessExecutor
 from dataloader.iterator import DataLoaderIterator
-from dataloader.options import ReadOptions
+from dataloader.options import ReadOptions, check_int
 from dataloader.plan import Plan, make_plan
 from dataloader.pool import PoolExecutor, pickle_plan
 from samplers import ShardOptions
-
-
-def _shard_tuple(options: ShardOptions) -> tuple[int, int, bool]:
-    return options.shard_index, options.shard_count, options.drop_remainder
-
-
-def _check_int(name: str, value: Any, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-    return value
 
 
 def _resolve_sampler(sampler: Any, shard_options: ShardOptions | None) -> Any:
@@ -36,7 +26,7 @@ def _resolve_sampler(sampler: Any, shard_options: ShardOptions | None) -> Any:
     if not isinstance(shard_options, ShardOptions):
         raise TypeError(f"shard_options must be a ShardOptions, got {shard_options!r}")
     own = sampler.shard_options
-    if _shard_tuple(own) == _shard_tuple(shard_options):
+    if own == shard_options:  # ShardOptions compare by their fields
         return sampler
     if own.shard_count != 1:
         raise ValueError(
@@ -109,8 +99,8 @@ class DataLoader:
             raise TypeError(f"read_options must be a ReadOptions, got {read_options!r}")
         if worker_init_fn is not None and not callable(worker_init_fn):
             raise TypeError(f"worker_init_fn must be callable, got {worker_init_fn!r}")
-        self.worker_count = _check_int("worker_count", worker_count, 0)
-        self.worker_buffer_size = _check_int("worker_buffer_size", worker_buffer_size, 1)
+        self.worker_count = check_int("worker_count", worker_count, 0)
+        self.worker_buffer_size = check_int("worker_buffer_size", worker_buffer_size, 1)
         self.read_options = read_options
         self.worker_init_fn = worker_init_fn
         self.warm_start = bool(warm_start)

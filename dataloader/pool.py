@@ -286,7 +286,7 @@ class PoolExecutor:
         self._res = _Resources()
         self._finalizer = weakref.finalize(self, _shutdown, self._res)
         self._ever_ready = False
-        self._warm_units = 1 if self._warm_start else 0
+        self._warm_pending = self._warm_start
         self._startup_deaths = 0
         # One poll object for the life of the pool: building a selector per wait (as
         # multiprocessing.connection.wait does) cost ~70 us of parent CPU per batch.
@@ -297,7 +297,7 @@ class PoolExecutor:
         # take ~0.2 s of CPU each); the rest start once the warm unit is done or a worker
         # is ready. On a machine with cores to spare, every worker starts at once.
         now = self._worker_count
-        if self._warm_units:
+        if self._warm_pending:
             now = max(1, min(now, len(os.sched_getaffinity(0)) - 1))
         self._res.workers = [self._spawn(i) for i in range(now)]
         self._deferred = list(range(now, self._worker_count))
@@ -343,7 +343,6 @@ class PoolExecutor:
         self._new = 0
         self._exhausted = False
         self._redo: list[int] = []
-        self._assigned: set[int] = set()
         self._done: dict[int, tuple[str, Any]] = {}
         self._head = 0
         self._crashes: dict[int, int] = {}
@@ -377,33 +376,38 @@ class PoolExecutor:
             if self._exhausted and self._head >= self._new and not self._redo:
                 raise StopIteration
             self._dispatch()
-            if self._warm_units and not self._ever_ready and self._head not in self._assigned:
-                self._warm_units = 0
+            # Nothing is dispatched before a worker is ready, so the head unit is free.
+            if self._warm_pending and not self._ever_ready:
+                self._warm_pending = False
                 self._compute_inline(self._head)
             else:
                 self._wait(1.0)
 
     def _compute_inline(self, unit: int) -> None:
-        if unit >= self._new and self._next_unit() is None:
-            return
-        start, stop = self._ranges[unit]
         try:
-            result = compute_unit(self._plan, start, stop)
-        except PipelineError as exc:
-            self._done[unit] = ("err", exc)
+            if unit >= self._new and self._next_unit() is None:
+                return
+            start, stop = self._ranges[unit]
+            try:
+                result = compute_unit(self._plan, start, stop)
+            except PipelineError as exc:
+                self._done[unit] = ("err", exc)
+                return
+            self._done[unit] = ("ok", result)
+            if self._use_shm and not self._res.blocks.target_size:
+                self._size_blocks(shm.payload_size(*shm.dumps(result)))
+        finally:
             self._spawn_deferred()
-            return
-        self._done[unit] = ("ok", result)
-        if self._use_shm and not self._res.blocks.target_size:
-            self._size_blocks(shm.payload_size(*shm.dumps(result)))
-        self._spawn_deferred()
 
     def _size_blocks(self, nbytes: int) -> None:
+        """Grows the blocks to fit ``nbytes``; on the first size, checks /dev/shm has room."""
         blocks = self._res.blocks
         first = not blocks.target_size
         blocks.note_payload(nbytes)
+        if not first:
+            return
         needed = blocks.target_size * (self._window + len(self._res.workers) + 2)
-        if first and shm.shm_free_bytes() < needed:
+        if shm.shm_free_bytes() < needed:
             self._warn(
                 f"{shm.SHM_DIR} has {shm.shm_free_bytes() / 2**20:.0f} MiB free but the "
                 f"buffers need about {needed / 2**20:.0f} MiB"
@@ -434,8 +438,6 @@ class PoolExecutor:
             unit = self._next_unit()
             if unit is None:
                 return
-            if unit in self._done:
-                continue  # computed in the parent during start-up
             block = self._res.blocks.acquire() if self._use_shm else None
             discarded = self._res.blocks.discarded
             forget, w.forgotten = discarded[w.forgotten :], len(discarded)
@@ -448,7 +450,6 @@ class PoolExecutor:
                 heapq.heappush(self._redo, unit)
                 return  # the worker is dying; _wait will notice and replace it
             w.outstanding.append((self._gen, unit, block))
-            self._assigned.add(unit)
 
     # -- receiving ------------------------------------------------------------------------
 
@@ -459,13 +460,13 @@ class PoolExecutor:
             if w is None:
                 continue  # replaced while this batch of events was handled
             try:
-                message = pickle.loads(w.results.recv_bytes())
+                raw = w.results.recv_bytes()
             except (EOFError, OSError):
                 self._replace(w)
                 continue
-            self._receive(w, message)
+            self._receive(w, pickle.loads(raw), len(raw))
 
-    def _receive(self, w: Worker, message: tuple) -> None:
+    def _receive(self, w: Worker, message: tuple, nbytes: int) -> None:
         kind = message[0]
         if kind == "ready":
             w.ready = self._ever_ready = True
@@ -476,7 +477,6 @@ class PoolExecutor:
             raise WorkerError(f"worker {w.index} could not start:\n{message[1]}")
         gen, unit, block = w.outstanding.popleft()
         assert (gen, unit) == tuple(message[1:3]), "worker answered out of order"
-        self._assigned.discard(unit)
         blocks = self._res.blocks
         if gen != self._gen:
             if block is not None:
@@ -487,14 +487,14 @@ class PoolExecutor:
                 blocks.give_back(block)
             self._done[unit] = ("err", _remote_error(message[3], w.index))
             return
-        where, (data, size) = message[3], message[4]
-        if where == "shm":
+        if message[3] == "shm":
             assert block is not None
-            value = shm.read_payload(blocks.lease(block), data)
-        else:
+            layout, size = message[4]
+            value = shm.read_payload(blocks.lease(block), layout)
+        else:  # the result came pickled in the message itself
             if block is not None:
                 blocks.give_back(block)
-            value = pickle.loads(data)
+            value, size = message[4], nbytes
         if self._use_shm:
             self._size_blocks(size)
         self._done[unit] = ("ok", value)
@@ -526,7 +526,6 @@ class PoolExecutor:
                 self._res.blocks.give_back(block)
             if gen != self._gen:
                 continue
-            self._assigned.discard(unit)
             if first:  # a worker computes its units in order: the first one killed it
                 first = False
                 self._crashes[unit] = self._crashes.get(unit, 0) + 1

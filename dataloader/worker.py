@@ -54,12 +54,13 @@ def _error_payload(exc: BaseException) -> bytes:
 
 
 def _send_result(conn: Connection, blocks: dict[str, Any], task: tuple, result: Any) -> None:
+    """Writes the result into the lent block, or (no block, or too small) into the message."""
     from dataloader.shm import attach, dumps, payload_size, write_payload
 
     _, gen, unit, _, _, block_name, _ = task
-    header, buffers = dumps(result)
-    size = payload_size(header, buffers)
     if block_name is not None:
+        header, buffers = dumps(result)
+        size = payload_size(header, buffers)
         target = blocks.get(block_name)
         if target is None:
             target = blocks[block_name] = attach(block_name)
@@ -67,8 +68,8 @@ def _send_result(conn: Connection, blocks: dict[str, Any], task: tuple, result: 
             layout = write_payload(target, header, buffers)
             conn.send_bytes(pickle.dumps(("done", gen, unit, "shm", (layout, size))))
             return
-    data = pickle.dumps(result, protocol=5)
-    conn.send_bytes(pickle.dumps(("done", gen, unit, "pipe", (data, size)), protocol=5))
+    # Pickled once, in the message: the parent takes the size from its length.
+    conn.send_bytes(pickle.dumps(("done", gen, unit, "pipe", result), protocol=5))
 
 
 def serve(tasks: Connection, results: Connection) -> None:

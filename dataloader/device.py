@@ -33,6 +33,7 @@ from collections import deque
 from typing import Any
 
 from dataloader.multihost import Placement
+from dataloader.options import check_int
 
 BATCH, END, ERROR = "batch", "end", "error"
 THREAD_PREFIX = "granary-device"
@@ -40,12 +41,6 @@ _POLL_S = 0.05  # how often a blocked thread looks for a stop request
 CLOSE_WAIT_S = 10.0  # how long close() waits for a source call in progress
 
 Item = tuple[str, Any, Any]  # (kind, batch or exception, source state)
-
-
-def _check_size(name: str, value: Any, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-    return value
 
 
 def _wake(lock: threading.Lock) -> None:
@@ -224,8 +219,8 @@ class DeviceIterator:
         cpu_buffer_size: int = 2,
         device_buffer_size: int = 2,
     ) -> None:
-        self.cpu_buffer_size = _check_size("cpu_buffer_size", cpu_buffer_size, 1)
-        self.device_buffer_size = _check_size("device_buffer_size", device_buffer_size, 1)
+        self.cpu_buffer_size = check_int("cpu_buffer_size", cpu_buffer_size, 1)
+        self.device_buffer_size = check_int("device_buffer_size", device_buffer_size, 1)
         self._placement = Placement(target)
         if not hasattr(source, "__next__"):
             if not hasattr(source, "__iter__"):

@@ -3,6 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
+
+
+def check_int(name: str, value: Any, low: int) -> int:
+    """``value`` if it is an integer (not a bool) >= ``low``, else a ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,10 +36,8 @@ class ReadOptions:
     unit_size: int | None = None
 
     def __post_init__(self) -> None:
-        for name, low in (("num_threads", 0), ("prefetch_buffer_size", 1)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"ReadOptions.{name} must be an integer >= {low}, got {value!r}")
+        check_int("ReadOptions.num_threads", self.num_threads, 0)
+        check_int("ReadOptions.prefetch_buffer_size", self.prefetch_buffer_size, 1)
         if self.unit_size is not None and (
             isinstance(self.unit_size, bool) or not isinstance(self.unit_size, int) or self.unit_size < 1
         ):

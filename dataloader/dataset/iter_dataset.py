@@ -24,7 +24,7 @@ from dataloader.dataset.map_dataset import MapDataset
 from dataloader.dataset.nodes import OpNode, is_batched
 from dataloader.iterator import DataLoaderIterator
 from dataloader.loader import DataLoader
-from dataloader.options import ReadOptions
+from dataloader.options import ReadOptions, check_int
 from operations import Batch, FilterTransform, MapTransform, Operation, RandomMapTransform
 from operations.padding import BatchAndPad
 from samplers import ShardOptions
@@ -48,12 +48,8 @@ class MultiprocessingOptions:
     per_worker_buffer_size: int = 2
 
     def __post_init__(self) -> None:
-        for name, low in (("num_workers", 0), ("per_worker_buffer_size", 1)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(
-                    f"MultiprocessingOptions.{name} must be an integer >= {low}, got {value!r}"
-                )
+        check_int("MultiprocessingOptions.num_workers", self.num_workers, 0)
+        check_int("MultiprocessingOptions.per_worker_buffer_size", self.per_worker_buffer_size, 1)
 
 
 class IterDataset:

@@ -288,7 +288,7 @@ def _device(section: Any) -> DeviceConfig:
     return DeviceConfig(
         check.boolean(f"{where}.enabled", section.get("enabled", False)),
         check.integer(f"{where}.cpu_buffer_size", section.get("cpu_buffer_size", 2), low=1),
-        check.integer(f"{where}.device_buffer_size", section.get("device_buffer_size", 2), low=0),
+        check.integer(f"{where}.device_buffer_size", section.get("device_buffer_size", 2), low=1),
         check.boolean(f"{where}.shard_batch", section.get("shard_batch", False)),
     )
 

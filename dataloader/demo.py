@@ -74,6 +74,12 @@ class TrainOptions:
         if not options.checkpoint_every < options.preempt_at <= options.steps:
             raise check.fail("train.preempt_at", f"expected checkpoint_every < preempt_at <= steps, got "
                              f"{options.checkpoint_every} < {options.preempt_at} <= {options.steps}")
+        if options.preempt_at % options.checkpoint_every == 0:
+            # A checkpoint at preempt_at itself would leave no batches between the
+            # restored step and the preemption to compare.
+            raise check.fail("train.preempt_at", f"must not be a multiple of checkpoint_every="
+                             f"{options.checkpoint_every}, got {options.preempt_at}; the resume "
+                             f"would have no batches to compare")
         return options
 
 

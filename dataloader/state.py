@@ -76,10 +76,6 @@ def make_state(plan: Plan, position: int, sub_index: int = 0, skip: int = 0) -> 
     }
 
 
-def initial_state(plan: Plan) -> dict[str, Any]:
-    return make_state(plan, 0)
-
-
 def _as_dict(state: Any) -> dict[str, Any]:
     if isinstance(state, (bytes, str)):  # Grain's iterators hand out JSON bytes
         state = json.loads(state)

@@ -145,6 +145,11 @@ def test_wrong_type_names_the_key():
         parse_config(base(), ["sampler.seed=abc"])
 
 
+def test_device_buffer_size_below_one_names_the_key():
+    with pytest.raises(ConfigError, match=r"^device\.device_buffer_size: .*1.*got 0"):
+        parse_config(base(), ["device.device_buffer_size=0"])
+
+
 def test_unknown_key_names_the_key_and_the_known_ones():
     with pytest.raises(ConfigError, match=r"^loader\.workers: unknown key; expected one of worker_count, "):
         parse_config(base(), ["loader.workers=2"])

@@ -42,6 +42,11 @@ def test_demo_reports_loss_throughput_and_waiting(result):
     assert figures["records_per_s"] > 0 and 0 <= figures["wait_fraction"] <= 1
 
 
+def test_train_options_refuse_a_preemption_on_a_checkpoint_step():
+    with pytest.raises(ValueError, match=r"train\.preempt_at: must not be a multiple of checkpoint_every=100, got 200"):
+        TrainOptions.from_config({"checkpoint_every": 100, "preempt_at": 200, "steps": 400})
+
+
 def test_train_options_refuse_a_preemption_before_the_first_checkpoint():
     with pytest.raises(ValueError, match=r"train\.preempt_at: expected checkpoint_every < preempt_at <= steps"):
         TrainOptions.from_config({"checkpoint_every": 100, "preempt_at": 50})

@@ -4,7 +4,7 @@ Three data sets, each in ``benchmarks/data/<name>/`` with a ``manifest.json``:
 
 * ``raw``:  200,000 records of 1,024 random bytes (decoder ``none``).
 * ``png``:  50,000 PNG-encoded 32x32 grayscale images of about 1 KB (``png``).
-* ``jpeg``: 2,000 JPEG-encoded 512x512 RGB images of about 150 KB (``jpeg``).
+* ``jpeg``: 5,000 JPEG-encoded 512x512 RGB images of about 150 KB (``jpeg``).
 
 Every record is a pure function of (data set seed, record index), so two machines
 make the same bytes. A data set whose manifest matches the requested parameters
@@ -147,32 +147,26 @@ _GENERATORS: dict[str, Callable[[Spec, int, int], Iterator[bytes]]] = {
 
 def _write(path: Path, records: Iterator[bytes]) -> tuple[int, int]:
     """Writes ``records`` to ``path`` with group_size 1; returns (count, bytes)."""
-    # A list, not a generator: at most ~150 MB per file, and the project's helper
-    # may want a sequence.
-    records = list(records)
-    try:  # the project's own helper, once it exists
-        from sources import write_array_record
-    except ImportError:
-        write_array_record = None
-    if write_array_record is not None:
-        write_array_record(str(path), records, group_size=1)
-    else:
-        from array_record.python.array_record_module import ArrayRecordWriter
+    # Imported here: run.py imports this module in every peer's child process.
+    from sources import write_array_record
 
-        writer = ArrayRecordWriter(str(path), "group_size:1")
-        try:
-            for record in records:
-                writer.write(record)
-        finally:
-            writer.close()
-    return len(records), sum(map(len, records))
+    total = 0
+
+    def counted() -> Iterator[bytes]:
+        nonlocal total
+        for record in records:
+            total += len(record)
+            yield record
+
+    count = write_array_record(str(path), counted(), group_size=1)
+    return count, total
 
 
-def _write_file(spec: Spec, file_index: int, tmp_path: str) -> tuple[int, int]:
+def _write_file(spec: Spec, file_index: int, path: str) -> tuple[int, int]:
     per_file = -(-spec.num_records // spec.num_files)
     start = file_index * per_file
     stop = min(spec.num_records, start + per_file)
-    return _write(Path(tmp_path), _GENERATORS[spec.name](spec, start, stop))
+    return _write(Path(path), _GENERATORS[spec.name](spec, start, stop))
 
 
 def is_current(spec: Spec, root: Path = DATA_DIR) -> bool:
@@ -198,18 +192,16 @@ def ensure(name: str, root: Path = DATA_DIR, log: Callable[[str], None] = print)
     log(f"writing data set {name!r}: {spec.num_records} records in {spec.num_files} files ...")
     started = time.perf_counter()
     finals = spec.files(root)
-    temps = [p.with_suffix(".tmp") for p in finals]
     workers = min(spec.num_files, os.cpu_count() or 1)
     with concurrent.futures.ProcessPoolExecutor(workers) as pool:
         results = list(
-            pool.map(_write_file, [spec] * spec.num_files, range(spec.num_files), map(str, temps))
+            pool.map(_write_file, [spec] * spec.num_files, range(spec.num_files), map(str, finals))
         )
-    for tmp, final in zip(temps, finals, strict=True):
-        tmp.rename(final)
     count = sum(r[0] for r in results)
     total = sum(r[1] for r in results)
     stats = {"mean_record_bytes": round(total / count, 1), "total_bytes": total}
-    # The manifest goes last: a crash half way leaves no manifest, so a rerun rewrites.
+    # The manifest goes last: a crash half way leaves no manifest, so a rerun rewrites
+    # (each file itself appears whole or not at all: write_array_record renames it in).
     (directory / "manifest.json").write_text(
         json.dumps({**spec.manifest(), "stats": stats}, indent=2)
     )

@@ -67,13 +67,8 @@ def _check_iterator(iterator: Any, role: str) -> None:
 
 
 def _state_text(iterator: Any) -> str:
-    """The iterator's state now, as JSON text (a state given as JSON text is kept)."""
+    """The iterator's state now, as JSON text."""
     state = iterator.get_state()
-    if isinstance(state, bytes):
-        state = state.decode()
-    if isinstance(state, str):
-        json.loads(state)  # must be JSON; fails now rather than at restore
-        return state
     try:
         return json.dumps(state)
     except TypeError as error:

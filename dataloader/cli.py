@@ -26,8 +26,10 @@ from absl import app, flags, logging
 
 from dataloader.convert import FORMATS, convert
 from dataloader.errors import ConfigError
-from dataloader.plan import BATCH, REGROUP
 from dataloader.progress import Progress
+from dataloader.stats import sorted_stages
+from operations import FilterTransform, FlatMapTransform
+from samplers.sharding import shard_length
 
 COMMANDS = ("run", "inspect", "convert", "demo")
 
@@ -53,23 +55,29 @@ def _count_records(batch: Any) -> int:
     return int(shape[0]) if shape else 1
 
 
-def _default_limit(config: Any, loader: Any) -> tuple[int | None, str]:
+def _default_limit(loader: Any) -> tuple[int | None, str]:
     """Batches to run when --max_batches is not given, and why."""
     sampler, batch = loader.sampler, loader.plan.batch
     per_batch = batch.batch_size if batch is not None else 1
     if sampler.num_positions is not None:
         return None, "the whole stream"
-    epoch = -(-sampler.num_records // sampler.shard_options.shard_count)
+    shard = sampler.shard_options
+    epoch = shard_length(sampler.num_records, shard.shard_index, shard.shard_count, shard.drop_remainder)
     return max(1, epoch // per_batch), "one epoch's worth (the stream repeats for ever)"
+
+
+def _output_count_unknown(plan: Any) -> bool:
+    """True when a filter or flat map (before or after the batch) makes the count unknown."""
+    return any(isinstance(step.op, (FilterTransform, FlatMapTransform)) for step in (*plan.pre, *plan.post))
 
 
 def _expected_batches(loader: Any, limit: int | None) -> int | None:
     """How many outputs the run will see, when that is known in advance."""
-    positions, batch, layout = loader.sampler.num_positions, loader.plan.batch, loader.plan.layout
-    if positions is None or layout == REGROUP:  # a filter or flat map: unknown until run
+    positions, batch = loader.sampler.num_positions, loader.plan.batch
+    if positions is None or _output_count_unknown(loader.plan):  # unknown until run
         return limit
     total = positions
-    if layout == BATCH:
+    if batch is not None:
         full, rest = divmod(positions, batch.batch_size)
         total = full + (1 if rest and not batch.drop_remainder else 0)
     return total if limit is None else min(total, limit)
@@ -92,7 +100,7 @@ def report(
         waited,
         "where the time went (seconds of work, added up over worker processes):",
     ]
-    stages = sorted(stats["stage_seconds"].items(), key=lambda kv: -kv[1])
+    stages = sorted_stages(stats)
     work = sum(secs for _, secs in stages) or 1.0
     width = max((len(name) for name, _ in stages), default=4)
     lines += [f"  {name:<{width}}  {secs:8.3f} s  {secs / work:6.1%}" for name, secs in stages]
@@ -108,7 +116,7 @@ def run_command(args: Sequence[str], max_batches: int | None = None) -> str:
     config = load_config(args[0], args[1:])
     began = time.perf_counter()
     loader = config.build_loader()
-    limit, why = (max_batches, f"--max_batches={max_batches}") if max_batches else _default_limit(config, loader)
+    limit, why = (max_batches, f"--max_batches={max_batches}") if max_batches else _default_limit(loader)
     base = loader.iterator()
     it = config.on_device(base)
     batches = records = 0

@@ -43,7 +43,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import glob
 import inspect
 import os
 from collections.abc import Iterable, Mapping
@@ -60,9 +59,12 @@ from dataloader.overrides import OverrideError, apply_overrides
 from dataloader.resolve import ImportPathError, resolve_import
 from operations import RandomMapTransform
 from samplers import IndexSampler, NoSharding, ShardByJaxProcess, ShardOptions
+from sources import expand_paths
 
 _TOP = ("description", "source", "sampler", "operations", "loader", "device", "train")
 _SOURCE_KINDS = {"array_record": "sources.ArrayRecordDataSource", "parquet": "sources.ParquetDataSource"}
+# What a built-in kind's files are called in messages, and a glob to suggest.
+_SOURCE_FILES = {"array_record": ("ArrayRecord", "*.array_record"), "parquet": ("Parquet", "*.parquet")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,15 +197,24 @@ class PipelineConfig:
         )
 
 
-def _check_paths(where: str, paths: tuple[str, ...]) -> tuple[str, ...]:
-    for i, path in enumerate(paths):
-        expanded = os.path.expanduser(path)
-        if os.path.exists(expanded) or (set("*?[") & set(path) and glob.glob(expanded)):
-            continue
+def _check_paths(where: str, kind: str, paths: tuple[str, ...]) -> tuple[str, ...]:
+    """Checks each path as the source will expand it; returns them with ``~`` expanded.
+
+    A built-in kind's files go through the sources' own :func:`~sources.expand_paths`
+    (globs recursive, directories refused); another kind's factory may take a directory.
+    """
+    what, example_glob = _SOURCE_FILES.get(kind, ("source", "*"))
+    expanded = tuple(os.path.expanduser(path) for path in paths)
+    for i, path in enumerate(expanded):
         at = check.sub(where, i) if len(paths) > 1 else where
-        what = "no file matches" if set("*?[") & set(path) else "no such file"
-        raise check.fail(at, f"{what} {path!r} (relative paths are read from {os.getcwd()})")
-    return tuple(os.path.expanduser(p) for p in paths)
+        try:
+            expand_paths(path, what=what, example_glob=example_glob)
+        except FileNotFoundError as error:
+            raise check.fail(at, f"{error} (relative paths are read from {os.getcwd()})") from None
+        except ValueError as error:  # a directory
+            if kind in _SOURCE_FILES:
+                raise check.fail(at, str(error)) from None
+    return expanded
 
 
 def _source(section: Any) -> SourceConfig:
@@ -218,7 +229,7 @@ def _source(section: Any) -> SourceConfig:
     if kind in _SOURCE_KINDS and paths is None:
         raise check.fail(check.sub(where, "paths"), f"missing; a {kind} source needs paths (a path, glob or list)")
     if paths is not None:
-        paths = _check_paths(check.sub(where, "paths"), check.strings(check.sub(where, "paths"), paths))
+        paths = _check_paths(check.sub(where, "paths"), kind, check.strings(check.sub(where, "paths"), paths))
     try:
         factory = resolve_import(_SOURCE_KINDS.get(kind, kind))
     except ImportPathError as error:

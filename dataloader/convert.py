@@ -24,7 +24,6 @@ Example:
 from __future__ import annotations
 
 import base64
-import glob
 import io
 import json
 import os
@@ -33,8 +32,9 @@ from typing import Any
 
 import numpy as np
 
+from dataloader.options import check_int
 from dataloader.progress import Progress
-from sources import write_array_record
+from sources import expand_paths, write_array_record
 
 FORMATS = ("jsonl", "parquet", "npy", "npz")
 _EXTENSIONS = {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".npy": "npy", ".npz": "npz"}
@@ -131,22 +131,6 @@ def input_format(path: str, fmt: str | None = None) -> str:
     return _EXTENSIONS[ext]
 
 
-def expand_inputs(patterns: Sequence[str]) -> list[str]:
-    """Paths and globs -> files, in the order given (each glob sorted)."""
-    files: list[str] = []
-    for pattern in patterns:
-        if os.path.exists(pattern):
-            files.append(pattern)
-            continue
-        matched = sorted(glob.glob(pattern))
-        if not matched:
-            raise FileNotFoundError(f"no input file matches {pattern!r}")
-        files.extend(matched)
-    if not files:
-        raise ValueError("no input files given")
-    return files
-
-
 def convert(
     inputs: Sequence[str],
     output_prefix: str,
@@ -160,11 +144,12 @@ def convert(
 
     Raises:
         FileNotFoundError: an input does not exist or a glob matches nothing.
-        ValueError: an unknown format, a bad record, or ``num_shards`` < 1.
+        ValueError: no inputs, an input is a directory, an unknown format, a bad
+            record, or ``num_shards`` < 1.
     """
-    if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
-        raise ValueError(f"num_shards must be an integer >= 1, got {num_shards!r}")
-    opened = [_READERS[input_format(path, fmt)](path) for path in expand_inputs(inputs)]
+    check_int("num_shards", num_shards, 1)
+    files = expand_paths(list(inputs), what="input", example_glob="*.parquet")
+    opened = [_READERS[input_format(path, fmt)](path) for path in files]
     total = sum(count for count, _ in opened)
     if total < num_shards:
         raise ValueError(f"{total} records cannot fill {num_shards} shards; use num_shards <= {total}")

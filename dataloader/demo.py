@@ -37,6 +37,7 @@ from dataloader.checkpoint import CheckpointRestore, CheckpointSave
 from dataloader.config import PipelineConfig, load_config
 from dataloader.demo_data import load_digits, write_digits
 from dataloader.demo_model import accuracy, fingerprint, init_params, train_step
+from dataloader.stats import sorted_stages
 
 _TRAIN_DEFAULTS = {"steps": 400, "checkpoint_every": 100, "preempt_at": 350, "learning_rate": 0.5,
                    "hidden": 256, "log_every": 50, "seed": 0}
@@ -129,8 +130,7 @@ def _manager(directory: str) -> ocp.CheckpointManager:
 
 
 def _where_time_went(stats: dict[str, Any]) -> str:
-    stages = sorted(stats["stage_seconds"].items(), key=lambda kv: -kv[1])
-    return ", ".join(f"{name} {secs:.2f} s" for name, secs in stages)
+    return ", ".join(f"{name} {secs:.2f} s" for name, secs in sorted_stages(stats))
 
 
 def _preempted_run(config: PipelineConfig, opts: TrainOptions, ckpt_dir: str, template: Any,

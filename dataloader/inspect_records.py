@@ -12,26 +12,10 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import warnings
 from collections.abc import Sequence
 
-from array_record.python.array_record_module import ArrayRecordReader
-
-from dataloader.convert import expand_inputs
 from sources import ArrayRecordDataSource
-
-_GROUP_SIZE = re.compile(r"(?:^|,)group_size:(\d+)(?:,|$)")
-
-
-def group_size(path: str) -> int | None:
-    """The group size a file was written with (``None`` when it does not say)."""
-    reader = ArrayRecordReader(path, "readahead_buffer_size:0")
-    try:
-        match = _GROUP_SIZE.search(reader.writer_options_string() or "")
-    finally:
-        reader.close()
-    return int(match.group(1)) if match else None
 
 
 def preview(record: bytes, limit: int = 200) -> str:
@@ -57,17 +41,17 @@ def describe_array_records(patterns: Sequence[str], index: int = 0) -> str:
 
     Raises:
         FileNotFoundError: a pattern matches nothing.
-        ValueError: a file is not ArrayRecord (from :class:`ArrayRecordDataSource`).
+        ValueError: a path is a directory or a file is not ArrayRecord (from
+            :class:`ArrayRecordDataSource`).
         IndexError: ``index`` is out of range.
     """
-    files = expand_inputs(patterns)
     with warnings.catch_warnings():  # a group size > 1 is reported below instead
         warnings.simplefilter("ignore", UserWarning)
-        source = ArrayRecordDataSource(files)
+        source = ArrayRecordDataSource(list(patterns))
     lines = [f"{len(source.paths)} file(s), {len(source):,} records"]
-    for path, count in zip(source.paths, source.num_records_per_file, strict=True):
+    files = zip(source.paths, source.num_records_per_file, source.group_sizes, strict=True)
+    for path, count, group in files:
         size = os.path.getsize(path)
-        group = group_size(path)
         lines.append(
             f"  {path}  {count:,} records  group size {group if group is not None else '?'}  "
             f"{size / 1024:,.1f} KiB"

@@ -38,9 +38,5 @@ class ReadOptions:
     def __post_init__(self) -> None:
         check_int("ReadOptions.num_threads", self.num_threads, 0)
         check_int("ReadOptions.prefetch_buffer_size", self.prefetch_buffer_size, 1)
-        if self.unit_size is not None and (
-            isinstance(self.unit_size, bool) or not isinstance(self.unit_size, int) or self.unit_size < 1
-        ):
-            raise ValueError(
-                f"ReadOptions.unit_size must be a positive integer or None, got {self.unit_size!r}"
-            )
+        if self.unit_size is not None:
+            check_int("ReadOptions.unit_size", self.unit_size, 1)

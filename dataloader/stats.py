@@ -43,6 +43,16 @@ class Stats:
         }
 
 
+def sorted_stages(stats: dict[str, Any]) -> list[tuple[str, float]]:
+    """The ``(stage, seconds)`` pairs of an iterator's ``stats()``, most time first.
+
+    Example:
+        >>> sorted_stages({"stage_seconds": {"read": 0.5, "batch": 1.5}})
+        [('batch', 1.5), ('read', 0.5)]
+    """
+    return sorted(stats["stage_seconds"].items(), key=lambda kv: -kv[1])
+
+
 class Counted:
     """Passes unit results through, timing each wait and adding up their timings."""
 

@@ -3,7 +3,9 @@
 A data source is anything with ``__len__`` and ``__getitem__`` (see
 :class:`RandomAccessDataSource` for the obligations); this package provides
 sources over ranges, in-memory sequences, ArrayRecord files and Parquet files,
-and :func:`read_records`, the one function through which the loader reads.
+:func:`read_records`, the one function through which the loader reads, and
+:func:`expand_paths`, which turns paths and globs into files the way the
+file-backed sources do (for tools that check paths before building a source).
 
 It depends on numpy, array_record and pyarrow only, and knows nothing of
 samplers, operations or workers. ``ParquetDataSource`` is imported on first
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from sources._paths import expand_paths
 from sources.array_record import ArrayRecordDataSource
 from sources.array_record_writer import write_array_record
 from sources.base import RandomAccessDataSource, read_records
@@ -29,6 +32,7 @@ __all__ = [
     "ParquetDataSource",
     "RandomAccessDataSource",
     "RangeDataSource",
+    "expand_paths",
     "read_records",
     "write_array_record",
 ]

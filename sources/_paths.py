@@ -76,10 +76,14 @@ def _expand_one(path: str, what: str, example_glob: str) -> list[str]:
     for match in matches:
         if os.path.isdir(match):
             raise ValueError(
-                f"{match!r} is a directory, expected a {what} file; pass a glob such "
+                f"{match!r} is a directory, expected {_article(what)} {what} file; pass a glob such "
                 f"as {os.path.join(match, example_glob)!r}"
             )
     return matches
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1].lower() in "aeiou" else "a"
 
 
 def format_paths(paths: Sequence[str]) -> str:

@@ -124,7 +124,7 @@ class ArrayRecordDataSource(PerProcessHandles):
 
     def __init__(self, paths: PathArg) -> None:
         self._paths = tuple(expand_paths(paths, what="ArrayRecord", example_glob="*.array_record"))
-        counts = []
+        counts, group_sizes = [], []
         for path in self._paths:
             reader = _open_reader(path)
             try:
@@ -143,7 +143,9 @@ class ArrayRecordDataSource(PerProcessHandles):
                     stacklevel=2,
                 )
             counts.append(count)
+            group_sizes.append(group_size)
         self._index = PartIndex(counts)
+        self._group_sizes = tuple(group_sizes)
         self._init_process_state()
 
     def _reset_handles(self) -> None:
@@ -163,6 +165,14 @@ class ArrayRecordDataSource(PerProcessHandles):
     def num_records_per_file(self) -> tuple[int, ...]:
         """The number of records of each file, in the order of :attr:`paths`."""
         return tuple(self._index.counts.tolist())
+
+    @property
+    def group_sizes(self) -> tuple[int | None, ...]:
+        """The group size each file was written with, in the order of :attr:`paths`.
+
+        ``None`` where a file's writer options do not say.
+        """
+        return self._group_sizes
 
     def _reader(self, file_index: int) -> ArrayRecordReader:
         self._ensure_own_process()

@@ -1,9 +1,10 @@
-"""Shared test helpers: deep equality of nested outputs, and restore-at-every-step."""
+"""Shared test helpers: deep equality of nested outputs, restore-at-every-step, waiting."""
 
 from __future__ import annotations
 
 import itertools
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +37,28 @@ def assert_streams_equal(a: list[Any], b: list[Any]) -> None:
 
 def take(iterator: Any, limit: int | None) -> list[Any]:
     return list(itertools.islice(iterator, limit))
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
+    """Polls ``predicate`` until it is true or ``timeout`` seconds pass; returns its last value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def wait_full(iterator: Any, timeout: float = 10.0) -> None:
+    """Waits until both buffers of a device iterator are full, so a state is taken under load.
+
+    Full means ``cpu_buffer_size`` batches waiting on the host and ``device_buffer_size``
+    already transferred. Fails (AssertionError) if that does not happen within ``timeout``.
+    """
+    feed = iterator._res.feed
+    assert wait_until(
+        lambda: feed.host.full() and len(feed.device) == iterator.device_buffer_size, timeout=timeout
+    ), f"the device iterator's buffers did not fill within {timeout} s"
 
 
 def assert_restores_everywhere(

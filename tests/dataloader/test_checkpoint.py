@@ -13,7 +13,7 @@ import pytest
 
 import dataloader as dl
 from dataloader.checkpoint import find_state_file, state_filename
-from tests.helpers import assert_streams_equal, take
+from tests.helpers import assert_streams_equal, take, wait_full
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -172,7 +172,8 @@ def test_device_iterator_saves_the_state_of_the_last_batch_it_yielded(tmp_path):
     loader = make_loader()
     expected = list(loader)
     with dl.device_prefetch(iter(loader), cpu_buffer_size=3, device_buffer_size=2) as it:
-        take(it, 5)  # both buffers hold batches beyond the fifth by now
+        take(it, 5)
+        wait_full(it)  # both buffers hold batches beyond the fifth
         with manager(tmp_path, asynchronous=True) as mngr:
             save(mngr, 5, it)
             mngr.wait_until_finished()

@@ -58,6 +58,38 @@ def test_run_applies_overrides_and_max_batches(config_path):
     assert "batches        3 (6 records)" in text
 
 
+def twice(x):
+    return [x, x]
+
+
+def range_loader(operations, num_epochs=1, shard=(0, 1), drop_remainder=False) -> dl.DataLoader:
+    options = dl.ShardOptions(*shard, drop_remainder=drop_remainder)
+    return dl.DataLoader(dl.RangeDataSource(40), dl.IndexSampler(40, options, num_epochs=num_epochs), operations)
+
+
+@pytest.mark.parametrize(
+    "operations",
+    [[dl.FilterTransform(keep_even)], [dl.FlatMapTransform(twice)],
+     [dl.Batch(5), dl.FilterTransform(lambda b: b[0] > 10)]],
+    ids=["filter_without_batch", "flat_map_without_batch", "filter_after_batch"],
+)
+def test_progress_total_is_unknown_when_a_filter_or_flat_map_changes_the_count(operations):
+    loader = range_loader(operations)
+    assert cli._expected_batches(loader, None) is None
+    assert cli._expected_batches(loader, 3) == 3
+
+
+def test_progress_total_counts_batches_when_nothing_filters():
+    assert cli._expected_batches(range_loader([dl.MapTransform(square), dl.Batch(6)]), None) == 7
+    assert cli._expected_batches(range_loader([dl.Batch(6, drop_remainder=True)]), None) == 6
+    assert cli._expected_batches(range_loader([dl.MapTransform(square)]), None) == 40
+
+
+def test_default_limit_of_an_endless_stream_is_one_epoch_of_this_shard():
+    loader = range_loader([dl.Batch(2)], num_epochs=None, shard=(2, 3), drop_remainder=True)
+    assert cli._default_limit(loader) == (6, "one epoch's worth (the stream repeats for ever)")
+
+
 def test_run_needs_a_config():
     with pytest.raises(app.UsageError, match="run needs a config"):
         cli.run_command([], max_batches=None)

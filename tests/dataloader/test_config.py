@@ -13,6 +13,7 @@ from dataloader.config import ConfigError, load_config, parse_config
 from dataloader.demo_data import synthetic_digits, write_digits
 from dataloader.overrides import apply_overrides
 from dataloader.resolve import ImportPathError, resolve_import
+from sources import write_array_record
 from tests.helpers import assert_streams_equal
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "configs")
@@ -157,14 +158,29 @@ def test_unknown_key_names_the_key_and_the_known_ones():
 
 def test_missing_file_names_the_key(tmp_path):
     data = {"source": {"kind": "array_record", "paths": str(tmp_path / "nothing-*.array_record")}}
-    with pytest.raises(ConfigError, match=r"^source\.paths: no file matches '.*nothing-\*\.array_record'"):
+    with pytest.raises(ConfigError, match=r"^source\.paths: glob pattern '.*nothing-\*\.array_record' matches no file"):
         parse_config(data)
 
 
 def test_missing_one_of_several_files_names_its_index(tmp_path, digits):
     data = {"source": {"kind": "array_record", "paths": [digits["train"][0], str(tmp_path / "gone.ar")]}}
-    with pytest.raises(ConfigError, match=r"^source\.paths\.1: no such file '.*gone\.ar'"):
+    with pytest.raises(ConfigError, match=r"^source\.paths\.1: ArrayRecord file '.*gone\.ar' does not exist"):
         parse_config(data)
+
+
+def test_a_directory_as_source_paths_names_the_key_at_load_time(tmp_path):
+    data = {"source": {"kind": "array_record", "paths": str(tmp_path)}}
+    with pytest.raises(ConfigError, match=r"^source\.paths: '.*' is a directory, expected an ArrayRecord file; pass a glob"):
+        parse_config(data)
+
+
+def test_a_recursive_glob_in_source_paths_is_accepted(tmp_path):
+    # Only a recursive glob matches: one file at the top, one two levels down.
+    for sub, count in ((".", 2), ("a/b", 3)):
+        (tmp_path / sub).mkdir(parents=True, exist_ok=True)
+        write_array_record(tmp_path / sub / "x.array_record", [b"r"] * count)
+    data = {"source": {"kind": "array_record", "paths": str(tmp_path / "**" / "x.array_record")}}
+    assert len(parse_config(data).build_source()) == 5
 
 
 def test_operation_that_does_not_import_names_the_entry():

@@ -23,8 +23,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import dataloader as dl
 from tests.dataloader.pipelines import as_dict
-from tests.helpers import assert_restores_everywhere, assert_streams_equal
-from tests.integration.conftest import child_pids, wait_until
+from tests.helpers import assert_restores_everywhere, assert_streams_equal, wait_full, wait_until
+from tests.integration.conftest import child_pids
 
 DEVICES = 4
 if jax.config.jax_num_cpu_devices < DEVICES:
@@ -63,14 +63,6 @@ def to_numpy(tree):
 
 def feed_threads():
     return [t for t in threading.enumerate() if t.name.startswith(FEED)]
-
-
-def wait_full(it):
-    """Waits until both buffers are full: on the host and already transferred."""
-    feed = it._res.feed
-    assert wait_until(
-        lambda: feed.host.full() and len(feed.device) == it.device_buffer_size, timeout=10
-    )
 
 
 class AsNumpy:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import gc
 import os
-import time
 
 import pytest
+
+from tests.helpers import wait_until
 
 
 def child_pids(pid: int | None = None) -> set[int]:
@@ -28,15 +29,6 @@ def child_pids(pid: int | None = None) -> set[int]:
 
 def shm_blocks() -> set[str]:
     return {n for n in os.listdir("/dev/shm") if n.startswith("granary_")}
-
-
-def wait_until(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 @pytest.fixture(autouse=True)

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import jax
 import numpy as np
+
+from tests.helpers import wait_full
 
 LOCAL_DEVICES = 2
 RECORDS = 96
@@ -36,15 +37,6 @@ def local_view(batch) -> dict:
             for shard in leaf.addressable_shards
         )
     return out
-
-
-def wait_full(it) -> None:
-    """Waits (up to 10 s) until both buffers are full, so the state is taken under load."""
-    feed, deadline = it._res.feed, time.monotonic() + 10
-    while time.monotonic() < deadline and not (
-        feed.host.full() and len(feed.device) == it.device_buffer_size
-    ):
-        time.sleep(0.01)
 
 
 def main() -> None:

@@ -11,63 +11,24 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
 
 import pytest
 
 import dataloader as dl
+from tests.integration import cluster
+from tests.integration.cluster import finish
 from tests.integration.multihost_main import LOCAL_DEVICES, RECORDS, to_leaves
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(240)]
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPT = os.path.join(ROOT, "tests", "integration", "multihost_main.py")
+SCRIPT = os.path.join(cluster.ROOT, "tests", "integration", "multihost_main.py")
 GLOBAL_BATCH = 12
 SAVE_AFTER = 3
-PHASE_TIMEOUT_S = 120
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(hosts: int, out_dir, tag: str, *extra: str) -> list[tuple[subprocess.Popen, str]]:
-    """Starts one JAX cluster of ``hosts`` processes; returns (process, output path) pairs."""
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
-    env.pop("XLA_FLAGS", None)
-    port, started = free_port(), []
-    for i in range(hosts):
-        out = str(out_dir / f"{tag}_{i}.json")
-        args = ["--process-id", str(i), "--processes", str(hosts), "--port", str(port),
-                "--batch", str(GLOBAL_BATCH // hosts), "--out", out, *extra]
-        proc = subprocess.Popen([sys.executable, SCRIPT, *args], env=env, cwd=ROOT,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        started.append((proc, out))
-    return started
-
-
-def finish(started) -> list[dict]:
-    """Waits for every process (killing all on a hang) and reads their reports."""
-    logs = []
-    try:
-        for proc, _ in started:
-            logs.append(proc.communicate(timeout=PHASE_TIMEOUT_S)[0])
-    finally:
-        for proc, _ in started:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-    for (proc, _), log in zip(started, logs):
-        assert proc.returncode == 0, f"a JAX process failed:\n{log[-3000:]}"
-    reports = []
-    for _, out in started:
-        with open(out) as f:
-            reports.append(json.load(f))
-    return reports
+def start(hosts: int, out_dir, tag: str, *extra: str) -> cluster.Started:
+    """Starts one JAX cluster of ``hosts`` processes, each with its share of the global batch."""
+    return cluster.start(SCRIPT, hosts, out_dir, tag, "--batch", str(GLOBAL_BATCH // hosts), *extra)
 
 
 def global_batches(reports: list[dict], key: str) -> list[list[int]]:

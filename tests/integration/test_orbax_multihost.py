@@ -4,51 +4,23 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
 
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
 import dataloader as dl
+from tests.integration.cluster import ROOT, finish, start
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "tests", "integration", "orbax_multihost_main.py")
 BATCHES = 3
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     """Runs the two processes once; returns the checkpoint directory and their reports."""
     tmp = tmp_path_factory.mktemp("orbax_multihost")
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
-    port, procs = free_port(), []
-    for i in range(2):
-        command = [sys.executable, SCRIPT, "--process-id", str(i), "--processes", "2", "--port", str(port),
-                   "--batches", str(BATCHES), "--ckpt", str(tmp / "ckpt"), "--out", str(tmp / f"p{i}.json")]
-        procs.append(subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
-    try:
-        logs = [proc.communicate(timeout=120)[0] for proc in procs]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-    for proc, log in zip(procs, logs):
-        assert proc.returncode == 0, log[-3000:]
-    reports = []
-    for i in range(2):
-        with open(tmp / f"p{i}.json") as f:
-            reports.append(json.load(f))
+    reports = finish(start(SCRIPT, 2, tmp, "p", "--batches", str(BATCHES), "--ckpt", str(tmp / "ckpt")))
     return tmp / "ckpt", reports
 
 

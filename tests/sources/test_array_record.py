@@ -177,6 +177,19 @@ def test_group_size_above_one_warns_once_per_file(make_array_record):
         assert pickle.loads(pickle.dumps(source))[3] == record(0, 3)
 
 
+def test_group_sizes_are_given_per_file_in_paths_order(make_array_record):
+    paths = [
+        make_array_record("g4.array_record", 8, group_size=4),
+        make_array_record("g1.array_record", 8),
+        make_array_record("g2.array_record", 8, group_size=2),
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        source = ArrayRecordDataSource(paths)
+    assert source.group_sizes == (4, 1, 2)
+    assert pickle.loads(pickle.dumps(source)).group_sizes == (4, 1, 2)
+
+
 def test_group_size_one_does_not_warn(make_array_record):
     with warnings.catch_warnings():
         warnings.simplefilter("error")

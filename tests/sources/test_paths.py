@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sources._paths import expand_paths, format_paths
+from sources import expand_paths
+from sources._paths import format_paths
 
 
 def _expand(paths):

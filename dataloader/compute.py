@@ -106,12 +106,8 @@ def apply_steps(
                 pos = positions if positions is not None else np.arange(start, start + len(elements))
                 glob = plan.sampler.global_positions(pos).tolist()
                 sub = [0] * len(elements) if subs is None else subs.tolist()
-                # A random map may carry its own seed (the dataset API's random_map(seed=)).
-                seed = getattr(op, "rng_seed", None)
-                if seed is None:
-                    seed = plan.sampler.seed
                 # One reusable generator per operation and unit, reset for each element.
-                rngs = RecordRngFactory(seed, step.stream)
+                rngs = RecordRngFactory(step.seed, step.stream)
                 for x, g, s in zip(elements, glob, sub):
                     append(fn(x, rngs(g, s)))
             elif isinstance(op, FilterTransform):

@@ -43,14 +43,17 @@ _KINDS = "MapTransform, RandomMapTransform, FilterTransform, FlatMapTransform or
 
 @dataclasses.dataclass(frozen=True)
 class Step:
-    """One element-wise operation and its stream number (its index in the pipeline).
+    """One element-wise operation, its stream number (its index in the pipeline) and seed.
 
-    The stream number keys the per-element generators of a random map, so adding an
-    operation elsewhere does not change another one's randomness.
+    The seed and stream number key the per-element generators of a random map (so
+    adding an operation elsewhere does not change another one's randomness): the seed
+    is the operation's own ``rng_seed`` when it has one, else the sampler's, and
+    ``None`` for the other operations.
     """
 
     op: Operation
     stream: int
+    seed: int | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,16 +124,15 @@ def make_plan(
         if not isinstance(op, (MapTransform, RandomMapTransform, FilterTransform, FlatMapTransform)):
             hint = f"; wrap it as MapTransform({getattr(op, '__name__', 'fn')})" if callable(op) else ""
             raise TypeError(f"operations[{i}] is {op!r}, expected a {_KINDS}{hint}")
-        if (
-            isinstance(op, RandomMapTransform)
-            and sampler.seed is None
-            and getattr(op, "rng_seed", None) is None
-        ):
-            raise ValueError(
-                f"operations[{i}] ({op.name}) is a random map but the sampler has no seed; "
-                f"pass seed=... to the sampler so augmentations are reproducible"
-            )
-        (post if batch is not None else pre).append(Step(op, i))
+        seed = None
+        if isinstance(op, RandomMapTransform):
+            seed = op.rng_seed if op.rng_seed is not None else sampler.seed
+            if seed is None:
+                raise ValueError(
+                    f"operations[{i}] ({op.name}) is a random map but the sampler has no seed; "
+                    f"pass seed=... to the sampler so augmentations are reproducible"
+                )
+        (post if batch is not None else pre).append(Step(op, i, seed))
     reshapes = any(isinstance(s.op, (FilterTransform, FlatMapTransform)) for s in pre)
     if batch is None:
         layout, size = ELEMENTS, unit_size or DEFAULT_UNIT_SIZE

@@ -109,12 +109,14 @@ class MapTransform(Operation):
 class RandomMapTransform(Operation):
     """Applies ``random_map(element, rng) -> element`` with a per-element generator.
 
-    The ``rng`` is a ``numpy.random.Generator`` derived from the sampler's seed, the
-    element's global position and this operation's place in the pipeline, so the result
-    does not depend on worker count, prefetch depth, host count or a restore.
+    The ``rng`` is a ``numpy.random.Generator`` derived from the seed, the element's
+    global position and this operation's place in the pipeline, so the result does not
+    depend on worker count, prefetch depth, host count or a restore. The seed is
+    ``rng_seed`` when it is set (on an instance or a subclass), else the sampler's.
     """
 
     method_name = "random_map"
+    rng_seed: int | None = None
 
     def random_map(self, element: Any, rng: np.random.Generator) -> Any:
         if self._fn is None:

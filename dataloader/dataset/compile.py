@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import sys
 from typing import Any
 
 from dataloader.compute import compute_unit
@@ -52,13 +51,14 @@ class _Lowered:
 class _Builder:
     def __init__(self) -> None:
         self.sources: list[Any] = []
-        self.leaves: list[im.Leaf] = []
+        self.num_records = 0  # of the sources so far: where the next one's keys start
 
     def leaf(self, source: Any, length: int) -> _Lowered:
         part = len(self.sources)
         self.sources.append(source)
-        self.leaves.append(im.Leaf(part, length))
-        return _Lowered(self.leaves[-1], frozenset([part]), [])
+        leaf = im.Leaf(self.num_records, length)
+        self.num_records += length
+        return _Lowered(leaf, frozenset([part]), [])
 
     def as_leaf(self, node: Any) -> _Lowered:
         """A batched sub-chain as one source of its batches."""
@@ -130,14 +130,12 @@ class Compiled:
 
     Attributes:
         source, sampler, operations: the arguments of a ``DataLoader``.
-        length: elements (batches when batched) of one pass, ``None`` when infinite.
         batch_size: the ``Batch``'s size, or ``None``.
     """
 
     source: Any
     sampler: Any
     operations: tuple[Operation, ...]
-    length: int | None
     batch_size: int | None
 
     @functools.cached_property
@@ -161,10 +159,6 @@ def compile_node(node: Any, seed: int | None) -> Compiled:
     """Compiles a dataset tree; ``seed`` is the chain's seed (the sampler's, for states)."""
     builder = _Builder()
     low = builder.lower(node)
-    offset = 0
-    for leaf in builder.leaves:
-        leaf.offset = offset
-        offset += leaf.length
     everything = frozenset(range(len(builder.sources)))
     is_tagged = any(parts != everything for _, parts in low.ops)
     operations: list[Any] = [tagged(op, parts) if is_tagged else op for op, parts in low.ops]
@@ -173,18 +167,14 @@ def compile_node(node: Any, seed: int | None) -> Compiled:
     if low.batch is not None:
         operations += [low.batch, *low.post]
     sampler: Any = None if len(builder.sources) > 1 else _canonical_sampler(low.index, seed)
-    if sampler is not None:
+    if sampler is None:
+        sampler = im.IndexMapSampler(low.index, builder.num_records, seed)
+    if len(builder.sources) == 1 and not is_tagged:  # its keys start at 0: no wrapper needed
         source = builder.sources[0]
     else:
         source = ConcatSource(builder.sources, tagged=is_tagged)
-        sampler = im.IndexMapSampler(low.index, offset, seed)
-    return Compiled(
-        source,
-        sampler,
-        tuple(operations),
-        node.length,
-        low.batch.batch_size if low.batch is not None else None,
-    )
+    batch_size = low.batch.batch_size if low.batch is not None else None
+    return Compiled(source, sampler, tuple(operations), batch_size)
 
 
 class NodeSource:
@@ -193,17 +183,17 @@ class NodeSource:
     Items dropped by a filter read as ``None``.
     """
 
-    def __init__(self, node: Any, seed: int | None = None) -> None:
+    def __init__(self, node: Any) -> None:
         if node.length is None:
             raise ValueError(
                 f"{node!r} is infinite and batched, so it cannot be shuffled, sliced, mixed "
                 f"or concatenated; batch after those steps, or repeat after the batch"
             )
-        self.node, self.seed = node, seed
+        self.node = node
 
     @functools.cached_property
     def compiled(self) -> Compiled:
-        return compile_node(self.node, self.seed)
+        return compile_node(self.node, None)
 
     def __len__(self) -> int:
         return self.node.length
@@ -220,7 +210,3 @@ class NodeSource:
     def __repr__(self) -> str:
         return repr(self.node)
 
-
-def python_length(length: int | None) -> int:
-    """``len()`` of a dataset: ``sys.maxsize`` when infinite."""
-    return sys.maxsize if length is None else length

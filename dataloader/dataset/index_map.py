@@ -17,23 +17,20 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 from typing import Any
 
 import numpy as np
 
 from dataloader.dataset.mixing import MixSchedule
 from samplers import IndexSampler, NoSharding, ShardOptions
-from samplers.sharding import shard_length
-
-_INT64_MAX = 2**63 - 1
+from samplers.permutation import MAX_N
 
 
 class Leaf:
-    """One source (occurrence) of ``n`` records; ``offset`` is set once all leaves are known."""
+    """One source (occurrence) of ``n`` records, whose keys start at ``offset``."""
 
-    def __init__(self, leaf_id: int, n: int) -> None:
-        self.leaf_id, self.length, self.offset = leaf_id, n, 0
+    def __init__(self, offset: int, n: int) -> None:
+        self.offset, self.length = offset, n
         self.shuffles = False
 
     def keys(self, pos: np.ndarray) -> np.ndarray:
@@ -179,52 +176,55 @@ class IndexMapSampler:
         self.shuffle = bool(index.shuffles)
         self.shard_options = shard_options or NoSharding()
         self.num_epochs = None if index.length is None else 1
-        h, count = self.shard_options.shard_index, self.shard_options.shard_count
-        self._h, self._count = h, count
-        if index.length is None:
-            self.num_positions = None
-            self._end = (_INT64_MAX - h) // count + 1
-        else:
-            self.num_positions = shard_length(index.length, h, count, self.shard_options.drop_remainder)
-            self._end = self.num_positions
+        self._stream = _stream(index.length, self.shard_options)
         text = json.dumps(index.describe(), separators=(",", ":"))
         self.index_map_signature = (
             text if len(text) <= 160 else "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:24]
         )
 
-    def __len__(self) -> int:
-        return sys.maxsize if self.num_positions is None else self.num_positions
+    @property
+    def num_positions(self) -> int | None:
+        return self._stream.num_positions
 
-    def _check(self, positions: Any) -> np.ndarray:
-        flat = np.asarray(positions, dtype=np.int64).reshape(-1)
-        if flat.size and (flat.min() < 0 or flat.max() >= self._end):
-            bad = int(flat.min()) if flat.min() < 0 else int(flat.max())
-            raise IndexError(f"position {bad} is outside this stream of {self.num_positions} positions")
-        return flat
+    def __len__(self) -> int:
+        return len(self._stream)
 
     def global_positions(self, positions: Any) -> np.ndarray:
-        return self._check(positions) * self._count + self._h
+        return self._stream.global_positions(positions)
 
     def record_keys(self, positions: Any) -> np.ndarray:
-        shape = np.shape(positions)
-        return self.index.keys(self.global_positions(positions)).reshape(shape)
+        glob = self._stream.global_positions(positions)
+        return self.index.keys(glob.reshape(-1)).reshape(glob.shape)
 
     def with_shard_options(self, shard_options: ShardOptions) -> IndexMapSampler:
         return IndexMapSampler(self.index, self.num_records, self.seed, shard_options)
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "kind": type(self).__name__,
-            "num_records": self.num_records,
-            "index_map": self.index_map_signature,
-            "seed": self.seed,
-            "shard_index": self._h,
-            "shard_count": self._count,
-            "drop_remainder": self.shard_options.drop_remainder,
-        }
 
     def __repr__(self) -> str:
         return (
             f"IndexMapSampler({self.index_map_signature}, num_records={self.num_records}, "
             f"shard_options={self.shard_options!r})"
         )
+
+
+def _stream(length: int | None, shard_options: ShardOptions) -> IndexSampler:
+    """An unshuffled ``IndexSampler`` whose global positions are the tree's, sharded.
+
+    One epoch of ``length`` positions, or an endless stream; it checks positions and
+    does the shard bookkeeping exactly as for a ``DataLoader``. A tree of no positions
+    (a mix or concatenation of batched datasets that dropped their only, short, batch)
+    gets a shard with none, so every position is out of range.
+
+    Raises:
+        ValueError: one pass is longer than the 2**63 positions a stream can address
+            (as ``IndexSampler`` refuses for a plain chain).
+    """
+    if length is None:
+        return IndexSampler(1, shard_options, num_epochs=None)
+    if length > MAX_N:
+        raise ValueError(
+            f"one pass of this dataset has {length} positions, more than the 2**63 a "
+            f"stream can address; repeat() it for ever rather than so many times"
+        )
+    if length == 0:
+        return IndexSampler(1, ShardOptions(0, 2, drop_remainder=True), num_epochs=1)
+    return IndexSampler(length, shard_options, num_epochs=1)

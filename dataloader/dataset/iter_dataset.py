@@ -21,7 +21,7 @@ from typing import Any
 
 from dataloader.dataset.arguments import as_operation, check_seed, random_map_op
 from dataloader.dataset.map_dataset import MapDataset
-from dataloader.dataset.nodes import OpNode, is_batched
+from dataloader.dataset.nodes import is_batched
 from dataloader.iterator import DataLoaderIterator
 from dataloader.loader import DataLoader
 from dataloader.options import ReadOptions, check_int
@@ -205,8 +205,8 @@ class IterDataset:
     def _as_map_dataset(self) -> MapDataset:
         ds = self._parent
         for op in self._operations:
-            filtered = ds._filtered or isinstance(op, FilterTransform)
-            ds = ds._then(OpNode(ds._node, op, ds._node.length), filtered=filtered)  # type: ignore[arg-type]
+            assert not isinstance(op, Batch), "mix refuses batched streams"
+            ds = ds._apply(op)
         return ds
 
     @property

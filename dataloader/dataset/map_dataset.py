@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import numbers
+import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -27,11 +28,11 @@ from dataloader.dataset.arguments import (
     derive_seed,
     random_map_op,
 )
-from dataloader.dataset.compile import Compiled, compile_node, python_length
+from dataloader.dataset.compile import Compiled, compile_node
 from dataloader.dataset.index_map import mix_length
 from dataloader.dataset.mixing import MixSchedule, parse_mixture_spec
 from dataloader.options import ReadOptions
-from operations import Batch, FilterTransform, MapTransform, RandomMapTransform
+from operations import Batch, FilterTransform, MapTransform, Operation, RandomMapTransform
 from operations.padding import BatchAndPad
 from samplers import ShardOptions
 
@@ -214,20 +215,22 @@ class MapDataset:
 
     def map(self, transform: MapTransform | Callable[[Any], Any]) -> MapDataset:
         """Applies ``transform`` (a function or a ``MapTransform``) to every element."""
-        op = as_operation(transform, MapTransform, "map")
-        return self._then(nd.OpNode(self._node, op, self._node.length))
+        return self._apply(as_operation(transform, MapTransform, "map"))
 
     def random_map(
         self, transform: RandomMapTransform | Callable[..., Any], *, seed: int | None = None
     ) -> MapDataset:
         """Applies ``transform(element, rng)``; ``rng`` depends on (seed, position, operation)."""
-        op = random_map_op(transform, seed, self._seed)
-        return self._then(nd.OpNode(self._node, op, self._node.length))
+        return self._apply(random_map_op(transform, seed, self._seed))
 
     def filter(self, transform: FilterTransform | Callable[[Any], bool]) -> MapDataset:
         """Keeps elements where ``transform`` is true; ``ds[i]`` is ``None`` for the others."""
-        op = as_operation(transform, FilterTransform, "filter")
-        return self._then(nd.OpNode(self._node, op, self._node.length), filtered=True)
+        return self._apply(as_operation(transform, FilterTransform, "filter"))
+
+    def _apply(self, op: Operation) -> MapDataset:
+        """``op`` (a map, random map or filter) applied to every element."""
+        filtered = self._filtered or isinstance(op, FilterTransform)
+        return self._then(nd.OpNode(self._node, op, self._node.length), filtered=filtered)
 
     def batch(
         self,
@@ -271,7 +274,7 @@ class MapDataset:
         return compile_node(self._node, self._seed)
 
     def __len__(self) -> int:
-        return python_length(self._node.length)
+        return sys.maxsize if self._node.length is None else self._node.length
 
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, slice):

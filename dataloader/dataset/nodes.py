@@ -100,9 +100,6 @@ class BatchNode:
         return f"{self.parent!r}.apply({self.batch.name})"
 
 
-INDEX_NODES = (ShuffleNode, RepeatNode, SliceNode, MixNode, ConcatNode)
-
-
 def is_batched(node: Any) -> bool:
     """Whether ``node``'s elements are batches (a ``batch`` with only element ops above)."""
     while isinstance(node, OpNode):

@@ -21,39 +21,39 @@ import numpy as np
 from operations import FilterTransform, MapTransform, Operation, RandomMapTransform
 
 
-class SeededRandomMap(RandomMapTransform):
+class _Wrapper:
+    """Runs ``inner``'s function under ``inner``'s name (mixed into an operation class)."""
+
+    def __init__(self, inner: Operation) -> None:
+        self._f: Callable[..., Any] = inner.element_fn()
+        self._name = inner.name
+        super().__init__()
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+
+class SeededRandomMap(_Wrapper, RandomMapTransform):
     """A random map that draws from ``record_rng(rng_seed, global position, ...)``."""
 
     def __init__(self, inner: RandomMapTransform, rng_seed: int) -> None:
-        self._f = inner.element_fn()
-        self._name = inner.name
+        super().__init__(inner)
         self.rng_seed = rng_seed
-        super().__init__()
 
     def random_map(self, element: Any, rng: np.random.Generator) -> Any:
         return self._f(element, rng)
 
-    @property
-    def name(self) -> str:
-        return self._name
 
+class _Tagged(_Wrapper):
+    """``inner`` applied to the elements of ``parts`` only."""
 
-class _Tagged:
-    def _setup(self, inner: Operation, parts: frozenset[int]) -> None:
-        self._f: Callable[..., Any] = inner.element_fn()
+    def __init__(self, inner: Operation, parts: frozenset[int]) -> None:
+        super().__init__(inner)
         self._parts = parts
-        self._name = inner.name
-
-    @property
-    def name(self) -> str:
-        return self._name
 
 
 class TaggedMap(_Tagged, MapTransform):
-    def __init__(self, inner: MapTransform, parts: frozenset[int]) -> None:
-        self._setup(inner, parts)
-        super().__init__()
-
     def map(self, element: Any) -> Any:
         part, x = element
         return (part, self._f(x)) if part in self._parts else element
@@ -61,9 +61,8 @@ class TaggedMap(_Tagged, MapTransform):
 
 class TaggedRandomMap(_Tagged, RandomMapTransform):
     def __init__(self, inner: RandomMapTransform, parts: frozenset[int]) -> None:
-        self._setup(inner, parts)
-        self.rng_seed = getattr(inner, "rng_seed", None)
-        super().__init__()
+        super().__init__(inner, parts)
+        self.rng_seed = inner.rng_seed
 
     def random_map(self, element: Any, rng: np.random.Generator) -> Any:
         part, x = element
@@ -71,10 +70,6 @@ class TaggedRandomMap(_Tagged, RandomMapTransform):
 
 
 class TaggedFilter(_Tagged, FilterTransform):
-    def __init__(self, inner: FilterTransform, parts: frozenset[int]) -> None:
-        self._setup(inner, parts)
-        super().__init__()
-
     def filter(self, element: Any) -> bool:
         part, x = element
         return bool(self._f(x)) if part in self._parts else True

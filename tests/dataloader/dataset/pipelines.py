@@ -22,7 +22,8 @@ def _range(start, stop):
     return dl.MapDataset.range(start, stop).map(as_dict)
 
 
-def _mixed():
+def endless_mix():
+    """0.3/0.7 of two shuffled, endlessly repeated ranges (an ``IndexMapSampler``)."""
     a = _range(0, 10).seed(1).shuffle().repeat()
     b = _range(100, 105).seed(2).shuffle().repeat()
     return dl.MapDataset.mix([a, b], [0.3, 0.7])
@@ -45,7 +46,7 @@ DATASETS = {
     "concatenate": lambda: dl.MapDataset.concatenate(
         [_range(0, 5), _range(10, 17).seed(2).shuffle()]
     ).repeat(3).to_iter_dataset(),
-    "mix": lambda: _mixed().to_iter_dataset(),
+    "mix": lambda: endless_mix().to_iter_dataset(),
     "mix_with_component_ops": lambda: dl.MapDataset.mix(
         [_range(0, 9).map(negate).repeat(), _range(50, 60).filter(odd_first).seed(4).shuffle().repeat()],
         [1, 2],
@@ -61,7 +62,7 @@ DATASETS = {
         [0.5, 0.5],
     ).seed(5).random_map(add_noise).batch(2),
     "thread_prefetch": lambda: _range(0, 23).seed(7).shuffle().batch(4).to_iter_dataset().prefetch(3),
-    "sharded_mix": lambda: _mixed().to_iter_dataset(shard_options=dl.ShardOptions(2, 3)).batch(2),
+    "sharded_mix": lambda: endless_mix().to_iter_dataset(shard_options=dl.ShardOptions(2, 3)).batch(2),
     "sharded": lambda: _range(0, 23).seed(7).shuffle().repeat(2).to_iter_dataset(
         shard_options=dl.ShardOptions(1, 3)
     ).batch(2),

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.dataloader.dataset.pipelines import DATASETS, everything_chained
+from tests.dataloader.dataset.pipelines import DATASETS, endless_mix, everything_chained
 from tests.helpers import assert_restores_everywhere, assert_streams_equal, take
 from tests.integration.conftest import no_leaks  # noqa: F401  (autouse: no child or block left)
 
@@ -26,6 +26,15 @@ def test_mixture_with_component_operations_is_equal_with_workers():
     reference = take(iter(ds), 30)
     with iter(ds.mp_prefetch(MultiprocessingOptions(num_workers=2))) as it:
         assert_streams_equal(take(it, 30), reference)
+
+
+def test_mixture_streamed_by_two_workers_equals_its_elements_by_index():
+    from dataloader import MultiprocessingOptions
+
+    mixed = endless_mix()
+    with iter(mixed.to_iter_dataset().mp_prefetch(MultiprocessingOptions(num_workers=2))) as it:
+        streamed = take(it, 60)
+    assert_streams_equal(streamed, list(mixed[:60]))
 
 
 def test_restore_at_every_step_with_two_workers():

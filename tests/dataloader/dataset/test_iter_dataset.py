@@ -66,6 +66,28 @@ def test_sharded_batches_restore_elastically_on_another_shard_count():
     assert four.get_state()["position"] == 4
 
 
+def test_sharded_mixture_restores_elastically_on_another_shard_count():
+    mixed = dl.MapDataset.mix(
+        [dl.MapDataset.range(10).seed(1).shuffle().repeat(), dl.MapDataset.range(100, 105).seed(2).shuffle().repeat()],
+        [0.3, 0.7],
+    )
+
+    def shard(h, count, batch_size):
+        return mixed.to_iter_dataset(shard_options=dl.ShardOptions(h, count)).batch(batch_size)
+
+    assert type(shard(0, 2, 4).loader.sampler).__name__ == "IndexMapSampler"
+    two = [iter(shard(h, 2, 4)) for h in range(2)]
+    for it in two:
+        take(it, 2)
+    state = two[0].get_state()
+    four = [iter(shard(h, 4, 2)) for h in range(4)]
+    for it in four:
+        it.set_state(state)
+    expected = sorted(mixed[16:24])  # global positions 16..23: the third global batch of 8
+    assert sorted(x for it in two for x in next(it).tolist()) == expected
+    assert sorted(x for it in four for x in next(it).tolist()) == expected
+
+
 def test_second_batch_is_refused_with_a_hint():
     ds = dl.MapDataset.range(10).batch(2).to_iter_dataset()
     with pytest.raises(ValueError, match=r"batched already .* put further grouping in its batch_fn"):

@@ -103,7 +103,7 @@ def test_map_after_shuffle_equals_shuffle_after_map():
 def test_random_map_depends_on_seed_position_and_operation_only():
     ds = dl.MapDataset.range(10).seed(4).random_map(lambda x, rng: rng.random())
     assert ds[3] == dl.record_rng(4, 3, 0, 0).random()
-    assert list(ds) == list(ds)
+    assert list(ds) == [dl.record_rng(4, g, 0, 0).random() for g in range(10)]
 
 
 def test_random_map_explicit_seed_overrides_the_chain_seed():

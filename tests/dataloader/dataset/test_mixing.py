@@ -55,13 +55,32 @@ def test_weights_are_normalised():
 
 def test_position_maps_to_the_component_and_its_index_in_o1():
     s = MixSchedule([1, 2])
-    comp, k = s.locate(np.asarray([0, 1, 2, 3, 10**15], dtype=np.int64))
-    assert comp[:4].tolist() == [1, 0, 1, 1] and k[:4].tolist() == [0, 0, 1, 2]
-    assert k[4] == s.position_of(int(comp[4]), int(k[4])) // 3 * s.counts[comp[4]] + s.rank[10**15 % 3]
+    positions = np.concatenate([np.arange(12), 10**15 + np.arange(4)]).astype(np.int64)
+    comp, ks = s.locate(positions)
+    assert comp[:4].tolist() == [1, 0, 1, 1] and ks[:4].tolist() == [0, 0, 1, 2]
+    assert [s.position_of(int(c), int(k)) for c, k in zip(comp, ks)] == positions.tolist()
 
 
-def test_mixture_is_deterministic_and_worker_independent_in_its_order():
-    assert list(two_endless([0.4, 0.6])[:60]) == list(two_endless([0.4, 0.6])[:60])
+def test_mixture_sampler_refuses_float_positions_as_index_sampler_does():
+    mixed = dl.MapDataset.mix([dl.MapDataset.range(3), dl.MapDataset.range(10, 14)])
+    sampler = mixed.to_iter_dataset().loader.sampler
+    assert type(sampler).__name__ == "IndexMapSampler"
+    for s in (sampler, dl.IndexSampler(10)):
+        with pytest.raises(TypeError, match=r"positions must be integers, got an array of dtype float64"):
+            s.record_keys([1.9, 2.2])
+
+
+def test_mixture_with_an_empty_batched_component_is_empty_on_every_shard():
+    empty = dl.MapDataset.range(3).batch(4, drop_remainder=True)
+    mixed = dl.MapDataset.mix([empty, dl.MapDataset.range(5).batch(1)])
+    assert len(mixed) == 0
+    assert [list(mixed.to_iter_dataset(shard_options=dl.ShardOptions(h, 2))) for h in range(2)] == [[], []]
+
+
+def test_mixture_repeated_past_2_to_the_63_positions_is_refused():
+    mixed = dl.MapDataset.mix([dl.MapDataset.range(5), dl.MapDataset.range(7, 10)]).repeat(2 * 10**18)
+    with pytest.raises(ValueError, match=r"one pass of this dataset has 14000000000000000000 positions, more than the 2\*\*63"):
+        mixed[3]
 
 
 def test_each_component_moves_through_its_own_epochs():

@@ -148,7 +148,7 @@ _GENERATORS: dict[str, Callable[[Spec, int, int], Iterator[bytes]]] = {
 def _write(path: Path, records: Iterator[bytes]) -> tuple[int, int]:
     """Writes ``records`` to ``path`` with group_size 1; returns (count, bytes)."""
     # Imported here: run.py imports this module in every peer's child process.
-    from sources import write_array_record
+    from dataloader.sources import write_array_record
 
     total = 0
 

@@ -73,7 +73,7 @@ def measure_one(request: dict) -> dict:
     spec = data.SPECS[request["dataset"]]
     paths = [str(p) for p in spec.files()]
     # The raw reader reads exactly the records our loader reads, in the same order.
-    from samplers import IndexSampler
+    from dataloader.samplers import IndexSampler
 
     sampler = IndexSampler(spec.num_records, shuffle=True, seed=ORDER_SEED, num_epochs=1)
     order = sampler.record_keys(np.arange(min(request["records"], spec.num_records)))

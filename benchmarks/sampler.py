@@ -12,7 +12,7 @@ import numpy as np
 
 def sampler_throughput(n: int = 10**9, chunk: int = 1 << 20, seconds: float = 2.0) -> dict:
     """Times ``IndexSampler.record_keys`` on consecutive chunks of positions."""
-    from samplers import IndexSampler
+    from dataloader.samplers import IndexSampler
 
     sampler = IndexSampler(n, shuffle=True, seed=0)
     sampler.record_keys(np.arange(chunk, dtype=np.int64))  # warm the round keys

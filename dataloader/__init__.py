@@ -3,115 +3,108 @@
 One import gives the whole public API: ``import dataloader as dl`` then
 ``dl.DataLoader``, ``dl.IndexSampler``, ``dl.ArrayRecordDataSource``,
 ``dl.MapTransform``, ``dl.Batch``, ...
+
+The import is light: every name loads its module on first use (PEP 562), so
+``import dataloader`` costs a few milliseconds, a worker process imports only what its
+pipeline needs, and an in-process loader never imports JAX, Orbax, YAML, absl or
+pyarrow. ``dir(dl)`` and ``dl.__all__`` list every public name all the same.
+
+Where each name lives (the rooms of the package):
+
+* ``dataloader.samplers``, ``.sources``, ``.operations``: the building blocks (numpy).
+* ``dataloader.loader``, ``.iterator``, ``.options``, ``.errors``: the front door.
+* ``dataloader.engine``: work units, states, executors and the worker pool.
+* ``dataloader.dataset``: ``MapDataset`` / ``IterDataset``, compiled onto the engine.
+* ``dataloader.device``: the device feed (JAX); ``dataloader.checkpoint``: Orbax.
+* ``dataloader.config``: YAML pipeline configs; ``dataloader.cli``: the command line.
 """
 
-from dataloader.dataset import IterDataset, MapDataset, MultiprocessingOptions, device_put
-from dataloader.errors import (
-    ConfigError,
-    GranaryError,
-    PipelineError,
-    StateMismatchError,
-    WorkerCrashError,
-    WorkerError,
-)
-from dataloader.iterator import DataLoaderIterator
-from dataloader.loader import DataLoader
-from dataloader.options import ReadOptions
-from operations import (
-    Batch,
-    BatchAndPad,
-    FilterTransform,
-    FlatMapTransform,
-    MapTransform,
-    Operation,
-    RandomMapTransform,
-    batch_and_pad,
-    stack_elements,
-)
-from samplers import (
-    IndexSampler,
-    NoSharding,
-    RecordMetadata,
-    SequentialSampler,
-    ShardByJaxProcess,
-    ShardOptions,
-    permute,
-    record_rng,
-)
-from sources import (
-    ArrayRecordDataSource,
-    InMemoryDataSource,
-    RandomAccessDataSource,
-    RangeDataSource,
-    read_records,
-    write_array_record,
-)
+from __future__ import annotations
 
-# Names whose modules are heavy to import (pyarrow, JAX) load on first use, so worker
-# processes that do not need them never pay for them.
-_LAZY = {
+import importlib
+from typing import Any
+
+# Public name -> the module that defines it.
+_EXPORTS: dict[str, str] = {
+    # front door
+    "DataLoader": "dataloader.loader",
+    "DataLoaderIterator": "dataloader.iterator",
+    "MultiprocessingOptions": "dataloader.dataset",
+    "ReadOptions": "dataloader.options",
+    "ConfigError": "dataloader.errors",
+    "GranaryError": "dataloader.errors",
+    "PipelineError": "dataloader.errors",
+    "StateMismatchError": "dataloader.errors",
+    "WorkerCrashError": "dataloader.errors",
+    "WorkerError": "dataloader.errors",
+    # samplers
+    "IndexSampler": "dataloader.samplers",
+    "NoSharding": "dataloader.samplers",
+    "RecordMetadata": "dataloader.samplers",
+    "RecordRngFactory": "dataloader.samplers",
+    "SequentialSampler": "dataloader.samplers",
+    "ShardByJaxProcess": "dataloader.samplers",
+    "ShardOptions": "dataloader.samplers",
+    "permute": "dataloader.samplers",
+    "record_rng": "dataloader.samplers",
+    # sources
+    "ArrayRecordDataSource": "dataloader.sources",
+    "InMemoryDataSource": "dataloader.sources",
+    "ParquetDataSource": "dataloader.sources",
+    "RandomAccessDataSource": "dataloader.sources",
+    "RangeDataSource": "dataloader.sources",
+    "expand_paths": "dataloader.sources",
+    "read_records": "dataloader.sources",
+    "write_array_record": "dataloader.sources",
+    # operations
+    "Batch": "dataloader.operations",
+    "BatchAndPad": "dataloader.operations",
+    "FilterTransform": "dataloader.operations",
+    "FlatMapTransform": "dataloader.operations",
+    "MapTransform": "dataloader.operations",
+    "Operation": "dataloader.operations",
+    "RandomMapTransform": "dataloader.operations",
+    "batch_and_pad": "dataloader.operations",
+    "stack_elements": "dataloader.operations",
+    # the dataset API
+    "IterDataset": "dataloader.dataset",
+    "MapDataset": "dataloader.dataset",
+    "MixSchedule": "dataloader.dataset",
+    "device_put": "dataloader.dataset",
+    "parse_mixture_spec": "dataloader.dataset",
+    # device feed (imports JAX)
+    "DeviceIterator": "dataloader.device",
+    "Placement": "dataloader.device",
+    "device_prefetch": "dataloader.device",
+    # Orbax (imports Orbax and JAX)
     "CheckpointRestore": "dataloader.checkpoint",
     "CheckpointSave": "dataloader.checkpoint",
-    "DeviceIterator": "dataloader.device",
     "IteratorCheckpointHandler": "dataloader.checkpoint",
-    "ParquetDataSource": "sources",
+    # configs (imports YAML)
     "PipelineConfig": "dataloader.config",
-    "device_prefetch": "dataloader.device",
     "load_config": "dataloader.config",
+    "parse_config": "dataloader.config",
 }
 
+# Subpackages reachable as attributes (``dl.samplers``) before anything imported them.
+_SUBPACKAGES = (
+    "checkpoint", "cli", "config", "dataset", "device", "engine", "errors", "iterator",
+    "loader", "operations", "options", "samplers", "sources",
+)
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
+__all__ = sorted(_EXPORTS)
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"dataloader.{name}")
     raise AttributeError(f"module 'dataloader' has no attribute {name!r}")
 
 
-__all__ = [
-    "ArrayRecordDataSource",
-    "Batch",
-    "BatchAndPad",
-    "CheckpointRestore",
-    "CheckpointSave",
-    "ConfigError",
-    "DataLoader",
-    "DataLoaderIterator",
-    "DeviceIterator",
-    "FilterTransform",
-    "FlatMapTransform",
-    "GranaryError",
-    "InMemoryDataSource",
-    "IndexSampler",
-    "IterDataset",
-    "IteratorCheckpointHandler",
-    "MapDataset",
-    "MapTransform",
-    "MultiprocessingOptions",
-    "NoSharding",
-    "Operation",
-    "ParquetDataSource",
-    "PipelineConfig",
-    "PipelineError",
-    "RandomAccessDataSource",
-    "RandomMapTransform",
-    "RangeDataSource",
-    "ReadOptions",
-    "RecordMetadata",
-    "SequentialSampler",
-    "ShardByJaxProcess",
-    "ShardOptions",
-    "StateMismatchError",
-    "WorkerCrashError",
-    "WorkerError",
-    "batch_and_pad",
-    "device_prefetch",
-    "device_put",
-    "load_config",
-    "permute",
-    "read_records",
-    "record_rng",
-    "stack_elements",
-    "write_array_record",
-]
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__, *_SUBPACKAGES})

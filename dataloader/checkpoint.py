@@ -26,7 +26,7 @@ Elastic restore. Restoring process ``i`` of ``n`` reads ``process_<i>-of-<n>.jso
 When the checkpoint was written by another number of processes and that file does not
 exist, it reads ``process_0-of-<m>.json`` instead: all processes save at the same
 global batch, so process 0's state holds the position every process needs, and the
-loader maps it onto its own shard (see :mod:`dataloader.state`: plain ``Batch``, same
+loader maps it onto its own shard (see :mod:`dataloader.engine.state`: plain ``Batch``, same
 global batch size). A state that does not fit the loader is refused with
 :class:`~dataloader.StateMismatchError`, whose message names the file and every
 difference.

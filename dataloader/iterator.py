@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from dataloader.assemble import make_assembler
-from dataloader.state import make_state, resolve_state
-from dataloader.stats import Counted, Stats
+from dataloader.engine.assemble import make_assembler
+from dataloader.engine.state import make_state, resolve_state
+from dataloader.engine.stats import Counted, Stats
 
 
 class DataLoaderIterator:

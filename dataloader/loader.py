@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from dataloader.inprocess import InProcessExecutor
+from dataloader.engine.inprocess import InProcessExecutor
+from dataloader.engine.plan import Plan, make_plan
+from dataloader.engine.pool.executor import PoolExecutor, pickle_plan
 from dataloader.iterator import DataLoaderIterator
 from dataloader.options import ReadOptions, check_int
-from dataloader.plan import Plan, make_plan
-from dataloader.pool import PoolExecutor, pickle_plan
-from samplers import ShardOptions
+from dataloader.samplers import ShardOptions
 
 
 def _resolve_sampler(sampler: Any, shard_options: ShardOptions | None) -> Any:

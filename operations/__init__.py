@@ -3,9 +3,9 @@
 Depends on numpy only; knows nothing of samplers, sources or the loader.
 """
 
-from operations.batch import Batch, stack_elements
-from operations.padding import BatchAndPad, batch_and_pad
-from operations.transforms import (
+from .batch import Batch, stack_elements
+from .padding import BatchAndPad, batch_and_pad
+from .transforms import (
     FilterTransform,
     FlatMapTransform,
     MapTransform,

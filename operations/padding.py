@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from operations.batch import Batch, stack_elements
+from .batch import Batch, stack_elements
 
 
 def _pad_leaf(leaf: np.ndarray, rows: int, value: Any, path: str) -> np.ndarray:

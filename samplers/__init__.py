@@ -12,10 +12,10 @@ Example:
 
 from __future__ import annotations
 
-from samplers.index_sampler import IndexSampler, SequentialSampler
-from samplers.metadata import RecordMetadata, RecordRngFactory, record_rng
-from samplers.permutation import permute
-from samplers.sharding import NoSharding, ShardByJaxProcess, ShardOptions
+from .index_sampler import IndexSampler, SequentialSampler
+from .metadata import RecordMetadata, RecordRngFactory, record_rng
+from .permutation import permute
+from .sharding import NoSharding, ShardByJaxProcess, ShardOptions
 
 __all__ = [
     "IndexSampler",

@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from samplers.metadata import RecordMetadata
-from samplers.permutation import MAX_N, _permute_epochs_unchecked, _permute_one, _permute_unchecked
-from samplers.sharding import NoSharding, ShardOptions, shard_length
+from .metadata import RecordMetadata
+from .permutation import MAX_N, _permute_epochs_unchecked, _permute_one, _permute_unchecked
+from .sharding import NoSharding, ShardOptions, shard_length
 
 _INT64_MAX = 2**63 - 1
 # Up to this many epochs in one call are permuted one epoch at a time; more (a

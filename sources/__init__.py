@@ -17,14 +17,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sources._paths import expand_paths
-from sources.array_record import ArrayRecordDataSource
-from sources.array_record_writer import write_array_record
-from sources.base import RandomAccessDataSource, read_records
-from sources.in_memory import InMemoryDataSource, RangeDataSource
+from ._paths import expand_paths
+from .array_record import ArrayRecordDataSource
+from .array_record_writer import write_array_record
+from .base import RandomAccessDataSource, read_records
+from .in_memory import InMemoryDataSource, RangeDataSource
 
 if TYPE_CHECKING:
-    from sources.parquet import ParquetDataSource
+    from .parquet import ParquetDataSource
 
 __all__ = [
     "ArrayRecordDataSource",
@@ -40,7 +40,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "ParquetDataSource":
-        from sources.parquet import ParquetDataSource
+        from .parquet import ParquetDataSource
 
         return ParquetDataSource
     raise AttributeError(f"module 'sources' has no attribute {name!r}")

@@ -13,7 +13,7 @@ from typing import Any, SupportsIndex
 
 import numpy as np
 
-from sources._indexing import as_index_array, check_index
+from ._indexing import as_index_array, check_index
 
 
 class RangeDataSource:

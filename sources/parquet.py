@@ -20,10 +20,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from sources._indexing import PartIndex, as_index_array, check_index
-from sources._lazy import PerProcessHandles
-from sources._parquet_rows import DecodedRowGroup
-from sources._paths import PathArg, expand_paths, format_paths
+from ._indexing import PartIndex, as_index_array, check_index
+from ._lazy import PerProcessHandles
+from ._parquet_rows import DecodedRowGroup
+from ._paths import PathArg, expand_paths, format_paths
 
 
 def _read_metadata(path: str) -> pq.FileMetaData:

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+# The repository's root folder (configs/, README.md, ...), wherever a test file sits.
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def assert_tree_equal(a: Any, b: Any, path: str = "") -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from dataloader.dataset.wrappers import SeededRandomMap
-from operations import Batch, FilterTransform, MapTransform, RandomMapTransform
+from dataloader.operations import Batch, FilterTransform, MapTransform, RandomMapTransform
 
 _SEED_LIMIT = 2**63
 

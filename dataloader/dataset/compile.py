@@ -29,14 +29,14 @@ import dataclasses
 import functools
 from typing import Any
 
-from dataloader.compute import compute_unit
 from dataloader.dataset import index_map as im
 from dataloader.dataset import nodes as nd
 from dataloader.dataset.concat_source import ConcatSource
 from dataloader.dataset.wrappers import DropNone, Untag, tagged
-from dataloader.plan import Plan, make_plan
-from operations import Batch, FilterTransform, Operation
-from samplers import IndexSampler
+from dataloader.engine.compute import compute_unit
+from dataloader.engine.plan import Plan, make_plan
+from dataloader.operations import Batch, FilterTransform, Operation
+from dataloader.samplers import IndexSampler
 
 
 @dataclasses.dataclass

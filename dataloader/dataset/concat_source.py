@@ -22,7 +22,7 @@ from typing import Any, SupportsIndex
 
 import numpy as np
 
-from sources import read_records
+from dataloader.sources import read_records
 
 
 class ConcatSource:

@@ -1,6 +1,6 @@
 """``device_put``: the device feed for a dataset, in the chained style.
 
-A thin call to :func:`dataloader.device.device_prefetch`, imported on first use so that
+A thin call to :func:`dataloader.device.feed.device_prefetch`, imported on first use so that
 ``import dataloader`` never imports JAX.
 """
 
@@ -28,7 +28,7 @@ def device_put(
         device_buffer_size: batches kept already transferred.
 
     Returns:
-        The :class:`~dataloader.device.DeviceIterator`; its state is the state of the
+        The :class:`~dataloader.device.feed.DeviceIterator`; its state is the state of the
         last batch it handed out.
 
     Example:
@@ -39,7 +39,7 @@ def device_put(
     """
     from dataloader.dataset.iter_dataset import IterDataset
     from dataloader.dataset.map_dataset import MapDataset
-    from dataloader.device import device_prefetch
+    from dataloader.device.feed import device_prefetch
 
     if isinstance(ds, MapDataset):
         ds = ds.to_iter_dataset()

@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 
 from dataloader.dataset.mixing import MixSchedule
-from samplers import IndexSampler, NoSharding, ShardOptions
-from samplers.permutation import MAX_N
+from dataloader.samplers import IndexSampler, NoSharding, ShardOptions
+from dataloader.samplers.permutation import MAX_N
 
 
 class Leaf:

@@ -24,10 +24,16 @@ from dataloader.dataset.map_dataset import MapDataset
 from dataloader.dataset.nodes import is_batched
 from dataloader.iterator import DataLoaderIterator
 from dataloader.loader import DataLoader
+from dataloader.operations import (
+    Batch,
+    FilterTransform,
+    MapTransform,
+    Operation,
+    RandomMapTransform,
+)
+from dataloader.operations.padding import BatchAndPad
 from dataloader.options import ReadOptions, check_int
-from operations import Batch, FilterTransform, MapTransform, Operation, RandomMapTransform
-from operations.padding import BatchAndPad
-from samplers import ShardOptions
+from dataloader.samplers import ShardOptions
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,10 +31,16 @@ from dataloader.dataset.arguments import (
 from dataloader.dataset.compile import Compiled, compile_node
 from dataloader.dataset.index_map import mix_length
 from dataloader.dataset.mixing import MixSchedule, parse_mixture_spec
+from dataloader.operations import (
+    Batch,
+    FilterTransform,
+    MapTransform,
+    Operation,
+    RandomMapTransform,
+)
+from dataloader.operations.padding import BatchAndPad
 from dataloader.options import ReadOptions
-from operations import Batch, FilterTransform, MapTransform, Operation, RandomMapTransform
-from operations.padding import BatchAndPad
-from samplers import ShardOptions
+from dataloader.samplers import ShardOptions
 
 if TYPE_CHECKING:
     from dataloader.dataset.iter_dataset import IterDataset
@@ -86,7 +92,7 @@ class MapDataset:
     @staticmethod
     def range(start: int, stop: int | None = None, step: int = 1) -> MapDataset:
         """The integers of ``range(start, stop, step)``."""
-        from sources import RangeDataSource
+        from dataloader.sources import RangeDataSource
 
         return MapDataset.source(RangeDataSource(start, stop, step))
 
@@ -134,7 +140,7 @@ class MapDataset:
         ``seed + c`` if ``shuffle``, repeated ``num_epochs`` times (``None``: for ever).
         The mixture carries ``seed`` for the calls that follow.
         """
-        from sources import ArrayRecordDataSource
+        from dataloader.sources import ArrayRecordDataSource
 
         if shuffle and seed is None:
             raise ValueError("mix_from_spec(shuffle=True) needs a seed; pass seed=...")

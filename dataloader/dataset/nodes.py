@@ -13,7 +13,7 @@ import dataclasses
 from typing import Any
 
 from dataloader.dataset.mixing import MixSchedule
-from operations import Batch, Operation
+from dataloader.operations import Batch, Operation
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from operations import FilterTransform, MapTransform, Operation, RandomMapTransform
+from dataloader.operations import FilterTransform, MapTransform, Operation, RandomMapTransform
 
 
 class _Wrapper:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -13,9 +12,9 @@ import pytest
 
 import dataloader as dl
 from dataloader.checkpoint import find_state_file, state_filename
-from tests.helpers import assert_streams_equal, take, wait_full
+from tests.helpers import REPO_ROOT, assert_streams_equal, take, wait_full
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = REPO_ROOT
 
 
 def make_loader(seed: int = 1, batch_size: int = 4, shard: tuple[int, int] = (0, 1)) -> dl.DataLoader:

@@ -18,7 +18,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.helpers import REPO_ROOT
+
+ROOT = REPO_ROOT
 TIMEOUT_S = 120
 
 Started = list[tuple[subprocess.Popen, str]]

@@ -13,12 +13,13 @@ import time
 import pytest
 
 import dataloader as dl
+from tests.helpers import REPO_ROOT
 from tests.integration import workers_pipelines as wp
 from tests.integration.conftest import child_pids, shm_blocks, wait_until
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(180)]
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = REPO_ROOT
 
 
 def make_loader(workers=2, n=10_000):

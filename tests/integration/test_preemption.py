@@ -19,10 +19,11 @@ import numpy as np
 import pytest
 
 import dataloader as dl
+from tests.helpers import REPO_ROOT
 from tests.integration import preempt_train
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "preempt_train.py")
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = REPO_ROOT
 STEPS, EVERY = 16, 4
 
 

@@ -95,7 +95,7 @@ def test_batches_arrive_through_shared_memory_and_free_their_blocks():
 
 
 def test_shm_shortage_falls_back_to_pipes_with_one_warning(monkeypatch):
-    from dataloader import shm
+    from dataloader.engine.pool import shm
 
     monkeypatch.setattr(shm, "shm_free_bytes", lambda: 1000)
     loader = dl.DataLoader(dl.RangeDataSource(64), dl.SequentialSampler(64), [dl.MapTransform(wp.to_array), dl.Batch(8)], worker_count=2)

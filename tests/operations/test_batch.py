@@ -7,7 +7,7 @@ import collections
 import numpy as np
 import pytest
 
-from operations import Batch, stack_elements
+from dataloader.operations import Batch, stack_elements
 
 
 def test_stacks_arrays_along_a_new_axis():

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import dataloader as dl
-from operations.padding import BatchAndPad, batch_and_pad
+from dataloader.operations.padding import BatchAndPad, batch_and_pad
 
 
 def test_short_batch_is_padded_to_full_size_with_a_mask():

@@ -6,7 +6,12 @@ import cloudpickle
 import numpy as np
 import pytest
 
-from operations import FilterTransform, FlatMapTransform, MapTransform, RandomMapTransform
+from dataloader.operations import (
+    FilterTransform,
+    FlatMapTransform,
+    MapTransform,
+    RandomMapTransform,
+)
 
 
 def test_map_wraps_a_function():

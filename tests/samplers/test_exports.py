@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import samplers
+from dataloader import samplers
 
 
 def test_all_lists_the_public_names_sorted() -> None:
@@ -22,13 +22,13 @@ def test_all_lists_the_public_names_sorted() -> None:
         "record_rng",
     }
     for name in samplers.__all__:
-        assert getattr(samplers, name).__module__.startswith("samplers.")
+        assert getattr(samplers, name).__module__.startswith("dataloader.samplers.")
 
 
 def test_importing_samplers_loads_neither_jax_nor_sibling_packages() -> None:
     code = (
-        "import sys, samplers\n"
-        "bad = [m for m in ('jax', 'dataloader', 'sources', 'operations') if m in sys.modules]\n"
+        "import sys, dataloader.samplers\n"
+        "bad = [m for m in ('jax', 'dataloader.engine', 'dataloader.sources', 'dataloader.operations') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from samplers import IndexSampler, NoSharding, SequentialSampler, ShardOptions, permute
+from dataloader.samplers import IndexSampler, NoSharding, SequentialSampler, ShardOptions, permute
 
 FAST = settings(max_examples=60, deadline=None)
 

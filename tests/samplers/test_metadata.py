@@ -8,7 +8,7 @@ import pickle
 import numpy as np
 import pytest
 
-from samplers import RecordMetadata, record_rng
+from dataloader.samplers import RecordMetadata, record_rng
 
 
 def _draws(rng: np.random.Generator, size: int = 8) -> list[int]:
@@ -109,7 +109,7 @@ def test_metadata_survives_pickling() -> None:
 
 
 def test_rng_factory_draws_exactly_what_record_rng_draws() -> None:
-    from samplers import RecordRngFactory
+    from dataloader.samplers import RecordRngFactory
 
     rngs = RecordRngFactory(seed=5, stream=3)
     for position, sub in [(0, 0), (7, 2), (2**40, 0), (7, 2)]:
@@ -123,7 +123,7 @@ def test_rng_factory_draws_exactly_what_record_rng_draws() -> None:
 
 
 def test_rng_factory_resets_a_generator_left_mid_stream() -> None:
-    from samplers import RecordRngFactory
+    from dataloader.samplers import RecordRngFactory
 
     rngs = RecordRngFactory(seed=5)
     rngs(1).integers(0, 10, dtype=np.uint32)  # leaves half a 64-bit word cached
@@ -131,7 +131,7 @@ def test_rng_factory_resets_a_generator_left_mid_stream() -> None:
 
 
 def test_rng_factory_needs_a_seed() -> None:
-    from samplers import RecordRngFactory
+    from dataloader.samplers import RecordRngFactory
 
     with pytest.raises(ValueError, match=r"need a seed; pass seed="):
         RecordRngFactory(None)

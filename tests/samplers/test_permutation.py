@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from samplers import permutation as perm_module
-from samplers import permute
+from dataloader.samplers import permutation as perm_module
+from dataloader.samplers import permute
 
 FAST = settings(max_examples=60, deadline=None)
 

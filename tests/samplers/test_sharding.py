@@ -7,8 +7,8 @@ import pickle
 
 import pytest
 
-from samplers import NoSharding, ShardByJaxProcess, ShardOptions
-from samplers.sharding import shard_length
+from dataloader.samplers import NoSharding, ShardByJaxProcess, ShardOptions
+from dataloader.samplers.sharding import shard_length
 
 
 def test_shard_length_counts_the_positions_of_the_shard() -> None:

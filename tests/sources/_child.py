@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from sources import read_records
+from dataloader.sources import read_records
 
 
 def read_in_child(source: object, indices: list[int]) -> tuple[int, list]:

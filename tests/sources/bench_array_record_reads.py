@@ -21,7 +21,7 @@ from collections.abc import Callable
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader
 
-from sources import ArrayRecordDataSource, write_array_record
+from dataloader.sources import ArrayRecordDataSource, write_array_record
 
 BATCH = 128
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from sources import write_array_record
+from dataloader.sources import write_array_record
 from tests.sources._data import parquet_table, record
 
 

@@ -14,7 +14,7 @@ import warnings
 import numpy as np
 import pytest
 
-from sources import ArrayRecordDataSource, RandomAccessDataSource, write_array_record
+from dataloader.sources import ArrayRecordDataSource, RandomAccessDataSource, write_array_record
 from tests.sources._child import read_in_child
 from tests.sources._data import record
 
@@ -122,7 +122,7 @@ def test_source_reopens_readers_in_forked_process(two_files):
     script = textwrap.dedent(
         f"""
         import multiprocessing, os, sys
-        from sources import ArrayRecordDataSource
+        from dataloader.sources import ArrayRecordDataSource
         source = ArrayRecordDataSource({[str(p) for p in two_files]!r})
         parent = source[8]
         def read(indices):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from array_record.python.array_record_module import ArrayRecordReader
 
-from sources import write_array_record
+from dataloader.sources import write_array_record
 
 
 def _read_all(path) -> list[bytes]:

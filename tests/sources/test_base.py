@@ -8,8 +8,13 @@ import sys
 import numpy as np
 import pytest
 
-import sources
-from sources import InMemoryDataSource, RandomAccessDataSource, RangeDataSource, read_records
+from dataloader import sources
+from dataloader.sources import (
+    InMemoryDataSource,
+    RandomAccessDataSource,
+    RangeDataSource,
+    read_records,
+)
 
 
 class _GetItemOnly:

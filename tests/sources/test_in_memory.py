@@ -7,7 +7,7 @@ import pickle
 import numpy as np
 import pytest
 
-from sources import InMemoryDataSource, RangeDataSource
+from dataloader.sources import InMemoryDataSource, RangeDataSource
 
 
 def test_range_source_has_range_semantics():

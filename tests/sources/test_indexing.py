@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sources._indexing import PartIndex, as_index_array, check_index
+from dataloader.sources._indexing import PartIndex, as_index_array, check_index
 
 
 def test_check_index_accepts_numpy_integers():

@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import sources.parquet
-from sources import ParquetDataSource, RandomAccessDataSource
+import dataloader.sources.parquet
+from dataloader.sources import ParquetDataSource, RandomAccessDataSource
 from tests.sources._child import read_in_child
 from tests.sources._data import parquet_table
 
@@ -88,13 +88,13 @@ def test_getitems_keeps_order_and_duplicates_across_files(two_files):
 
 def test_getitems_decodes_each_row_group_once(two_files, monkeypatch):
     decoded = []
-    real = sources.parquet.DecodedRowGroup
+    real = dataloader.sources.parquet.DecodedRowGroup
 
     def counting(table):
         decoded.append(table.num_rows)
         return real(table)
 
-    monkeypatch.setattr(sources.parquet, "DecodedRowGroup", counting)
+    monkeypatch.setattr(dataloader.sources.parquet, "DecodedRowGroup", counting)
     source = ParquetDataSource(two_files, cache_row_groups=1)
     source.__getitems__([0, 14, 5, 1, 15, 6, 2])  # row groups 0, 4, 1, 0, 4, 1, 0
     assert len(decoded) == 3

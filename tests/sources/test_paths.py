@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sources import expand_paths
-from sources._paths import format_paths
+from dataloader.sources import expand_paths
+from dataloader.sources._paths import format_paths
 
 
 def _expand(paths):

@@ -32,19 +32,19 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from dataloader import config_checks as check
 from dataloader.checkpoint import CheckpointRestore, CheckpointSave
-from dataloader.config import PipelineConfig, load_config
-from dataloader.demo_data import load_digits, write_digits
-from dataloader.demo_model import accuracy, fingerprint, init_params, train_step
-from dataloader.stats import sorted_stages
+from dataloader.config import checks as check
+from dataloader.config.pipeline import PipelineConfig, load_config
+from dataloader.demo.data import load_digits, write_digits
+from dataloader.demo.model import accuracy, fingerprint, init_params, train_step
+from dataloader.engine.stats import sorted_stages
 
 _TRAIN_DEFAULTS = {"steps": 400, "checkpoint_every": 100, "preempt_at": 350, "learning_rate": 0.5,
                    "hidden": 256, "log_every": 50, "seed": 0}
 
 
 def default_config_path() -> str:
-    return str(resources.files("configs") / "demo.yaml")
+    return str(resources.files("dataloader.configs") / "demo.yaml")
 
 
 @dataclasses.dataclass(frozen=True)

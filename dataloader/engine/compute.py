@@ -17,11 +17,16 @@ from typing import Any
 
 import numpy as np
 
+from dataloader.engine.plan import BATCH, Plan, Step
 from dataloader.errors import PipelineError
-from dataloader.plan import BATCH, Plan, Step
-from operations import FilterTransform, FlatMapTransform, MapTransform, RandomMapTransform
-from samplers import RecordRngFactory
-from sources import read_records
+from dataloader.operations import (
+    FilterTransform,
+    FlatMapTransform,
+    MapTransform,
+    RandomMapTransform,
+)
+from dataloader.samplers import RecordRngFactory
+from dataloader.sources import read_records
 
 
 @dataclasses.dataclass

@@ -26,7 +26,7 @@ import dataclasses
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from operations import (
+from dataloader.operations import (
     Batch,
     FilterTransform,
     FlatMapTransform,

@@ -14,7 +14,7 @@ the returned :class:`PipelineConfig` builds the loader::
       num_epochs: 1                  # null: repeat for ever
       sharding: none                 # none | jax | {shard_index: 0, shard_count: 2}
       drop_remainder: false          # shards of equal length
-    operations:                      # see dataloader.config_operations
+    operations:                      # see dataloader.config.operations
       - map: mypkg.decode
       - batch: {batch_size: 64, drop_remainder: true}
     loader:
@@ -50,16 +50,16 @@ from typing import Any
 
 import yaml
 
-from dataloader import config_checks as check
-from dataloader.config_operations import build_operations
+from dataloader.config import checks as check
+from dataloader.config.import_path import ImportPathError, resolve_import
+from dataloader.config.operations import build_operations
+from dataloader.config.overrides import OverrideError, apply_overrides
 from dataloader.errors import ConfigError
 from dataloader.loader import DataLoader
+from dataloader.operations import RandomMapTransform
 from dataloader.options import ReadOptions
-from dataloader.overrides import OverrideError, apply_overrides
-from dataloader.resolve import ImportPathError, resolve_import
-from operations import RandomMapTransform
-from samplers import IndexSampler, NoSharding, ShardByJaxProcess, ShardOptions
-from sources import expand_paths
+from dataloader.samplers import IndexSampler, NoSharding, ShardByJaxProcess, ShardOptions
+from dataloader.sources import expand_paths
 
 _TOP = ("description", "source", "sampler", "operations", "loader", "device", "train")
 _SOURCE_KINDS = {"array_record": "sources.ArrayRecordDataSource", "parquet": "sources.ParquetDataSource"}
@@ -187,7 +187,7 @@ class PipelineConfig:
         """``iterator`` behind the device queue when ``device.enabled``, else itself."""
         if not self.device.enabled:
             return iterator
-        from dataloader.device import device_prefetch  # imports JAX
+        from dataloader.device.feed import device_prefetch  # imports JAX
 
         return device_prefetch(
             iterator,

@@ -22,8 +22,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from dataloader.engine.plan import BATCH, Plan
 from dataloader.errors import StateMismatchError
-from dataloader.plan import BATCH, Plan
 
 STATE_VERSION = 1
 

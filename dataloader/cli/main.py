@@ -24,12 +24,12 @@ from typing import Any
 
 from absl import app, flags, logging
 
-from dataloader.convert import FORMATS, convert
+from dataloader.cli.convert import FORMATS, convert
+from dataloader.cli.progress import Progress
+from dataloader.engine.stats import sorted_stages
 from dataloader.errors import ConfigError
-from dataloader.progress import Progress
-from dataloader.stats import sorted_stages
-from operations import FilterTransform, FlatMapTransform
-from samplers.sharding import shard_length
+from dataloader.operations import FilterTransform, FlatMapTransform
+from dataloader.samplers.sharding import shard_length
 
 COMMANDS = ("run", "inspect", "convert", "demo")
 
@@ -109,7 +109,7 @@ def report(
 
 def run_command(args: Sequence[str], max_batches: int | None = None) -> str:
     """``run CONFIG [overrides]``: iterates the pipeline; returns the report."""
-    from dataloader.config import load_config
+    from dataloader.config.pipeline import load_config
 
     if not args:
         raise app.UsageError("run needs a config: python -m dataloader run CONFIG [key.sub=value ...]")
@@ -148,7 +148,7 @@ def main(argv: Sequence[str]) -> int:
         if command == "run":
             print(run_command(args, _MAX_BATCHES.value), flush=True)
         elif command == "inspect":
-            from dataloader.inspect_records import describe_array_records
+            from dataloader.cli.inspect_records import describe_array_records
 
             if not args:
                 raise app.UsageError("inspect needs ArrayRecord paths or globs")
@@ -160,7 +160,7 @@ def main(argv: Sequence[str]) -> int:
                             group_size=_GROUP_SIZE.value, fmt=_FORMAT.value)
             print("\n".join(["wrote", *(f"  {p}" for p in paths)]))
         else:
-            from dataloader.demo import main as demo_main
+            from dataloader.demo.main import main as demo_main
 
             return demo_main(_OUT_DIR.value, _CONFIG.value, args)
     except ConfigError as error:

@@ -6,7 +6,7 @@ Two threads and two bounded buffers sit between the source and the training step
                               cpu_buffer_size                   device_buffer_size
 
 The read thread pulls batches from the source, checks them against the target
-(:class:`~dataloader.multihost.Placement`) and queues each with the source's state taken
+(:class:`~dataloader.device.placement.Placement`) and queues each with the source's state taken
 right after pulling it. The transfer thread takes a slot in the device queue, then the
 next host batch, and issues its transfer (``jax.device_put``, asynchronous, or
 ``jax.make_array_from_process_local_data`` across processes) as the batch enters the
@@ -32,7 +32,7 @@ import weakref
 from collections import deque
 from typing import Any
 
-from dataloader.multihost import Placement
+from dataloader.device.placement import Placement
 from dataloader.options import check_int
 
 BATCH, END, ERROR = "batch", "end", "error"

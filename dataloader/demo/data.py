@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from sources import write_array_record
+from dataloader.sources import write_array_record
 
 IMAGE_SHAPE = (8, 8)
 NUM_CLASSES = 10

@@ -1,6 +1,6 @@
 """The worker process: receive unit numbers, compute them, send results back.
 
-Started by :mod:`dataloader.pool` as ``python -c <boot> TASK_FD RESULT_FD CPUS`` (not
+Started by :mod:`dataloader.engine.pool.executor` as ``python -c <boot> TASK_FD RESULT_FD CPUS`` (not
 through ``multiprocessing``, so the user's main script is never re-run and a script
 without an ``if __name__ == "__main__":`` guard works). The boot line pins the start-up
 to ``CPUS`` before any import; the worker imports what the pipeline needs and nothing
@@ -32,7 +32,7 @@ _BLOCK_PREFIX = ""  # the pool's block names start with it; set from the init me
 
 def _watch_parent(parent_pid: int, block_prefix: str) -> None:
     """Exits, unlinking the pool's shared memory, once the parent has died."""
-    from dataloader.shm import unlink_prefixed
+    from dataloader.engine.pool.shm import unlink_prefixed
 
     while True:
         time.sleep(WATCH_INTERVAL_S)
@@ -55,7 +55,7 @@ def _error_payload(exc: BaseException) -> bytes:
 
 def _send_result(conn: Connection, blocks: dict[str, Any], task: tuple, result: Any) -> None:
     """Writes the result into the lent block, or (no block, or too small) into the message."""
-    from dataloader.shm import attach, dumps, payload_size, write_payload
+    from dataloader.engine.pool.shm import attach, dumps, payload_size, write_payload
 
     _, gen, unit, _, _, block_name, _ = task
     if block_name is not None:
@@ -79,12 +79,11 @@ def serve(tasks: Connection, results: Connection) -> None:
     global _BLOCK_PREFIX
     config = pickle.loads(pickle.loads(tasks.recv_bytes())[1])
     _BLOCK_PREFIX = config["block_prefix"]
-    sys.path[:] = config["sys_path"]
     threading.Thread(
         target=_watch_parent, args=(config["parent_pid"], config["block_prefix"]), daemon=True
     ).start()
     try:
-        from dataloader.compute import compute_unit
+        from dataloader.engine.compute import compute_unit
 
         plan = cloudpickle.loads(config["plan"])
         init_fn = cloudpickle.loads(config["init_fn"])
@@ -132,7 +131,7 @@ def main(argv: list[str]) -> None:
         # SIGKILL). Unlinking the pool's blocks is harmless in the first case (the parent
         # unlinks the same names) and is the only cleanup there is in the second.
         if _BLOCK_PREFIX:
-            from dataloader.shm import unlink_prefixed
+            from dataloader.engine.pool.shm import unlink_prefixed
 
             unlink_prefixed(_BLOCK_PREFIX)
 

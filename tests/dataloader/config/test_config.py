@@ -9,14 +9,14 @@ import pytest
 import yaml
 
 import dataloader as dl
-from dataloader.config import ConfigError, load_config, parse_config
-from dataloader.demo_data import synthetic_digits, write_digits
-from dataloader.overrides import apply_overrides
-from dataloader.resolve import ImportPathError, resolve_import
-from sources import write_array_record
-from tests.helpers import assert_streams_equal
+from dataloader.config.import_path import ImportPathError, resolve_import
+from dataloader.config.overrides import apply_overrides
+from dataloader.config.pipeline import ConfigError, load_config, parse_config
+from dataloader.demo.data import synthetic_digits, write_digits
+from dataloader.sources import write_array_record
+from tests.helpers import REPO_ROOT, assert_streams_equal
 
-CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "configs")
+CONFIGS = os.path.join(REPO_ROOT, "configs")
 
 
 def base() -> dict:

@@ -32,9 +32,9 @@ from typing import Any
 
 import numpy as np
 
+from dataloader.cli.progress import Progress
 from dataloader.options import check_int
-from dataloader.progress import Progress
-from sources import expand_paths, write_array_record
+from dataloader.sources import expand_paths, write_array_record
 
 FORMATS = ("jsonl", "parquet", "npy", "npz")
 _EXTENSIONS = {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".npy": "npy", ".npz": "npz"}

@@ -1,10 +1,10 @@
 """The worker pool: child processes computing units, results handed back in unit order.
 
-Each worker is a ``python -m dataloader.worker`` child with two pipes of its own. The
+Each worker is a ``python -m dataloader.engine.pool.worker`` child with two pipes of its own. The
 parent keeps at most ``buffer_size`` units in flight per worker, gives the next unit to
 whichever worker has room (so one slow unit does not stall the others) and never runs
 more than ``worker_count * buffer_size`` units ahead of the consumer, which bounds
-memory. Results come back through shared memory (:mod:`dataloader.shm`).
+memory. Results come back through shared memory (:mod:`dataloader.engine.pool.shm`).
 
 While no worker has started yet, the parent computes the first unit itself, so the first
 batch costs what it costs in-process rather than a process start-up (``warm_start``;
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+import json
 import os
 import pickle
 import select
@@ -35,14 +36,15 @@ from typing import Any
 
 import cloudpickle
 
-from dataloader import shm
-from dataloader.compute import UnitResult, compute_unit, record_index
+from dataloader.engine.compute import UnitResult, compute_unit, record_index
+from dataloader.engine.plan import Plan
+from dataloader.engine.pool import shm
 from dataloader.errors import PipelineError, WorkerCrashError, WorkerError
-from dataloader.plan import Plan
 
 MAX_CRASHES = 3
 STOP_GRACE_S = 2.0
-_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The folder that holds the ``dataloader`` package (site-packages, or the checkout).
+_PACKAGE_HOME = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def _startup_cpus() -> str:
@@ -63,11 +65,19 @@ def _startup_cpus() -> str:
     return ",".join(map(str, sorted(spare))) if spare and current in allowed else ""
 
 
-# Runs before anything is imported, so even the imports stay off the parent's CPU.
+# Runs before anything is imported, so even the imports stay off the parent's CPU. The
+# child takes the parent's sys.path before importing anything, so it resolves modules
+# exactly as the parent does (a user's own ``operations.py`` stays theirs, and ours stay
+# ``dataloader.operations``); the folder holding ``dataloader`` is a last resort.
 _BOOT = (
-    "import os, sys\n"
+    "import json, os, sys\n"
     "if sys.argv[3]: os.sched_setaffinity(0, {int(c) for c in sys.argv[3].split(',')})\n"
-    "from dataloader.worker import main\n"
+    "sys.path[:] = json.loads(os.environ.pop('GRANARY_SYS_PATH'))\n"
+    "try:\n"
+    "    from dataloader.engine.pool.worker import main\n"
+    "except ImportError:\n"
+    "    sys.path.append(os.environ['GRANARY_HOME'])\n"
+    "    from dataloader.engine.pool.worker import main\n"
     "main(sys.argv)\n"
 )
 
@@ -79,9 +89,13 @@ class Worker:
         self.index = index
         task_r, task_w = os.pipe()
         res_r, res_w = os.pipe()
-        path = os.pathsep.join([_PACKAGE_ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])
         # Workers never touch accelerators; JAX, if a user operation imports it, stays on CPU.
-        env = dict(os.environ, PYTHONPATH=path, JAX_PLATFORMS="cpu")
+        env = dict(
+            os.environ,
+            GRANARY_SYS_PATH=json.dumps(sys.path),
+            GRANARY_HOME=_PACKAGE_HOME,
+            JAX_PLATFORMS="cpu",
+        )
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", _BOOT, str(task_r), str(res_w), _startup_cpus()],
@@ -264,7 +278,6 @@ class PoolExecutor:
             shm.sweep_stale_blocks()
         self._gen = 0
         self._init = {
-            "sys_path": list(sys.path),
             "parent_pid": os.getpid(),
             "plan": plan_bytes,
             "init_fn": cloudpickle.dumps(init_fn),

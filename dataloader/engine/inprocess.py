@@ -6,9 +6,9 @@ import collections
 import concurrent.futures
 from collections.abc import Iterator
 
-from dataloader.compute import UnitResult, compute_unit
+from dataloader.engine.compute import UnitResult, compute_unit
+from dataloader.engine.plan import Plan
 from dataloader.options import ReadOptions
-from dataloader.plan import Plan
 
 
 class InProcessExecutor:

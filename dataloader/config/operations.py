@@ -28,9 +28,9 @@ import functools
 import inspect
 from typing import Any
 
-from dataloader import config_checks as check
-from dataloader.resolve import ImportPathError, resolve_import
-from operations import (
+from dataloader.config import checks as check
+from dataloader.config.import_path import ImportPathError, resolve_import
+from dataloader.operations import (
     Batch,
     FilterTransform,
     FlatMapTransform,

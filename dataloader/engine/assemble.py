@@ -1,6 +1,6 @@
 """Turns the ordered stream of unit results into the user's stream, tracking the position.
 
-One assembler per unit layout (see :mod:`dataloader.plan`). Each has ``next()`` and
+One assembler per unit layout (see :mod:`dataloader.engine.plan`). Each has ``next()`` and
 ``state() -> (position, sub_index, skip)``, the restart point after the last output
 handed out. The common ``batch`` layout does no per-record work here.
 """
@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from dataloader.compute import UnitResult, batch_and_post
-from dataloader.plan import BATCH, ELEMENTS, Plan
+from dataloader.engine.compute import UnitResult, batch_and_post
+from dataloader.engine.plan import BATCH, ELEMENTS, Plan
 
 
 class BatchAssembler:

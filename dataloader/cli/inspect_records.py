@@ -15,7 +15,7 @@ import os
 import warnings
 from collections.abc import Sequence
 
-from sources import ArrayRecordDataSource
+from dataloader.sources import ArrayRecordDataSource
 
 
 def preview(record: bytes, limit: int = 200) -> str:

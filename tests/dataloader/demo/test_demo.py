@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from dataloader.demo import TrainOptions, run_demo
-from dataloader.demo_data import synthetic_digits
+from dataloader.demo.data import synthetic_digits
+from dataloader.demo.main import TrainOptions, run_demo
 
 TINY = ["train.steps=12", "train.checkpoint_every=4", "train.preempt_at=10", "train.log_every=4",
         "train.hidden=8", "loader.worker_count=0", "operations.2.batch.batch_size=8"]

@@ -6,7 +6,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from dataloader.compute import UnitResult
+from dataloader.engine.compute import UnitResult
 
 
 class Stats:

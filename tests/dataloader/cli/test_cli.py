@@ -16,12 +16,13 @@ import yaml
 from absl import app
 
 import dataloader as dl
-from dataloader import cli
-from dataloader.convert import convert
-from dataloader.inspect_records import describe_array_records
-from dataloader.progress import Progress
+from dataloader.cli import main as cli
+from dataloader.cli.convert import convert
+from dataloader.cli.inspect_records import describe_array_records
+from dataloader.cli.progress import Progress
+from tests.helpers import REPO_ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = REPO_ROOT
 
 
 def square(x):

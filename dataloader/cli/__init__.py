@@ -1,0 +1,1 @@
+"""The command line: ``python -m dataloader run|inspect|convert|demo`` (see :mod:`.main`)."""

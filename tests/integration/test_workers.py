@@ -84,7 +84,7 @@ def test_batches_arrive_through_shared_memory_and_free_their_blocks():
     # Once block sizes are known (after the first results), batches view shared memory:
     # their base chain ends in the block pool's ctypes holder, not in pipe-borne bytes.
     assert all(_views_a_shared_block(b["x"]) for b in batches[8:])
-    pool = it._executor._res.blocks
+    pool = it._executor._res.transport.blocks
     assert pool.target_size > 0 and len(pool.names) >= 1
     held = len(pool.names)
     del batches
@@ -209,7 +209,7 @@ def test_workers_start_computing_before_the_first_next():
     it = iter(loader)
     executor = it._executor
     # While the "training script" sets up, the workers start and take the first units.
-    assert wait_until(lambda: len(executor._done) >= 2, 30)
-    assert executor._done.keys() >= {0, 1}
+    assert wait_until(lambda: executor._window.buffered >= 2, 30)
+    assert executor._window.has_finished(0) and executor._window.has_finished(1)
     assert next(it)["id"].tolist() == list(range(8))
     it.close()

@@ -1,14 +1,18 @@
-"""The worker pool: child processes computing units, results handed back in unit order.
+"""The worker pool as an executor: unit results in unit order, computed by child processes.
 
-Each worker is a ``python -m dataloader.engine.pool.worker`` child with two pipes of its own. The
-parent keeps at most ``buffer_size`` units in flight per worker, gives the next unit to
-whichever worker has room (so one slow unit does not stall the others) and never runs
-more than ``worker_count * buffer_size`` units ahead of the consumer, which bounds
-memory. Results come back through shared memory (:mod:`dataloader.engine.pool.shm`).
+Three parts, each in its own module, are put together here:
+
+* :mod:`~dataloader.engine.pool.process`: starting and stopping the children;
+* :mod:`~dataloader.engine.pool.window`: which unit goes to which worker, and what the
+  consumer gets next (at most ``buffer_size`` units per worker, never more than
+  ``worker_count * buffer_size`` units ahead of the consumer, which bounds memory);
+* :mod:`~dataloader.engine.pool.transport`: results back through shared memory.
 
 While no worker has started yet, the parent computes the first unit itself, so the first
 batch costs what it costs in-process rather than a process start-up (``warm_start``;
 only one unit, so a record that crashes its process can hurt the parent only there).
+A thread hands out the first units as soon as workers are ready, before the first
+``next()``, so the pool works while the training script still sets up.
 
 A worker that dies (SIGKILL, OOM killer, segfault) closes its result pipe, which wakes
 the parent at once: it is replaced and its units are computed again, so the output is
@@ -19,145 +23,48 @@ place in the stream.
 from __future__ import annotations
 
 import contextlib
-import heapq
-import json
 import os
 import pickle
 import select
-import subprocess
-import sys
 import threading
-import time
-import warnings
 import weakref
-from collections import deque
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import wait
 from typing import Any
 
 import cloudpickle
 
 from dataloader.engine.compute import UnitResult, compute_unit, record_index
 from dataloader.engine.plan import Plan
-from dataloader.engine.pool import shm
+from dataloader.engine.pool.messages import (
+    Done,
+    Failed,
+    Fatal,
+    Init,
+    Ready,
+    Task,
+    WorkerConfig,
+)
+from dataloader.engine.pool.process import WorkerProcess, stop_all
+from dataloader.engine.pool.transport import Transport
+from dataloader.engine.pool.window import Outcome, Window
 from dataloader.errors import PipelineError, WorkerCrashError, WorkerError
 
 MAX_CRASHES = 3
-STOP_GRACE_S = 2.0
-# The folder that holds the ``dataloader`` package (site-packages, or the checkout).
-_PACKAGE_HOME = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-
-def _startup_cpus() -> str:
-    """CPUs a starting worker may use: all but the one this process runs on now.
-
-    A new process tends to start on its parent's CPU and take it from the parent until
-    the scheduler moves it; during start-up that is when the parent computes the first
-    batch. The worker keeps off that CPU until it is ready, then takes them all back.
-    Empty when there is no CPU to spare.
-    """
-    allowed = os.sched_getaffinity(0)
-    try:
-        with open("/proc/self/stat") as f:
-            current = int(f.read().rsplit(")", 1)[1].split()[36])
-    except (OSError, ValueError, IndexError):
-        return ""
-    spare = allowed - {current}
-    return ",".join(map(str, sorted(spare))) if spare and current in allowed else ""
-
-
-# Runs before anything is imported, so even the imports stay off the parent's CPU. The
-# child takes the parent's sys.path before importing anything, so it resolves modules
-# exactly as the parent does (a user's own ``operations.py`` stays theirs, and ours stay
-# ``dataloader.operations``); the folder holding ``dataloader`` is a last resort.
-_BOOT = (
-    "import json, os, sys\n"
-    "if sys.argv[3]: os.sched_setaffinity(0, {int(c) for c in sys.argv[3].split(',')})\n"
-    "sys.path[:] = json.loads(os.environ.pop('GRANARY_SYS_PATH'))\n"
-    "try:\n"
-    "    from dataloader.engine.pool.worker import main\n"
-    "except ImportError:\n"
-    "    sys.path.append(os.environ['GRANARY_HOME'])\n"
-    "    from dataloader.engine.pool.worker import main\n"
-    "main(sys.argv)\n"
-)
-
-
-class Worker:
-    """One child process and its pipes."""
-
-    def __init__(self, index: int, init: bytes) -> None:
-        self.index = index
-        task_r, task_w = os.pipe()
-        res_r, res_w = os.pipe()
-        # Workers never touch accelerators; JAX, if a user operation imports it, stays on CPU.
-        env = dict(
-            os.environ,
-            GRANARY_SYS_PATH=json.dumps(sys.path),
-            GRANARY_HOME=_PACKAGE_HOME,
-            JAX_PLATFORMS="cpu",
-        )
-        try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-c", _BOOT, str(task_r), str(res_w), _startup_cpus()],
-                pass_fds=(task_r, res_w),
-                env=env,
-                stdin=subprocess.DEVNULL,
-            )
-        finally:
-            os.close(task_r)
-            os.close(res_w)
-        self.tasks = Connection(task_w, readable=False)
-        self.results = Connection(res_r, writable=False)
-        self.ready = False
-        self.outstanding: deque[tuple[int, int, shm.Block | None]] = deque()
-        self.forgotten = 0
-        # The init message may exceed the pipe's buffer; a thread keeps the parent free
-        # while the child starts up and reads it.
-        threading.Thread(target=self._send_quietly, args=(init,), daemon=True).start()
-
-    def _send_quietly(self, data: bytes) -> None:
-        with contextlib.suppress(OSError):
-            self.tasks.send_bytes(data)
-
-    def send(self, message: tuple) -> None:
-        self.tasks.send_bytes(pickle.dumps(message))
-
-    def close_pipes(self) -> None:
-        for conn in (self.tasks, self.results):
-            with contextlib.suppress(OSError):
-                conn.close()
 
 
 class _Resources:
     """What must be released whatever happens: the processes and the blocks."""
 
     def __init__(self) -> None:
-        self.workers: list[Worker] = []
-        self.blocks = shm.BlockPool()
+        self.workers: list[WorkerProcess] = []
+        self.transport = Transport()
 
 
-def _shutdown(res: _Resources) -> None:
+def _release(res: _Resources) -> None:
     """Stops every child within a bounded time and unlinks every block."""
-    # Closing a worker's task pipe is its signal to stop (EOF), whatever it was doing;
-    # a message could race with the init message still being written by its thread.
-    for w in res.workers:
-        with contextlib.suppress(OSError):
-            w.tasks.close()
-    deadline = time.monotonic() + STOP_GRACE_S
-    for w in res.workers:
-        try:
-            w.proc.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            w.proc.terminate()
-    for w in res.workers:
-        try:
-            w.proc.wait(1.0)
-        except subprocess.TimeoutExpired:
-            w.proc.kill()
-            w.proc.wait()
-        w.close_pipes()
+    stop_all(res.workers)
     res.workers.clear()
-    res.blocks.close()
+    res.transport.close()
 
 
 def pickle_plan(plan: Plan) -> bytes:
@@ -246,6 +153,8 @@ def _prestart(ref: weakref.ref[PoolExecutor]) -> None:
 class PoolExecutor:
     """Unit results in order, computed by a pool of worker processes.
 
+    Implements :class:`~dataloader.engine.executor.Executor`.
+
     Args:
         plan: the pipeline's plan; ``plan_bytes`` its pickled form (made once, at
             loader construction, so an unpicklable operation fails early).
@@ -267,28 +176,16 @@ class PoolExecutor:
         warm_start: bool = True,
     ) -> None:
         self._plan = plan
+        self._plan_bytes = plan_bytes
+        self._init_fn = cloudpickle.dumps(init_fn)
         self._warm_start = warm_start
-        self._buffer = buffer_size
         self._worker_count = worker_count
-        self._window = worker_count * buffer_size
-        self._use_shm = shm.shm_available()
-        if not self._use_shm:
-            self._warn(f"{shm.SHM_DIR} is not available")
-        else:
-            shm.sweep_stale_blocks()
-        self._gen = 0
-        self._init = {
-            "parent_pid": os.getpid(),
-            "plan": plan_bytes,
-            "init_fn": cloudpickle.dumps(init_fn),
-            "worker_count": worker_count,
-            "cpus": sorted(os.sched_getaffinity(0)),
-        }
+        self._window = Window(worker_count * buffer_size, buffer_size)
         self._lock = threading.Lock()
         self._consumer_started = False
         self._prestart_error: Exception | None = None
         self._start()
-        self._reset_locked(position)
+        self._window.reset(plan.units(position))
         threading.Thread(
             target=_prestart, args=(weakref.ref(self),), name="granary-prestart", daemon=True
         ).start()
@@ -297,14 +194,15 @@ class PoolExecutor:
 
     def _start(self) -> None:
         self._res = _Resources()
-        self._finalizer = weakref.finalize(self, _shutdown, self._res)
+        self._window.clear_workers()
+        self._finalizer = weakref.finalize(self, _release, self._res)
         self._ever_ready = False
         self._warm_pending = self._warm_start
         self._startup_deaths = 0
         # One poll object for the life of the pool: building a selector per wait (as
         # multiprocessing.connection.wait does) cost ~70 us of parent CPU per batch.
         self._poller = select.poll()
-        self._by_fd: dict[int, Worker] = {}
+        self._by_fd: dict[int, WorkerProcess] = {}
         # Start-up must not slow the first batch: while the parent computes the warm
         # unit, start only as many workers as leave it a core of its own (their imports
         # take ~0.2 s of CPU each); the rest start once the warm unit is done or a worker
@@ -319,24 +217,25 @@ class PoolExecutor:
         while self._deferred:
             self._res.workers.append(self._spawn(self._deferred.pop(0)))
 
-    def _spawn(self, index: int) -> Worker:
-        config = {**self._init, "worker_index": index, "block_prefix": self._res.blocks.prefix}
-        init = pickle.dumps(("init", pickle.dumps(config)))
-        worker = Worker(index, init)
+    def _spawn(self, index: int) -> WorkerProcess:
+        config = WorkerConfig(
+            parent_pid=os.getpid(),
+            plan=self._plan_bytes,
+            init_fn=self._init_fn,
+            worker_index=index,
+            worker_count=self._worker_count,
+            cpus=tuple(sorted(os.sched_getaffinity(0))),
+            block_prefix=self._res.transport.prefix,
+        )
+        worker = WorkerProcess(index, pickle.dumps(Init(config)))
         fd = worker.results.fileno()
         self._by_fd[fd] = worker
         self._poller.register(fd, select.POLLIN)
+        self._window.add_worker(worker.pid)
         return worker
 
-    def _warn(self, why: str) -> None:
-        self._use_shm = False
-        warnings.warn(
-            f"granary: {why}, so results travel through pipes (slower, one more copy); "
-            f"enlarge /dev/shm (e.g. docker --shm-size=2g) or lower worker_count or "
-            f"worker_buffer_size",
-            RuntimeWarning,
-            stacklevel=4,
-        )
+    def _blocks_needed(self) -> int:
+        return self._window.size + len(self._res.workers) + 2
 
     def reset(self, position: int) -> None:
         """Starts a new stream at ``position``; results of the old one are discarded.
@@ -347,18 +246,7 @@ class PoolExecutor:
         with self._lock:
             if not self._finalizer.alive:
                 self._start()
-            self._reset_locked(position)
-
-    def _reset_locked(self, position: int) -> None:
-        self._gen += 1
-        self._units = self._plan.units(position)
-        self._ranges: dict[int, tuple[int, int]] = {}
-        self._new = 0
-        self._exhausted = False
-        self._redo: list[int] = []
-        self._done: dict[int, tuple[str, Any]] = {}
-        self._head = 0
-        self._crashes: dict[int, int] = {}
+            self._window.reset(self._plan.units(position))
 
     # -- consuming ------------------------------------------------------------------------
 
@@ -376,93 +264,62 @@ class PoolExecutor:
             raise error
         if not self._finalizer.alive:
             raise StopIteration
+        window = self._window
         while True:
-            item = self._done.pop(self._head, None)
-            if item is not None:
-                self._ranges.pop(self._head, None)
-                self._head += 1
-                kind, value = item
-                if kind == "err":
+            outcome = window.take_head()
+            if outcome is not None:
+                if outcome.error is not None:
                     self._finalizer()  # an error ends the stream; every child is stopped (lock held)
-                    raise value
-                return value
-            if self._exhausted and self._head >= self._new and not self._redo:
+                    raise outcome.error
+                return outcome.value
+            if window.finished:
                 raise StopIteration
             self._dispatch()
             # Nothing is dispatched before a worker is ready, so the head unit is free.
             if self._warm_pending and not self._ever_ready:
                 self._warm_pending = False
-                self._compute_inline(self._head)
+                self._compute_inline(window.head)
             else:
                 self._wait(1.0)
 
     def _compute_inline(self, unit: int) -> None:
         try:
-            if unit >= self._new and self._next_unit() is None:
+            if unit >= self._window.created and self._window.next_unit() is None:
                 return
-            start, stop = self._ranges[unit]
+            start, stop = self._window.range(unit)
             try:
                 result = compute_unit(self._plan, start, stop)
             except PipelineError as exc:
-                self._done[unit] = ("err", exc)
+                self._window.finish(unit, Outcome(None, exc))
                 return
-            self._done[unit] = ("ok", result)
-            if self._use_shm and not self._res.blocks.target_size:
-                self._size_blocks(shm.payload_size(*shm.dumps(result)))
+            self._window.finish(unit, Outcome(result))
+            self._res.transport.note_local_result(result, self._blocks_needed())
         finally:
             self._spawn_deferred()
 
-    def _size_blocks(self, nbytes: int) -> None:
-        """Grows the blocks to fit ``nbytes``; on the first size, checks /dev/shm has room."""
-        blocks = self._res.blocks
-        first = not blocks.target_size
-        blocks.note_payload(nbytes)
-        if not first:
-            return
-        needed = blocks.target_size * (self._window + len(self._res.workers) + 2)
-        if shm.shm_free_bytes() < needed:
-            self._warn(
-                f"{shm.SHM_DIR} has {shm.shm_free_bytes() / 2**20:.0f} MiB free but the "
-                f"buffers need about {needed / 2**20:.0f} MiB"
-            )
-
     # -- dispatching ----------------------------------------------------------------------
 
-    def _next_unit(self) -> int | None:
-        if self._redo:
-            return heapq.heappop(self._redo)
-        if self._exhausted or self._new >= self._head + self._window:
-            return None
-        rng = next(self._units, None)
-        if rng is None:
-            self._exhausted = True
-            return None
-        unit = self._new
-        self._new += 1
-        self._ranges[unit] = rng
-        return unit
-
     def _dispatch(self) -> None:
-        ready = [w for w in self._res.workers if w.ready]
+        window, transport = self._window, self._res.transport
+        ready = {w.pid: w for w in self._res.workers if w.ready}
         while ready:
-            w = min(ready, key=lambda w: len(w.outstanding))
-            if len(w.outstanding) >= self._buffer:
+            pid = window.pick_worker(ready)
+            if pid is None:
                 return
-            unit = self._next_unit()
+            unit = window.next_unit()
             if unit is None:
                 return
-            block = self._res.blocks.acquire() if self._use_shm else None
-            discarded = self._res.blocks.discarded
-            forget, w.forgotten = discarded[w.forgotten :], len(discarded)
-            start, stop = self._ranges[unit]
+            block, forget = transport.lend(pid)
+            start, stop = window.range(unit)
+            name = block.name if block is not None else None
+            task = Task(window.generation, unit, start, stop, name, forget)
             try:
-                w.send(("task", self._gen, unit, start, stop, block and block.name, forget))
+                ready[pid].send(task)
             except OSError:
-                if block is not None:
-                    self._res.blocks.give_back(block)
-                heapq.heappush(self._redo, unit)
+                transport.give_back(block)
+                window.give_back(unit)
                 return  # the worker is dying; _wait will notice and replace it
-            w.outstanding.append((self._gen, unit, block))
+            window.sent(pid, unit, block)
 
     # -- receiving ------------------------------------------------------------------------
 
@@ -473,54 +330,39 @@ class PoolExecutor:
             if w is None:
                 continue  # replaced while this batch of events was handled
             try:
-                raw = w.results.recv_bytes()
+                message, nbytes = w.receive()
             except (EOFError, OSError):
                 self._replace(w)
                 continue
-            self._receive(w, pickle.loads(raw), len(raw))
+            self._receive(w, message, nbytes)
 
-    def _receive(self, w: Worker, message: tuple, nbytes: int) -> None:
-        kind = message[0]
-        if kind == "ready":
+    def _receive(self, w: WorkerProcess, message: Any, nbytes: int) -> None:
+        if isinstance(message, Ready):
             w.ready = self._ever_ready = True
             self._spawn_deferred()
             return
-        if kind == "fatal":
+        if isinstance(message, Fatal):
             self._finalizer()  # lock held: not close()
-            raise WorkerError(f"worker {w.index} could not start:\n{message[1]}")
-        gen, unit, block = w.outstanding.popleft()
-        assert (gen, unit) == tuple(message[1:3]), "worker answered out of order"
-        blocks = self._res.blocks
-        if gen != self._gen:
-            if block is not None:
-                blocks.give_back(block)
+            raise WorkerError(f"worker {w.index} could not start:\n{message.traceback}")
+        assert isinstance(message, (Done, Failed)), message
+        window, transport = self._window, self._res.transport
+        entry = window.answered(w.pid, message.generation, message.unit)
+        if entry.generation != window.generation:
+            transport.give_back(entry.token)
             return
-        if kind == "error":
-            if block is not None:
-                blocks.give_back(block)
-            self._done[unit] = ("err", _remote_error(message[3], w.index))
+        if isinstance(message, Failed):
+            transport.give_back(entry.token)
+            window.finish(entry.unit, Outcome(None, _remote_error(message.error, w.index)))
             return
-        if message[3] == "shm":
-            assert block is not None
-            layout, size = message[4]
-            value = shm.read_payload(blocks.lease(block), layout)
-        else:  # the result came pickled in the message itself
-            if block is not None:
-                blocks.give_back(block)
-            value, size = message[4], nbytes
-        if self._use_shm:
-            self._size_blocks(size)
-        self._done[unit] = ("ok", value)
+        value, size = transport.receive(entry.token, message, nbytes)
+        transport.note_size(size, self._blocks_needed())
+        window.finish(entry.unit, Outcome(value))
 
-    def _replace(self, w: Worker) -> None:
+    def _replace(self, w: WorkerProcess) -> None:
         """A worker died: reap it, start another, and compute its units again."""
         if not self._finalizer.alive:
             return  # the pool was closed: its pipes are closed, nobody died
-        try:
-            code = w.proc.wait(5.0)
-        except subprocess.TimeoutExpired:
-            w.proc.kill()
-            code = w.proc.wait()
+        code = w.reap()
         fd = w.results.fileno()
         self._poller.unregister(fd)
         del self._by_fd[fd]
@@ -533,24 +375,16 @@ class PoolExecutor:
                     f"worker processes keep dying before they start (exit code {code}); "
                     f"run with worker_count=0 to see the error in this process"
                 )
-        first = True
-        for gen, unit, block in w.outstanding:
-            if block is not None:
-                self._res.blocks.give_back(block)
-            if gen != self._gen:
-                continue
-            if first:  # a worker computes its units in order: the first one killed it
-                first = False
-                self._crashes[unit] = self._crashes.get(unit, 0) + 1
-                if self._crashes[unit] >= MAX_CRASHES:
-                    self._done[unit] = ("err", self._crash_error(unit, code))
-                    continue
-            heapq.heappush(self._redo, unit)
+        tokens, poisoned = self._window.worker_died(w.pid, MAX_CRASHES)
+        for token in tokens:
+            self._res.transport.give_back(token)
+        for unit in poisoned:
+            self._window.finish(unit, Outcome(None, self._crash_error(unit, code)))
         i = self._res.workers.index(w)
         self._res.workers[i] = self._spawn(w.index)
 
     def _crash_error(self, unit: int, code: int) -> WorkerCrashError:
-        start, stop = self._ranges[unit]
+        start, stop = self._window.range(unit)
         keys = [record_index(self._plan, p) for p in range(start, stop)]
         how = f"signal {-code}" if code < 0 else f"exit code {code}"
         return WorkerCrashError(
@@ -563,7 +397,7 @@ class PoolExecutor:
 
     @property
     def pids(self) -> list[int]:
-        return [w.proc.pid for w in self._res.workers]
+        return [w.pid for w in self._res.workers]
 
     def close(self) -> None:
         """Stops every worker and unlinks every block; waits for a call in progress."""

@@ -1,16 +1,11 @@
-"""The worker process: receive unit numbers, compute them, send results back.
+"""The worker process: receive tasks, compute their units, send the results back.
 
-Started by :mod:`dataloader.engine.pool.executor` as ``python -c <boot> TASK_FD RESULT_FD CPUS`` (not
-through ``multiprocessing``, so the user's main script is never re-run and a script
-without an ``if __name__ == "__main__":`` guard works). The boot line pins the start-up
-to ``CPUS`` before any import; the worker imports what the pipeline needs and nothing
-more, then takes back all the CPUs it may use.
-
-Messages (pickled tuples) from the parent: ``("init", payload)`` once, then
-``("task", generation, unit, start, stop, block_name, forget)``; the parent closing the
-pipe means stop.
-To the parent: ``("ready", pid)``, ``("done", generation, unit, where, data)`` and
-``("error", generation, unit, data)``; ``("fatal", text)`` when start-up fails.
+Started by :mod:`dataloader.engine.pool.process` as ``python -c <boot> TASK_FD RESULT_FD
+CPUS`` (not through ``multiprocessing``, so the user's main script is never re-run and
+a script without an ``if __name__ == "__main__":`` guard works). The boot line pins the
+start-up to ``CPUS`` before any import; the worker imports what the pipeline needs and
+nothing more, then takes back all the CPUs it may use. The messages are in
+:mod:`dataloader.engine.pool.messages`.
 """
 
 from __future__ import annotations
@@ -25,6 +20,8 @@ import time
 import traceback
 from multiprocessing.connection import Connection
 from typing import Any
+
+from dataloader.engine.pool.messages import Done, Failed, Fatal, Init, Ready, Task
 
 WATCH_INTERVAL_S = 0.2
 _BLOCK_PREFIX = ""  # the pool's block names start with it; set from the init message
@@ -53,69 +50,68 @@ def _error_payload(exc: BaseException) -> bytes:
         return cloudpickle.dumps((None, None, text))
 
 
-def _send_result(conn: Connection, blocks: dict[str, Any], task: tuple, result: Any) -> None:
+def _send(conn: Connection, message: Any) -> None:
+    conn.send_bytes(pickle.dumps(message, protocol=5))
+
+
+def _send_result(conn: Connection, blocks: dict[str, Any], task: Task, result: Any) -> None:
     """Writes the result into the lent block, or (no block, or too small) into the message."""
     from dataloader.engine.pool.shm import attach, dumps, payload_size, write_payload
 
-    _, gen, unit, _, _, block_name, _ = task
-    if block_name is not None:
+    if task.block is not None:
         header, buffers = dumps(result)
         size = payload_size(header, buffers)
-        target = blocks.get(block_name)
+        target = blocks.get(task.block)
         if target is None:
-            target = blocks[block_name] = attach(block_name)
+            target = blocks[task.block] = attach(task.block)
         if size <= len(target):
             layout = write_payload(target, header, buffers)
-            conn.send_bytes(pickle.dumps(("done", gen, unit, "shm", (layout, size))))
+            _send(conn, Done(task.generation, task.unit, layout, size, None))
             return
     # Pickled once, in the message: the parent takes the size from its length.
-    conn.send_bytes(pickle.dumps(("done", gen, unit, "pipe", result), protocol=5))
+    _send(conn, Done(task.generation, task.unit, None, 0, result))
 
 
 def serve(tasks: Connection, results: Connection) -> None:
-    """The worker loop. Returns when the parent closes the pipe or says stop."""
+    """The worker loop. Returns when the parent closes the task pipe."""
     import cloudpickle
 
     global _BLOCK_PREFIX
-    config = pickle.loads(pickle.loads(tasks.recv_bytes())[1])
-    _BLOCK_PREFIX = config["block_prefix"]
+    init: Init = pickle.loads(tasks.recv_bytes())
+    config = init.config
+    _BLOCK_PREFIX = config.block_prefix
     threading.Thread(
-        target=_watch_parent, args=(config["parent_pid"], config["block_prefix"]), daemon=True
+        target=_watch_parent, args=(config.parent_pid, config.block_prefix), daemon=True
     ).start()
     try:
         from dataloader.engine.compute import compute_unit
 
-        plan = cloudpickle.loads(config["plan"])
-        init_fn = cloudpickle.loads(config["init_fn"])
+        plan = cloudpickle.loads(config.plan)
+        init_fn = cloudpickle.loads(config.init_fn)
         if init_fn is not None:
-            init_fn(config["worker_index"], config["worker_count"])
+            init_fn(config.worker_index, config.worker_count)
     except BaseException:
-        results.send_bytes(pickle.dumps(("fatal", traceback.format_exc())))
+        _send(results, Fatal(traceback.format_exc()))
         return
-    # Start-up kept off the parent's CPU (see pool._startup_cpus); work may use them all.
+    # Start-up kept off the parent's CPU (see process.startup_cpus); work may use them all.
     with contextlib.suppress(OSError):
-        os.sched_setaffinity(0, config["cpus"])
-    results.send_bytes(pickle.dumps(("ready", os.getpid())))
+        os.sched_setaffinity(0, config.cpus)
+    _send(results, Ready(os.getpid()))
     blocks: dict[str, Any] = {}
     while True:
         try:
-            task = pickle.loads(tasks.recv_bytes())
+            task: Task = pickle.loads(tasks.recv_bytes())
         except (EOFError, OSError):
             return
-        for name in task[6]:
+        for name in task.forget:
             mapped = blocks.pop(name, None)
             if mapped is not None:
                 mapped.close()
-        _, gen, unit, start, stop, _, _ = task
         try:
-            result = compute_unit(plan, start, stop)
-        except Exception as exc:
-            results.send_bytes(pickle.dumps(("error", gen, unit, _error_payload(exc))))
-            continue
-        try:
+            result = compute_unit(plan, task.start, task.stop)
             _send_result(results, blocks, task, result)
         except Exception as exc:
-            results.send_bytes(pickle.dumps(("error", gen, unit, _error_payload(exc))))
+            _send(results, Failed(task.generation, task.unit, _error_payload(exc)))
 
 
 def main(argv: list[str]) -> None:

@@ -1,0 +1,149 @@
+"""Worker process lifecycle: start a child with its two pipes, and stop children for sure.
+
+A worker is ``python -c <boot> TASK_FD RESULT_FD CPUS``, started with ``subprocess``
+rather than ``multiprocessing`` so the user's main script is never re-run (a script
+without an ``if __name__ == "__main__":`` guard works) and nothing is forked from a
+process that may run JAX threads. It inherits exactly two pipe ends; closing the task
+pipe is its signal to stop, and its result pipe closing tells the parent it died, at
+once, whatever killed it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pickle
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from multiprocessing.connection import Connection
+from typing import Any
+
+STOP_GRACE_S = 2.0
+# The folder that holds the ``dataloader`` package (site-packages, or the checkout).
+_PACKAGE_HOME = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+)
+
+# Runs before anything is imported, so even the imports stay off the parent's CPU. The
+# child takes the parent's sys.path before importing anything, so it resolves modules
+# exactly as the parent does (a user's own ``operations.py`` stays theirs, and ours stay
+# ``dataloader.operations``); the folder holding ``dataloader`` is a last resort.
+_BOOT = (
+    "import json, os, sys\n"
+    "if sys.argv[3]: os.sched_setaffinity(0, {int(c) for c in sys.argv[3].split(',')})\n"
+    "sys.path[:] = json.loads(os.environ.pop('GRANARY_SYS_PATH'))\n"
+    "try:\n"
+    "    from dataloader.engine.pool.worker import main\n"
+    "except ImportError:\n"
+    "    sys.path.append(os.environ['GRANARY_HOME'])\n"
+    "    from dataloader.engine.pool.worker import main\n"
+    "main(sys.argv)\n"
+)
+
+
+def startup_cpus() -> str:
+    """CPUs a starting worker may use: all but the one this process runs on now.
+
+    A new process tends to start on its parent's CPU and take it from the parent until
+    the scheduler moves it; during start-up that is when the parent computes the first
+    batch. The worker keeps off that CPU until it is ready, then takes them all back.
+    Empty when there is no CPU to spare.
+    """
+    allowed = os.sched_getaffinity(0)
+    try:
+        with open("/proc/self/stat") as f:
+            current = int(f.read().rsplit(")", 1)[1].split()[36])
+    except (OSError, ValueError, IndexError):
+        return ""
+    spare = allowed - {current}
+    return ",".join(map(str, sorted(spare))) if spare and current in allowed else ""
+
+
+class WorkerProcess:
+    """One child process and its two pipes.
+
+    Args:
+        index: the worker's slot in the pool (kept by its replacement).
+        init: the pickled :class:`~dataloader.engine.pool.messages.Init` message,
+            written by a thread because it may exceed the pipe's buffer while the child
+            is still starting up.
+    """
+
+    def __init__(self, index: int, init: bytes) -> None:
+        self.index = index
+        self.ready = False
+        task_r, task_w = os.pipe()
+        res_r, res_w = os.pipe()
+        # Workers never touch accelerators; JAX, if a user operation imports it, stays on CPU.
+        env = dict(
+            os.environ,
+            GRANARY_SYS_PATH=json.dumps(sys.path),
+            GRANARY_HOME=_PACKAGE_HOME,
+            JAX_PLATFORMS="cpu",
+        )
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", _BOOT, str(task_r), str(res_w), startup_cpus()],
+                pass_fds=(task_r, res_w),
+                env=env,
+                stdin=subprocess.DEVNULL,
+            )
+        finally:
+            os.close(task_r)
+            os.close(res_w)
+        self.tasks = Connection(task_w, readable=False)
+        self.results = Connection(res_r, writable=False)
+        threading.Thread(target=self._send_quietly, args=(init,), daemon=True).start()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def _send_quietly(self, data: bytes) -> None:
+        with contextlib.suppress(OSError):
+            self.tasks.send_bytes(data)
+
+    def send(self, message: Any) -> None:
+        """Sends one message; raises OSError if the child is gone."""
+        self.tasks.send_bytes(pickle.dumps(message))
+
+    def receive(self) -> tuple[Any, int]:
+        """The next message and its size in bytes; EOFError or OSError if the child died."""
+        raw = self.results.recv_bytes()
+        return pickle.loads(raw), len(raw)
+
+    def reap(self, timeout: float = 5.0) -> int:
+        """Waits for a dying child (killing it after ``timeout``); returns its exit code."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+    def close_pipes(self) -> None:
+        for conn in (self.tasks, self.results):
+            with contextlib.suppress(OSError):
+                conn.close()
+
+
+def stop_all(workers: Iterable[WorkerProcess]) -> None:
+    """Stops every child within a bounded time: EOF, then SIGTERM, then SIGKILL."""
+    workers = list(workers)
+    # Closing a worker's task pipe is its signal to stop (EOF), whatever it was doing;
+    # a message could race with the init message still being written by its thread.
+    for w in workers:
+        with contextlib.suppress(OSError):
+            w.tasks.close()
+    deadline = time.monotonic() + STOP_GRACE_S
+    for w in workers:
+        try:
+            w.proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            w.proc.terminate()
+    for w in workers:
+        w.reap(1.0)
+        w.close_pipes()

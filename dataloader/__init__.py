@@ -29,7 +29,7 @@ _EXPORTS: dict[str, str] = {
     # front door
     "DataLoader": "dataloader.loader",
     "DataLoaderIterator": "dataloader.iterator",
-    "MultiprocessingOptions": "dataloader.dataset",
+    "MultiprocessingOptions": "dataloader.options",
     "ReadOptions": "dataloader.options",
     "ConfigError": "dataloader.errors",
     "GranaryError": "dataloader.errors",
@@ -42,6 +42,7 @@ _EXPORTS: dict[str, str] = {
     "NoSharding": "dataloader.samplers",
     "RecordMetadata": "dataloader.samplers",
     "RecordRngFactory": "dataloader.samplers",
+    "Sampler": "dataloader.samplers",
     "SequentialSampler": "dataloader.samplers",
     "ShardByJaxProcess": "dataloader.samplers",
     "ShardOptions": "dataloader.samplers",

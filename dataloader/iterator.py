@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from dataloader.engine.assemble import make_assembler
-from dataloader.engine.state import make_state, resolve_state
+from dataloader.engine.executor import Executor
+from dataloader.engine.state import Cursor, make_state, resolve_state
 from dataloader.engine.stats import Counted, Stats
 
 
@@ -26,24 +27,19 @@ class DataLoaderIterator:
     def __init__(self, loader: Any, state: Any = None) -> None:
         self._loader = loader
         self._plan = loader.plan
-        self._executor: Any = None
+        self._executor: Executor | None = None
         self._assembler: Any = None
         self._closed = False
         self._stats = Stats()
-        self._restart(*(resolve_state(self._plan, state) if state is not None else (0, 0, 0)))
+        self._restart(resolve_state(self._plan, state) if state is not None else Cursor(0))
 
-    def _restart(self, position: int, sub_index: int, skip: int) -> None:
+    def _restart(self, cursor: Cursor) -> None:
         if self._executor is None:
-            self._executor = self._loader._make_executor(position)
+            self._executor = self._loader._make_executor(cursor.position)
         else:
-            self._executor.reset(position)  # keeps worker processes up
+            self._executor.reset(cursor.position)  # keeps worker processes up
         self._assembler = make_assembler(
-            self._plan,
-            Counted(self._executor, self._stats),
-            position,
-            sub_index,
-            skip,
-            self._stats.seconds,
+            self._plan, Counted(self._executor, self._stats), cursor, self._stats.seconds
         )
 
     def __iter__(self) -> DataLoaderIterator:
@@ -56,7 +52,7 @@ class DataLoaderIterator:
 
     def get_state(self) -> dict[str, Any]:
         """A small JSON-able dict: the position after the last output handed out."""
-        return make_state(self._plan, *self._assembler.state())
+        return make_state(self._plan, self._assembler.state())
 
     def set_state(self, state: Any) -> None:
         """Continues from ``state`` (a dict from ``get_state``, or its JSON text).
@@ -65,7 +61,7 @@ class DataLoaderIterator:
             StateMismatchError: the state was made for another data set, seed, sharding
                 or pipeline; the message names each difference.
         """
-        self._restart(*resolve_state(self._plan, state))
+        self._restart(resolve_state(self._plan, state))
         self._closed = False
 
     def stats(self) -> dict[str, Any]:

@@ -5,22 +5,23 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from dataloader.engine.inprocess import InProcessExecutor
+from dataloader.engine.executor import Executor, InProcessExecutor
 from dataloader.engine.plan import Plan, make_plan
 from dataloader.engine.pool.executor import PoolExecutor, pickle_plan
 from dataloader.iterator import DataLoaderIterator
-from dataloader.options import ReadOptions, check_int
-from dataloader.samplers import ShardOptions
+from dataloader.options import ReadOptions, check_bool, check_int
+from dataloader.samplers import Sampler, ShardOptions
+from dataloader.samplers.protocol import missing_members
 
 
-def _resolve_sampler(sampler: Any, shard_options: ShardOptions | None) -> Any:
+def _resolve_sampler(sampler: Any, shard_options: ShardOptions | None) -> Sampler:
     """Applies the loader's shard options to the sampler, refusing a contradiction."""
-    for attr in ("record_keys", "global_positions", "num_positions", "shard_options", "seed"):
-        if not hasattr(sampler, attr):
-            raise TypeError(
-                f"sampler {sampler!r} has no {attr!r}; pass a samplers.IndexSampler "
-                f"(or SequentialSampler)"
-            )
+    missing = missing_members(sampler)
+    if missing:
+        raise TypeError(
+            f"sampler {sampler!r} is not a Sampler: it has no {', '.join(map(repr, missing))}; "
+            f"pass a dl.IndexSampler (or SequentialSampler)"
+        )
     if shard_options is None:
         return sampler
     if not isinstance(shard_options, ShardOptions):
@@ -103,7 +104,7 @@ class DataLoader:
         self.worker_buffer_size = check_int("worker_buffer_size", worker_buffer_size, 1)
         self.read_options = read_options
         self.worker_init_fn = worker_init_fn
-        self.warm_start = bool(warm_start)
+        self.warm_start = check_bool("warm_start", warm_start)
         self.plan: Plan = make_plan(data_source, sampler, list(operations), read_options.unit_size)
         # Pickled once, here, so an operation that cannot reach the workers fails now.
         self._plan_bytes = pickle_plan(self.plan) if self.worker_count else b""
@@ -123,7 +124,7 @@ class DataLoader:
         """A new iterator, starting from ``state`` (from ``get_state``) when given."""
         return DataLoaderIterator(self, state)
 
-    def _make_executor(self, position: int) -> Any:
+    def _make_executor(self, position: int) -> Executor:
         if not self.worker_count:
             return InProcessExecutor(self.plan, position, self.read_options)
         return PoolExecutor(

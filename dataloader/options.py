@@ -1,4 +1,10 @@
-"""Loader options that are not part of the pipeline's meaning."""
+"""Options that say how a pipeline runs, never what it yields, and their checks.
+
+``ReadOptions`` (in-process read-ahead) and ``MultiprocessingOptions`` (worker processes)
+live together here, as Grain keeps them; none of their fields changes a single batch.
+Both are frozen dataclasses that check every field at construction: change them with
+``dataclasses.replace``.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +16,15 @@ def check_int(name: str, value: Any, low: int) -> int:
     """``value`` if it is an integer (not a bool) >= ``low``, else a ValueError naming it."""
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def check_bool(name: str, value: Any) -> bool:
+    """``value`` if it is a bool, else a TypeError naming it (``"no"`` is not False)."""
+    if not isinstance(value, bool):
+        raise TypeError(
+            f"{name} must be True or False, got {value!r} of type {type(value).__name__}"
+        )
     return value
 
 
@@ -40,3 +55,25 @@ class ReadOptions:
         check_int("ReadOptions.prefetch_buffer_size", self.prefetch_buffer_size, 1)
         if self.unit_size is not None:
             check_int("ReadOptions.unit_size", self.unit_size, 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiprocessingOptions:
+    """How many worker processes compute the stream, and how far ahead.
+
+    Args:
+        num_workers: child processes (0: compute in this process). The output is the
+            same for every value.
+        per_worker_buffer_size: work units (a batch each, usually) in flight per worker.
+
+    Example:
+        >>> MultiprocessingOptions(num_workers=2)
+        MultiprocessingOptions(num_workers=2, per_worker_buffer_size=2)
+    """
+
+    num_workers: int = 0
+    per_worker_buffer_size: int = 2
+
+    def __post_init__(self) -> None:
+        check_int("MultiprocessingOptions.num_workers", self.num_workers, 0)
+        check_int("MultiprocessingOptions.per_worker_buffer_size", self.per_worker_buffer_size, 1)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from .index_sampler import IndexSampler, SequentialSampler
 from .metadata import RecordMetadata, RecordRngFactory, record_rng
 from .permutation import permute
+from .protocol import Sampler
 from .sharding import NoSharding, ShardByJaxProcess, ShardOptions
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "NoSharding",
     "RecordMetadata",
     "RecordRngFactory",
+    "Sampler",
     "SequentialSampler",
     "ShardByJaxProcess",
     "ShardOptions",

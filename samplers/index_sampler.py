@@ -76,6 +76,8 @@ class IndexSampler:
     shuffle: bool
     num_epochs: int | None
     seed: int | None
+    # Part of the Sampler protocol: None says the fields above describe the order.
+    index_map_signature: str | None = None
     # Derived at construction: shard index and count, stream length, and the
     # first local position past the end (or past the int64 limit when infinite).
     _shuffle_seed: int  # seed, or 0 when there is none (then shuffle is false)

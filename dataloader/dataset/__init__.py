@@ -7,7 +7,7 @@ work-unit plan, one worker pool, one state format and one device feed.
 """
 
 from dataloader.dataset.device_put import device_put
-from dataloader.dataset.iter_dataset import IterDataset, MultiprocessingOptions
+from dataloader.dataset.iter_dataset import IterDataset
 from dataloader.dataset.map_dataset import MapDataset
 from dataloader.dataset.mixing import MixSchedule, parse_mixture_spec
 
@@ -15,7 +15,6 @@ __all__ = [
     "IterDataset",
     "MapDataset",
     "MixSchedule",
-    "MultiprocessingOptions",
     "device_put",
     "parse_mixture_spec",
 ]

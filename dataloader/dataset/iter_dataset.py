@@ -14,7 +14,6 @@ of their input (and of their generator), they give the same output wherever they
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -32,30 +31,8 @@ from dataloader.operations import (
     RandomMapTransform,
 )
 from dataloader.operations.padding import BatchAndPad
-from dataloader.options import ReadOptions, check_int
+from dataloader.options import MultiprocessingOptions, ReadOptions
 from dataloader.samplers import ShardOptions
-
-
-@dataclasses.dataclass(frozen=True)
-class MultiprocessingOptions:
-    """How many worker processes compute the stream, and how far ahead.
-
-    Args:
-        num_workers: child processes (0: compute in this process). The output is the
-            same for every value.
-        per_worker_buffer_size: work units (a batch each, usually) in flight per worker.
-
-    Example:
-        >>> MultiprocessingOptions(num_workers=2)
-        MultiprocessingOptions(num_workers=2, per_worker_buffer_size=2)
-    """
-
-    num_workers: int = 0
-    per_worker_buffer_size: int = 2
-
-    def __post_init__(self) -> None:
-        check_int("MultiprocessingOptions.num_workers", self.num_workers, 0)
-        check_int("MultiprocessingOptions.per_worker_buffer_size", self.per_worker_buffer_size, 1)
 
 
 class IterDataset:

@@ -1,8 +1,7 @@
 """Turns the ordered stream of unit results into the user's stream, tracking the position.
 
 One assembler per unit layout (see :mod:`dataloader.engine.plan`). Each has ``next()`` and
-``state() -> (position, sub_index, skip)``, the restart point after the last output
-handed out. The common ``batch`` layout does no per-record work here.
+``state() -> Cursor``, the restart point after the last output handed out. The common ``batch`` layout does no per-record work here.
 """
 
 from __future__ import annotations
@@ -14,17 +13,18 @@ import numpy as np
 
 from dataloader.engine.compute import UnitResult, batch_and_post
 from dataloader.engine.plan import BATCH, ELEMENTS, Plan
+from dataloader.engine.state import Cursor
 
 
 class BatchAssembler:
     """``batch`` layout: each unit's outputs (usually one batch) are handed on as they are."""
 
-    def __init__(self, units: Iterator[UnitResult], position: int, skip: int) -> None:
+    def __init__(self, units: Iterator[UnitResult], cursor: Cursor) -> None:
         self._units = units
         self._outputs: list[Any] = []
         self._i = 0
-        self._start, self._stop = position, position
-        self._skip = skip
+        self._start = self._stop = cursor.position
+        self._skip = cursor.skip
 
     def next(self) -> Any:
         while self._i >= len(self._outputs):
@@ -36,22 +36,23 @@ class BatchAssembler:
         self._i += 1
         return out
 
-    def state(self) -> tuple[int, int, int]:
+    def state(self) -> Cursor:
         if self._i < len(self._outputs):
-            return self._start, 0, self._i
-        return self._stop, 0, self._skip
+            return Cursor(self._start, 0, self._i)
+        return Cursor(self._stop, 0, self._skip)
 
 
 class ElementAssembler:
     """``elements`` layout, and the survivor stream under ``regroup``."""
 
-    def __init__(self, units: Iterator[UnitResult], position: int, sub_index: int) -> None:
+    def __init__(self, units: Iterator[UnitResult], cursor: Cursor) -> None:
         self._units = units
         self._outputs: list[Any] = []
         self._pos = self._sub = np.zeros(0, dtype=np.int64)
         self._i = 0
-        self._stop = position
-        self._first: tuple[int, int] | None = (position, sub_index)
+        self._stop = cursor.position
+        # Restoring mid-position: the outputs of that position already handed out.
+        self._first: Cursor | None = Cursor(cursor.position, cursor.sub_index)
 
     def _pull(self) -> None:
         r = next(self._units)
@@ -60,7 +61,7 @@ class ElementAssembler:
         self._stop, self._i = r.stop, 0
         if self._first is not None:
             # Restoring mid-position: drop the outputs of that position already handed out.
-            p, s = self._first
+            p, s, _ = self._first
             self._first = None
             while self._i < len(self._outputs) and self._pos[self._i] == p and self._sub[self._i] < s:
                 self._i += 1
@@ -92,12 +93,12 @@ class ElementAssembler:
             self._i = j
         return got, first
 
-    def state(self) -> tuple[int, int, int]:
+    def state(self) -> Cursor:
         if self._i < len(self._outputs):
-            return int(self._pos[self._i]), int(self._sub[self._i]), 0
+            return Cursor(int(self._pos[self._i]), int(self._sub[self._i]))
         if self._first is not None:
-            return self._first[0], self._first[1], 0
-        return self._stop, 0, 0
+            return self._first
+        return Cursor(self._stop)
 
 
 class RegroupAssembler:
@@ -107,20 +108,18 @@ class RegroupAssembler:
         self,
         plan: Plan,
         units: Iterator[UnitResult],
-        position: int,
-        sub_index: int,
-        skip: int,
+        cursor: Cursor,
         timings: dict[str, float],
     ) -> None:
         assert plan.batch is not None
         self._plan = plan
         self._timings = timings
-        self._src = ElementAssembler(units, position, sub_index)
+        self._src = ElementAssembler(units, cursor)
         self._outputs: list[Any] = []
         self._j = 0
-        self._batch_start = (position, sub_index)
-        self._skip = skip
-        self._end: tuple[int, int, int] | None = None
+        self._batch_start = cursor._replace(skip=0)
+        self._skip = cursor.skip
+        self._end: Cursor | None = None
 
     def next(self) -> Any:
         batch = self._plan.batch
@@ -128,11 +127,11 @@ class RegroupAssembler:
         while self._j >= len(self._outputs):
             if self._end is not None:
                 raise StopIteration
-            start = self._src.state()[:2]
+            start = self._src.state()
             elements, first = self._src.take(batch.batch_size)
             if not elements or (batch.drop_remainder and len(elements) < batch.batch_size):
                 # Dropping a remainder hands nothing out, so the state stays where it was.
-                self._end = (*start, 0)
+                self._end = start
                 raise StopIteration
             assert first is not None
             self._outputs, _, _ = batch_and_post(self._plan, elements, *first, self._timings)
@@ -143,27 +142,26 @@ class RegroupAssembler:
         self._j += 1
         return out
 
-    def state(self) -> tuple[int, int, int]:
+    def state(self) -> Cursor:
         if self._end is not None:
             return self._end
         if self._j < len(self._outputs):
-            return self._batch_start[0], self._batch_start[1], self._j
+            return self._batch_start._replace(skip=self._j)
         if self._skip:
-            return self._batch_start[0], self._batch_start[1], self._skip
+            return self._batch_start._replace(skip=self._skip)
         return self._src.state()
 
 
 def make_assembler(
     plan: Plan,
     units: Iterator[UnitResult],
-    position: int,
-    sub_index: int,
-    skip: int,
+    cursor: Cursor,
     timings: dict[str, float],
 ) -> BatchAssembler | ElementAssembler | RegroupAssembler:
-    """The assembler for the plan's layout; ``timings`` collects parent-side work."""
+    """The assembler for the plan's layout, starting at ``cursor``; ``timings`` collects
+    parent-side work."""
     if plan.layout == BATCH:
-        return BatchAssembler(units, position, skip)
+        return BatchAssembler(units, cursor)
     if plan.layout == ELEMENTS:
-        return ElementAssembler(units, position, sub_index)
-    return RegroupAssembler(plan, units, position, sub_index, skip, timings)
+        return ElementAssembler(units, cursor)
+    return RegroupAssembler(plan, units, cursor, timings)

@@ -34,6 +34,7 @@ from dataloader.operations import (
     Operation,
     RandomMapTransform,
 )
+from dataloader.samplers import Sampler
 
 BATCH, ELEMENTS, REGROUP = "batch", "elements", "regroup"
 DEFAULT_UNIT_SIZE = 128
@@ -61,7 +62,7 @@ class Plan:
     """Everything a process needs to compute any unit. Picklable (with cloudpickle)."""
 
     source: Any
-    sampler: Any
+    sampler: Sampler
     pre: tuple[Step, ...]
     batch: Batch | None
     post: tuple[Step, ...]
@@ -101,7 +102,7 @@ class Plan:
 
 
 def make_plan(
-    source: Any, sampler: Any, operations: Sequence[Any], unit_size: int | None = None
+    source: Any, sampler: Sampler, operations: Sequence[Any], unit_size: int | None = None
 ) -> Plan:
     """Validates ``operations`` and chooses the unit layout.
 

@@ -20,12 +20,29 @@ position ``p`` becomes ``p*H/H'``.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, NamedTuple
 
 from dataloader.engine.plan import BATCH, Plan
 from dataloader.errors import StateMismatchError
 
 STATE_VERSION = 1
+
+
+class Cursor(NamedTuple):
+    """Where a stream continues: the restart point after the last output handed out.
+
+    Attributes:
+        position: the local position of the first record whose outputs the user has
+            not fully received.
+        sub_index: how many outputs of that position were handed out already (after a
+            flat map).
+        skip: how many outputs of the next batch's post-batch operations were handed
+            out already (after a flat map or filter that follows the batch).
+    """
+
+    position: int
+    sub_index: int = 0
+    skip: int = 0
 
 # Fields that must match exactly; sharding and batch size are checked separately
 # because elastic restore may change them together.
@@ -60,18 +77,19 @@ def made_for(plan: Plan) -> dict[str, Any]:
     }
     # Samplers compiled from a dataset chain (mix, slice, ...) describe their index map;
     # an IndexSampler has none, so the loader's states keep their format.
-    signature = getattr(sampler, "index_map_signature", None)
+    signature = sampler.index_map_signature
     if signature is not None:
         out["index_map"] = signature
     return out
 
 
-def make_state(plan: Plan, position: int, sub_index: int = 0, skip: int = 0) -> dict[str, Any]:
+def make_state(plan: Plan, cursor: Cursor) -> dict[str, Any]:
+    """The JSON-able state of ``cursor`` in a stream of ``plan``."""
     return {
         "version": STATE_VERSION,
-        "position": int(position),
-        "sub_index": int(sub_index),
-        "skip": int(skip),
+        "position": int(cursor.position),
+        "sub_index": int(cursor.sub_index),
+        "skip": int(cursor.skip),
         "made_for": made_for(plan),
     }
 
@@ -90,8 +108,8 @@ def _as_dict(state: Any) -> dict[str, Any]:
     return state
 
 
-def resolve_state(plan: Plan, state: Any) -> tuple[int, int, int]:
-    """Checks that ``state`` fits ``plan`` and returns ``(position, sub_index, skip)``.
+def resolve_state(plan: Plan, state: Any) -> Cursor:
+    """Checks that ``state`` fits ``plan`` and returns where its stream continues.
 
     Raises:
         StateMismatchError: naming every field that differs and what to do.
@@ -118,7 +136,7 @@ def resolve_state(plan: Plan, state: Any) -> tuple[int, int, int]:
         raise StateMismatchError(
             "this state does not fit the loader: it was saved for " + "; ".join(problems)
         )
-    return position, sub, skip
+    return Cursor(position, sub, skip)
 
 
 def _elastic(saved: dict, now: dict, position: int, sub: int, skip: int) -> tuple[int, str | None]:

@@ -240,7 +240,7 @@ def test_a_source_without_getitem_is_refused():
 
 
 def test_something_that_is_not_a_sampler_is_refused():
-    with pytest.raises(TypeError, match=r"has no 'record_keys'; pass a samplers.IndexSampler"):
+    with pytest.raises(TypeError, match=r"is not a Sampler: it has no .*'record_keys'.*; pass a dl.IndexSampler"):
         dl.DataLoader(dl.RangeDataSource(10), [1, 2, 3])
 
 

@@ -8,7 +8,6 @@ import sys
 import numpy as np
 import pytest
 
-from dataloader import sources
 from dataloader.sources import (
     InMemoryDataSource,
     RandomAccessDataSource,
@@ -42,12 +41,6 @@ class _BatchedSource(_GetItemOnly):
         self.batches.append(indices)
         values = [int(i) * 100 for i in indices]
         return tuple(values[:-1] if self.short else values)
-
-
-def test_all_is_sorted_and_exported():
-    assert sources.__all__ == sorted(sources.__all__)
-    for name in sources.__all__:
-        assert hasattr(sources, name), name
 
 
 @pytest.mark.parametrize(

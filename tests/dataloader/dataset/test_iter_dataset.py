@@ -121,17 +121,3 @@ def test_multiprocessing_options_validate_their_fields():
         dl.MultiprocessingOptions(num_workers=-1)
     with pytest.raises(ValueError, match=r"per_worker_buffer_size must be an integer >= 1, got 0"):
         dl.MultiprocessingOptions(per_worker_buffer_size=0)
-
-
-def test_exports_are_sorted_and_include_the_dataset_api():
-    assert dl.__all__ == sorted(dl.__all__)
-    assert {"MapDataset", "IterDataset", "MultiprocessingOptions", "device_put", "BatchAndPad"} <= set(dl.__all__)
-
-
-def test_import_dataloader_does_not_import_jax():
-    import subprocess
-    import sys
-
-    code = "import sys, dataloader as dl; dl.MapDataset.range(3).batch(2); print('jax' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"

@@ -1,14 +1,41 @@
-"""Computes units in the training process (``worker_count=0``)."""
+"""Executors: what computes a stream's units and hands their results over in unit order.
+
+:class:`Executor` is the interface the iterator reads; :class:`InProcessExecutor`
+computes units in the training process (``worker_count=0``, optionally with read-ahead
+threads) and :class:`~dataloader.engine.pool.executor.PoolExecutor` in worker
+processes. Both compute a unit with the same function
+(:func:`~dataloader.engine.compute.compute_unit`), so the output never depends on which
+one runs it.
+"""
 
 from __future__ import annotations
 
 import collections
 import concurrent.futures
 from collections.abc import Iterator
+from typing import Protocol
 
 from dataloader.engine.compute import UnitResult, compute_unit
 from dataloader.engine.plan import Plan
 from dataloader.options import ReadOptions
+
+
+class Executor(Protocol):
+    """Unit results of one stream, in unit order.
+
+    ``next()`` returns the next unit's :class:`UnitResult` (or raises the error of the
+    unit, at its place in the stream); ``StopIteration`` ends the stream.
+    """
+
+    def __iter__(self) -> Iterator[UnitResult]: ...
+
+    def __next__(self) -> UnitResult: ...
+
+    def reset(self, position: int) -> None:
+        """Starts the stream again at local ``position``; work in flight is dropped."""
+
+    def close(self) -> None:
+        """Stops all background work and frees its resources; idempotent."""
 
 
 class InProcessExecutor:

@@ -3,6 +3,7 @@
 Depends on numpy only; knows nothing of samplers, sources or the loader.
 """
 
+
 from .batch import Batch, stack_elements
 from .padding import BatchAndPad, batch_and_pad
 from .transforms import (
@@ -24,3 +25,9 @@ __all__ = [
     "batch_and_pad",
     "stack_elements",
 ]
+
+if __name__ != "dataloader.operations":  # pragma: no cover - a wrong sys.path, not a user error
+    raise ImportError(
+        f"this folder is installed as dataloader.operations, but it was imported as {__name__!r}; "
+        f"import dataloader.operations (install the project with pip install -e . to develop it)"
+    )

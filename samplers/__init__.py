@@ -30,3 +30,9 @@ __all__ = [
     "permute",
     "record_rng",
 ]
+
+if __name__ != "dataloader.samplers":  # pragma: no cover - a wrong sys.path, not a user error
+    raise ImportError(
+        f"this folder is installed as dataloader.samplers, but it was imported as {__name__!r}; "
+        f"import dataloader.samplers (install the project with pip install -e . to develop it)"
+    )

@@ -48,3 +48,9 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *__all__})
+
+if __name__ != "dataloader.sources":  # pragma: no cover - a wrong sys.path, not a user error
+    raise ImportError(
+        f"this folder is installed as dataloader.sources, but it was imported as {__name__!r}; "
+        f"import dataloader.sources (install the project with pip install -e . to develop it)"
+    )

@@ -62,7 +62,7 @@ from dataloader.samplers import IndexSampler, NoSharding, ShardByJaxProcess, Sha
 from dataloader.sources import expand_paths
 
 _TOP = ("description", "source", "sampler", "operations", "loader", "device", "train")
-_SOURCE_KINDS = {"array_record": "sources.ArrayRecordDataSource", "parquet": "sources.ParquetDataSource"}
+_SOURCE_KINDS = {"array_record": "dataloader.sources.ArrayRecordDataSource", "parquet": "dataloader.sources.ParquetDataSource"}
 # What a built-in kind's files are called in messages, and a glob to suggest.
 _SOURCE_FILES = {"array_record": ("ArrayRecord", "*.array_record"), "parquet": ("Parquet", "*.parquet")}
 
@@ -146,7 +146,7 @@ class PipelineConfig:
         train: the free-form ``train:`` mapping, for the program that runs the config.
 
     Example:
-        >>> config = parse_config({"source": {"kind": "sources.RangeDataSource",
+        >>> config = parse_config({"source": {"kind": "dataloader.sources.RangeDataSource",
         ...                                   "options": {"start": 10}},
         ...                        "operations": [{"batch": 5}]})
         >>> [b.tolist() for b in config.build_loader()]
@@ -217,7 +217,7 @@ def _check_paths(where: str, kind: str, paths: tuple[str, ...]) -> tuple[str, ..
     return expanded
 
 
-def _source(section: Any) -> SourceConfig:
+def _source(section: Any, check_files: bool = True) -> SourceConfig:
     where = "source"
     section = check.mapping(where, section)
     if not section:
@@ -229,7 +229,9 @@ def _source(section: Any) -> SourceConfig:
     if kind in _SOURCE_KINDS and paths is None:
         raise check.fail(check.sub(where, "paths"), f"missing; a {kind} source needs paths (a path, glob or list)")
     if paths is not None:
-        paths = _check_paths(check.sub(where, "paths"), kind, check.strings(check.sub(where, "paths"), paths))
+        paths = check.strings(check.sub(where, "paths"), paths)
+        if check_files:
+            paths = _check_paths(check.sub(where, "paths"), kind, paths)
     try:
         factory = resolve_import(_SOURCE_KINDS.get(kind, kind))
     except ImportPathError as error:
@@ -304,8 +306,13 @@ def _device(section: Any) -> DeviceConfig:
     )
 
 
-def parse_config(data: Mapping[str, Any], overrides: Iterable[str] = ()) -> PipelineConfig:
+def parse_config(
+    data: Mapping[str, Any], overrides: Iterable[str] = (), *, check_files: bool = True
+) -> PipelineConfig:
     """Checks a config given as a dict (e.g. parsed YAML) and applies ``overrides``.
+
+    With ``check_files=False`` the source's paths are not looked up (everything else is
+    checked), so a config can be validated before the data it names is written.
 
     Raises:
         ConfigError: naming the key, what was expected and what was found.
@@ -324,7 +331,7 @@ def parse_config(data: Mapping[str, Any], overrides: Iterable[str] = ()) -> Pipe
         raise check.fail("sampler.seed", "the pipeline has a random_map, which needs a seed; add e.g. seed: 42")
     return PipelineConfig(
         data=data,
-        source=_source(data.get("source")),
+        source=_source(data.get("source"), check_files),
         sampler=sampler,
         operations=operations,
         loader=_loader(data.get("loader")),
@@ -333,13 +340,17 @@ def parse_config(data: Mapping[str, Any], overrides: Iterable[str] = ()) -> Pipe
     )
 
 
-def load_config(path: str | os.PathLike, overrides: Iterable[str] = ()) -> PipelineConfig:
+def load_config(
+    path: str | os.PathLike, overrides: Iterable[str] = (), *, check_files: bool = True
+) -> PipelineConfig:
     """Reads a YAML pipeline config, applies ``key.sub=value`` overrides, checks it.
 
     Args:
         path: the YAML file.
         overrides: strings like ``"sampler.seed=7"`` or ``"operations.1.batch.batch_size=32"``
             (values are read as YAML), applied in order.
+        check_files: look up the source's paths (False: check everything else, e.g.
+            before the data is written).
 
     Raises:
         ConfigError: the file is missing or not YAML, or a key is unknown, has the
@@ -358,4 +369,4 @@ def load_config(path: str | os.PathLike, overrides: Iterable[str] = ()) -> Pipel
         data = {}
     if not isinstance(data, Mapping):
         raise ConfigError(f"{path}: expected a mapping of sections (source:, sampler:, ...), got {data!r}")
-    return parse_config(data, overrides)
+    return parse_config(data, overrides, check_files=check_files)

@@ -39,7 +39,9 @@ from dataloader.demo.data import load_digits, write_digits
 from dataloader.demo.model import accuracy, fingerprint, init_params, train_step
 from dataloader.engine.stats import sorted_stages
 
-_TRAIN_DEFAULTS = {"steps": 400, "checkpoint_every": 100, "preempt_at": 350, "learning_rate": 0.5,
+# checkpoint_every and preempt_at default to steps // 4 and steps - steps // 8, so that
+# overriding steps alone (train.steps=200) gives a consistent run.
+_TRAIN_DEFAULTS = {"steps": 400, "checkpoint_every": None, "preempt_at": None, "learning_rate": 0.5,
                    "hidden": 256, "log_every": 50, "seed": 0}
 
 
@@ -63,6 +65,11 @@ class TrainOptions:
     def from_config(cls, section: dict[str, Any]) -> TrainOptions:
         check.known_keys("train", section, _TRAIN_DEFAULTS)
         values = {**_TRAIN_DEFAULTS, **section}
+        steps = check.integer("train.steps", values["steps"], low=1)
+        if values["checkpoint_every"] is None:
+            values["checkpoint_every"] = max(1, steps // 4)
+        if values["preempt_at"] is None:
+            values["preempt_at"] = steps - steps // 8
         options = cls(
             steps=check.integer("train.steps", values["steps"], low=1),
             checkpoint_every=check.integer("train.checkpoint_every", values["checkpoint_every"], low=1),
@@ -187,13 +194,15 @@ def run_demo(out_dir: str = "demo_out", config_path: str | None = None, override
     config_path = config_path or default_config_path()
     if images is None or labels is None:
         images, labels = load_digits()
+    shard_glob = os.path.join(out_dir, "data", "digits-train-*.array_record")
+    overrides = [f"source.paths={shard_glob}", *overrides]
+    # Everything is checked before any data is written (the files come next).
+    opts = TrainOptions.from_config(load_config(config_path, overrides, check_files=False).train)
     shutil.rmtree(out_dir, ignore_errors=True)
     data = write_digits(os.path.join(out_dir, "data"), images, labels)
     out(f"[1/4] data: {data['num_train']} training images in {len(data['train'])} ArrayRecord shards "
         f"(group size 1) and {data['parquet']}; {len(images) - data['num_train']} held out for testing")
-    shard_glob = os.path.join(out_dir, "data", "digits-train-*.array_record")
-    config: PipelineConfig = load_config(config_path, [f"source.paths={shard_glob}", *overrides])
-    opts = TrainOptions.from_config(config.train)
+    config: PipelineConfig = load_config(config_path, overrides)
     out(f"[2/4] pipeline {config_path}: {', '.join(op.name for op in config.operations)}; "
         f"shuffle seed {config.sampler.seed}; {config.loader.worker_count} workers; device queue "
         f"{'on' if config.device.enabled else 'off'}")

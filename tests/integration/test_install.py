@@ -21,7 +21,7 @@ USER_FILES = {
     "operations.py": "class FilterTransform:  # a user's class of the same name\n    pass\n\n"
                      "def triple(x):\n    return x * 3\n",
     "samplers.py": "def keep(x):\n    return x % 2 == 0\n",
-    "sources/__init__.py": "NAME = 'the user’s sources'\n",
+    "sources/__init__.py": "NAME = \"the user's sources\"\n",
     "configs/__init__.py": "BATCH = 4\n",
     "train.py": """\
 import json
@@ -31,7 +31,7 @@ import dataloader as dl
 import operations, samplers, sources
 from configs import BATCH
 
-assert sources.NAME == "the user’s sources" and not hasattr(operations, "MapTransform")
+assert sources.NAME == "the user's sources" and not hasattr(operations, "MapTransform")
 
 def batches(workers):
     loader = dl.DataLoader(

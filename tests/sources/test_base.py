@@ -93,13 +93,16 @@ def _modules_after(statement: str) -> set[str]:
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
-    return {name.split(".")[0] for name in result.stdout.split()}
+    return {".".join(name.split(".")[:2]) for name in result.stdout.split()}
 
 
 def test_importing_sources_pulls_in_no_other_granary_package():
-    assert not {"dataloader", "samplers", "operations"} & _modules_after("import sources")
+    loaded = _modules_after("import dataloader.sources")
+    assert "dataloader.sources" in loaded
+    others = {"dataloader.samplers", "dataloader.operations", "dataloader.engine", "dataloader.dataset"}
+    assert not others & loaded
 
 
 def test_importing_sources_defers_pyarrow_until_parquet_is_used():
-    assert "pyarrow" not in _modules_after("import sources")
-    assert "pyarrow" in _modules_after("from sources import ParquetDataSource")
+    assert "pyarrow" not in _modules_after("import dataloader.sources")
+    assert "pyarrow" in _modules_after("from dataloader.sources import ParquetDataSource")

@@ -36,7 +36,7 @@ def keep_even(x):
 @pytest.fixture
 def config_path(tmp_path) -> str:
     data = {
-        "source": {"kind": "sources.RangeDataSource", "options": {"start": 40}},
+        "source": {"kind": "dataloader.sources.RangeDataSource", "options": {"start": 40}},
         "sampler": {"num_epochs": 1},
         "operations": [{"map": f"{__name__}.square"}, {"filter": f"{__name__}.keep_even"},
                        {"batch": {"batch_size": 5}}],

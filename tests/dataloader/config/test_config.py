@@ -21,7 +21,7 @@ CONFIGS = os.path.join(REPO_ROOT, "configs")
 
 def base() -> dict:
     return {
-        "source": {"kind": "sources.RangeDataSource", "options": {"start": 20}},
+        "source": {"kind": "dataloader.sources.RangeDataSource", "options": {"start": 20}},
         "sampler": {"shuffle": True, "seed": 3, "num_epochs": 1},
         "operations": [{"map": "numpy.square"}, {"batch": {"batch_size": 4}}],
     }
@@ -216,7 +216,7 @@ def test_shuffle_without_a_seed_is_refused():
 
 
 def test_unknown_source_option_names_the_key():
-    with pytest.raises(ConfigError, match=r"^source\.options: sources\.RangeDataSource does not take these options"):
+    with pytest.raises(ConfigError, match=r"^source\.options: dataloader\.sources\.RangeDataSource does not take these options"):
         parse_config(base(), ["source.options.begin=3"])
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from dataloader.demo.data import synthetic_digits
 from dataloader.demo.main import TrainOptions, run_demo
+from dataloader.errors import ConfigError
 
 TINY = ["train.steps=12", "train.checkpoint_every=4", "train.preempt_at=10", "train.log_every=4",
         "train.hidden=8", "loader.worker_count=0", "operations.2.batch.batch_size=8"]
@@ -50,3 +51,17 @@ def test_train_options_refuse_a_preemption_on_a_checkpoint_step():
 def test_train_options_refuse_a_preemption_before_the_first_checkpoint():
     with pytest.raises(ValueError, match=r"train\.preempt_at: expected checkpoint_every < preempt_at <= steps"):
         TrainOptions.from_config({"checkpoint_every": 100, "preempt_at": 50})
+
+
+def test_overriding_the_steps_alone_gives_a_consistent_run():
+    options = TrainOptions.from_config({"steps": 200})
+    assert (options.checkpoint_every, options.preempt_at) == (50, 175)
+
+
+def test_a_bad_override_is_refused_before_any_data_is_written(tmp_path):
+    images, labels = synthetic_digits(40)
+    out_dir = tmp_path / "out"
+    with pytest.raises(ConfigError, match=r"train\.preempt_at: expected checkpoint_every < preempt_at <= steps"):
+        run_demo(str(out_dir), overrides=["train.preempt_at=1000"], images=images, labels=labels,
+                 out=lambda line: None)
+    assert not out_dir.exists()

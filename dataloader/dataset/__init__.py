@@ -6,10 +6,10 @@ sampler and operations of a ``DataLoader``, so both styles share one permutation
 work-unit plan, one worker pool, one state format and one device feed.
 """
 
+from dataloader.dataset.compile.mixing import MixSchedule, parse_mixture_spec
 from dataloader.dataset.device_put import device_put
 from dataloader.dataset.iter_dataset import IterDataset
 from dataloader.dataset.map_dataset import MapDataset
-from dataloader.dataset.mixing import MixSchedule, parse_mixture_spec
 
 __all__ = [
     "IterDataset",

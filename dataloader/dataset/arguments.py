@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from dataloader.dataset.wrappers import SeededRandomMap
+from dataloader.dataset.compile.wrappers import SeededRandomMap
 from dataloader.operations import Batch, FilterTransform, MapTransform, RandomMapTransform
 
 _SEED_LIMIT = 2**63

@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from dataloader.dataset.arguments import as_operation, check_seed, random_map_op
+from dataloader.dataset.compile.nodes import is_batched
 from dataloader.dataset.map_dataset import MapDataset
-from dataloader.dataset.nodes import is_batched
 from dataloader.iterator import DataLoaderIterator
 from dataloader.loader import DataLoader
 from dataloader.operations import (

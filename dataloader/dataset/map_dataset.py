@@ -20,7 +20,6 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from dataloader.dataset import nodes as nd
 from dataloader.dataset.arguments import (
     as_operation,
     check_seed,
@@ -28,9 +27,10 @@ from dataloader.dataset.arguments import (
     derive_seed,
     random_map_op,
 )
-from dataloader.dataset.compile import Compiled, compile_node
-from dataloader.dataset.index_map import mix_length
-from dataloader.dataset.mixing import MixSchedule, parse_mixture_spec
+from dataloader.dataset.compile import nodes as nd
+from dataloader.dataset.compile.index_map import mix_length
+from dataloader.dataset.compile.lower import Compiled, compile_node
+from dataloader.dataset.compile.mixing import MixSchedule, parse_mixture_spec
 from dataloader.operations import (
     Batch,
     FilterTransform,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -79,9 +80,16 @@ def test_a_users_own_operations_samplers_sources_and_configs_do_not_shadow_ours(
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
 def test_the_wheel_installs_one_import_name_that_works_from_a_users_folder(tmp_path):
+    # Build from a copy of the tracked files, so the checkout gets no build/ folder.
+    tree = tmp_path / "tree"
+    files = subprocess.run(["git", "ls-files"], cwd=REPO_ROOT, capture_output=True, text=True,
+                           check=True).stdout.split()
+    for name in files:
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(os.path.join(REPO_ROOT, name), tree / name)
     wheels = tmp_path / "wheels"
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), REPO_ROOT],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(tree)],
         check=True, capture_output=True, timeout=240,
     )
     (wheel,) = wheels.glob("granary-*.whl")

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dataloader as dl
-from dataloader.dataset.mixing import MixSchedule, parse_mixture_spec
+from dataloader.dataset.compile.mixing import MixSchedule, parse_mixture_spec
 
 
 def components_of(ds, n):

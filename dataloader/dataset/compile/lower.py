@@ -4,7 +4,7 @@ This is what puts the chained API on the loader's engine rather than beside it:
 
 * **Index-level calls** (``shuffle``, ``repeat``, ``slice``, ``mix``, ``concatenate``)
   compose into one vectorised map from stream positions to keys of the concatenated
-  sources (:mod:`~dataloader.dataset.index_map`), behind the sampler interface. The
+  sources (:mod:`~dataloader.dataset.compile.index_map`), behind the sampler interface. The
   plain chains ``source[.shuffle()][.repeat(k)]`` compile to an ``IndexSampler`` itself,
   so they are a ``DataLoader`` exactly: same order, same states.
 * **Element-level calls** (``map``, ``random_map``, ``filter``, ``batch``) become the
@@ -12,7 +12,7 @@ This is what puts the chained API on the loader's engine rather than beside it:
   element at a time, so they commute with index-level calls: ``.map(f).shuffle()``
   runs ``f`` after the reordering, with identical results. An operation below a
   ``mix``/``concatenate`` that concerns only some components is restricted to their
-  elements (:mod:`~dataloader.dataset.wrappers`).
+  elements (:mod:`~dataloader.dataset.compile.wrappers`).
 * A ``batch`` with an index-level call above it (``.batch(4).shuffle()``, mixing
   batches) cannot be a loader ``Batch`` over consecutive positions; that sub-chain
   becomes a random-access source of its own (:class:`NodeSource`, computed by the same
@@ -29,10 +29,10 @@ import dataclasses
 import functools
 from typing import Any
 
-from dataloader.dataset import index_map as im
-from dataloader.dataset import nodes as nd
-from dataloader.dataset.concat_source import ConcatSource
-from dataloader.dataset.wrappers import DropNone, Untag, tagged
+from dataloader.dataset.compile import index_map as im
+from dataloader.dataset.compile import nodes as nd
+from dataloader.dataset.compile.concat_source import ConcatSource
+from dataloader.dataset.compile.wrappers import DropNone, Untag, tagged
 from dataloader.engine.compute import compute_unit
 from dataloader.engine.plan import Plan, make_plan
 from dataloader.operations import Batch, FilterTransform, Operation

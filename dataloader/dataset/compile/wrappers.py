@@ -3,7 +3,7 @@
 * :class:`SeededRandomMap` gives a random map its own seed (``rng_seed``), so its
   generators do not depend on the seed of the sampler the chain compiles to.
 * The ``Tagged*`` operations apply an operation to the elements of some parts of a
-  :class:`~dataloader.dataset.concat_source.ConcatSource` only (elements travel as
+  :class:`~dataloader.dataset.compile.concat_source.ConcatSource` only (elements travel as
   ``(part, element)``), which is how ``mix([a.map(f), b])`` runs ``f`` on ``a`` alone
   in one engine pipeline. :class:`Untag` drops the tag once those are done.
 

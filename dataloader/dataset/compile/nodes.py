@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from dataloader.dataset.mixing import MixSchedule
+from dataloader.dataset.compile.mixing import MixSchedule
 from dataloader.operations import Batch, Operation
 
 

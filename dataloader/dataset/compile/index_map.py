@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from dataloader.dataset.mixing import MixSchedule
+from dataloader.dataset.compile.mixing import MixSchedule
 from dataloader.samplers import IndexSampler, NoSharding, ShardOptions
 from dataloader.samplers.permutation import MAX_N
 

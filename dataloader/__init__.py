@@ -63,12 +63,16 @@ _EXPORTS: dict[str, str] = {
     "FilterTransform": "dataloader.operations",
     "FlatMapTransform": "dataloader.operations",
     "MapTransform": "dataloader.operations",
+    "MapWithIndexTransform": "dataloader.operations",
     "Operation": "dataloader.operations",
     "RandomMapTransform": "dataloader.operations",
     "batch_and_pad": "dataloader.operations",
     "stack_elements": "dataloader.operations",
     # the dataset API
+    "DatasetIterator": "dataloader.dataset",
     "IterDataset": "dataloader.dataset",
+    "ThreadPrefetchIterDataset": "dataloader.experimental",
+    "multithread_prefetch": "dataloader.experimental",
     "MapDataset": "dataloader.dataset",
     "MixSchedule": "dataloader.dataset",
     "device_put": "dataloader.dataset",
@@ -89,7 +93,7 @@ _EXPORTS: dict[str, str] = {
 
 # Subpackages reachable as attributes (``dl.samplers``) before anything imported them.
 _SUBPACKAGES = (
-    "checkpoint", "cli", "config", "dataset", "device", "engine", "errors", "iterator",
+    "checkpoint", "cli", "config", "dataset", "device", "engine", "errors", "experimental", "iterator",
     "loader", "operations", "options", "samplers", "sources",
 )
 

@@ -10,6 +10,7 @@ from .transforms import (
     FilterTransform,
     FlatMapTransform,
     MapTransform,
+    MapWithIndexTransform,
     Operation,
     RandomMapTransform,
 )
@@ -20,6 +21,7 @@ __all__ = [
     "FilterTransform",
     "FlatMapTransform",
     "MapTransform",
+    "MapWithIndexTransform",
     "Operation",
     "RandomMapTransform",
     "batch_and_pad",

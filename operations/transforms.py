@@ -166,6 +166,22 @@ class FlatMapTransform(Operation):
         return out
 
 
+class MapWithIndexTransform(Operation):
+    """Applies ``map_with_index(index, element) -> element`` to every element.
+
+    ``index`` is the element's index in the dataset (``MapDataset``) or in the stream the
+    call is chained on (``IterDataset``: 0, 1, 2, ... of the elements that reach it), as in
+    Grain.
+    """
+
+    method_name = "map_with_index"
+
+    def map_with_index(self, index: int, element: Any) -> Any:
+        if self._fn is None:
+            return self._missing()
+        return self._fn(index, element)
+
+
 class FilterTransform(Operation):
     """Keeps the elements for which ``filter(element)`` is true."""
 

@@ -8,7 +8,14 @@ from typing import Any
 import numpy as np
 
 from dataloader.dataset.compile.wrappers import SeededRandomMap
-from dataloader.operations import Batch, FilterTransform, MapTransform, RandomMapTransform
+from dataloader.operations import (
+    Batch,
+    FilterTransform,
+    FlatMapTransform,
+    MapTransform,
+    MapWithIndexTransform,
+    RandomMapTransform,
+)
 
 _SEED_LIMIT = 2**63
 
@@ -29,11 +36,11 @@ def as_operation(transform: Any, kind: type, method: str) -> Any:
     """``transform`` as an operation of ``kind``, wrapping a plain function."""
     if isinstance(transform, kind):
         return transform
-    others = (MapTransform, RandomMapTransform, FilterTransform, Batch)
+    others = (MapTransform, RandomMapTransform, FilterTransform, FlatMapTransform, MapWithIndexTransform, Batch)
     if isinstance(transform, others):
         raise TypeError(
             f"{method}() got a {type(transform).__name__} ({transform!r}); pass it to the "
-            f"matching method (map, random_map, filter or batch)"
+            f"matching method (map, random_map, filter, flat_map, map_with_index or batch)"
         )
     if not callable(transform):
         raise TypeError(f"{method}() needs a function or a {kind.__name__}, got {transform!r}")

@@ -43,7 +43,7 @@ from dataloader.options import ReadOptions
 from dataloader.samplers import ShardOptions
 
 if TYPE_CHECKING:
-    from dataloader.dataset.iter_dataset import IterDataset
+    from dataloader.dataset.iter_dataset import LoaderIterDataset
 
 class MapDataset:
     """A lazy dataset with random access, chained as in Grain; runs on the loader's engine.
@@ -304,7 +304,7 @@ class MapDataset:
 
     def to_iter_dataset(
         self, read_options: ReadOptions | None = None, *, shard_options: ShardOptions | None = None
-    ) -> IterDataset:
+    ) -> LoaderIterDataset:
         """The checkpointable stream of this dataset's elements (filtered ones skipped).
 
         Args:
@@ -313,9 +313,9 @@ class MapDataset:
                 global order (``ShardOptions`` or ``ShardByJaxProcess()``). A ``batch``
                 in the chain is then the per-host batch, as in ``DataLoader``.
         """
-        from dataloader.dataset.iter_dataset import IterDataset
+        from dataloader.dataset.iter_dataset import LoaderIterDataset
 
-        return IterDataset(self, read_options=read_options, shard_options=shard_options)
+        return LoaderIterDataset(self, read_options=read_options, shard_options=shard_options)
 
     def __repr__(self) -> str:
         return repr(self._node)

@@ -8,7 +8,7 @@ import pytest
 
 import dataloader as dl
 from tests.dataloader.dataset.pipelines import everything_chained, everything_loader
-from tests.helpers import assert_streams_equal, take
+from tests.helpers import assert_restores_everywhere, assert_streams_equal, take
 
 
 def test_chained_style_and_data_loader_give_the_same_batches():
@@ -88,10 +88,10 @@ def test_sharded_mixture_restores_elastically_on_another_shard_count():
     assert sorted(x for it in four for x in next(it).tolist()) == expected
 
 
-def test_second_batch_is_refused_with_a_hint():
-    ds = dl.MapDataset.range(10).batch(2).to_iter_dataset()
-    with pytest.raises(ValueError, match=r"batched already .* put further grouping in its batch_fn"):
-        ds.batch(2)
+def test_a_second_batch_nests_batches_at_the_iterator_level_and_restores():
+    ds = dl.MapDataset.range(10).batch(2).to_iter_dataset().batch(2)
+    assert [b.tolist() for b in ds] == [[[0, 1], [2, 3]], [[4, 5], [6, 7]], [[8, 9]]]
+    assert_restores_everywhere(lambda: iter(ds))
 
 
 def test_iter_filter_then_batch_regroups_survivors():

@@ -1,0 +1,225 @@
+"""``IterDataset`` and ``DatasetIterator``: the iterable half of the dataset API, as in Grain.
+
+An ``IterDataset`` is a recipe (immutable; every chained call returns a new one) and
+``iter(ds)`` makes a :class:`DatasetIterator`, which yields elements and can say where it
+is (``get_state()``, a small JSON-able dict) and go back there (``set_state()``). Users
+write their own by subclassing both, exactly as for Grain::
+
+    class Squares(IterDataset[int]):
+        def __iter__(self):
+            return SquaresIterator()
+
+    class SquaresIterator(DatasetIterator[int]):
+        def __init__(self):
+            super().__init__()
+            self._i = 0
+        def __next__(self):
+            self._i += 1
+            return (self._i - 1) ** 2
+        def get_state(self):
+            return {"i": self._i}
+        def set_state(self, state):
+            self._i = state["i"]
+
+Two kinds of ``IterDataset`` run here, and they compose freely:
+
+* **Engine-backed**: ``MapDataset.to_iter_dataset()`` and the ``map``/``filter``/
+  ``flat_map``/``random_map``/``batch`` calls chained on it compile to a ``DataLoader``
+  (:class:`~dataloader.dataset.iter_dataset.LoaderIterDataset`): records are read by
+  position in worker processes, the state is one position, a restore is O(1).
+* **Iterator-level**: everything else (packing, interleaving, window shuffles, thread
+  prefetch, user-defined datasets, and element-wise calls chained after one of those).
+  Such a stage runs in the consumer's process on the ordered stream of its parents, so
+  its output never depends on the number of workers; its state nests its parents'
+  states (``{"parent": ..., ...}``), as Grain's do.
+
+``mp_prefetch`` on a pipeline with iterator-level stages gives the worker processes to
+its engine-backed part and computes the iterator-level stages ahead in a thread.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from dataloader.dataset.arguments import as_operation, check_seed, derive_seed
+from dataloader.dataset.compile.wrappers import SeededRandomMap
+from dataloader.iterator import DatasetIterator
+from dataloader.operations import (
+    Batch,
+    FilterTransform,
+    FlatMapTransform,
+    MapTransform,
+    Operation,
+    RandomMapTransform,
+)
+
+if TYPE_CHECKING:
+    from dataloader.options import MultiprocessingOptions
+
+T = TypeVar("T")
+S = TypeVar("S")
+
+
+class IterDataset(Generic[T], abc.ABC):
+    """A dataset that is iterated, not indexed: Grain's ``IterDataset``.
+
+    Subclass it (define ``__iter__`` returning a :class:`DatasetIterator`) for a dataset
+    of your own, or build one with ``MapDataset.to_iter_dataset()`` and chain calls.
+
+    Args:
+        parents: the datasets this one reads (``IterDataset`` or ``MapDataset``).
+    """
+
+    def __init__(self, parents: Any = ()) -> None:
+        if isinstance(parents, (IterDataset, _map_dataset_class())):
+            parents = (parents,)
+        self._parents: tuple[Any, ...] = tuple(parents)
+        seeds = {getattr(p, "_seed", None) for p in self._parents} - {None}
+        # The seed of the calls that follow: inherited while the parents agree on one.
+        self._seed: int | None = seeds.pop() if len(seeds) == 1 else None
+        self._seed_uses = max((getattr(p, "_seed_uses", 0) for p in self._parents), default=0)
+
+    @property
+    def parents(self) -> tuple[Any, ...]:
+        return self._parents
+
+    @property
+    def _parent(self) -> Any:
+        if len(self._parents) != 1:
+            raise ValueError(f"{type(self).__name__} has {len(self._parents)} parents, not one")
+        return self._parents[0]
+
+    @abc.abstractmethod
+    def __iter__(self) -> DatasetIterator[T]:
+        """A new iterator, at the start of the stream."""
+
+    # -- chaining --------------------------------------------------------------------
+
+    def pipe(self, func: Callable[..., S], /, *args: Any, **kwargs: Any) -> S:
+        """``func(self, *args, **kwargs)``: chain a transformation that is not a method."""
+        return func(self, *args, **kwargs)
+
+    def apply(self, transformations: Any) -> IterDataset:
+        """Applies one operation or a list of them (map, random map, filter, flat map, batch)."""
+        from dataloader.dataset.transformations.apply import apply_transformations
+
+        return apply_transformations(self, transformations)
+
+    def seed(self, seed: int) -> IterDataset[T]:
+        """Sets the seed of the random calls that follow (``random_map``)."""
+        out = self._copy()
+        out._seed, out._seed_uses = check_seed(seed, "seed"), 0
+        return out
+
+    def map(self, transform: Any) -> IterDataset:
+        """Applies ``transform`` to every element (a ``FlatMapTransform`` flattens, as in Grain)."""
+        if isinstance(transform, FlatMapTransform):
+            return self.flat_map(transform)
+        return self._then(as_operation(transform, MapTransform, "map"))
+
+    def random_map(self, transform: Any, *, seed: int | None = None) -> IterDataset:
+        """Applies ``transform(element, rng)`` with a generator of (seed, element index)."""
+        op = as_operation(transform, RandomMapTransform, "random_map")
+        out_seed, uses = self._random_seed(op, seed)
+        out = self._then(SeededRandomMap(op, out_seed))
+        out._seed_uses = uses
+        return out
+
+    def filter(self, transform: Any) -> IterDataset[T]:
+        """Keeps the elements for which ``transform`` is true."""
+        return self._then(as_operation(transform, FilterTransform, "filter"))
+
+    def flat_map(self, transform: Any) -> IterDataset:
+        """Replaces every element by the elements ``transform`` returns (a sequence)."""
+        return self._then(as_operation(transform, FlatMapTransform, "flat_map"))
+
+    def map_with_index(self, transform: Any) -> IterDataset:
+        """Applies ``transform(index, element)``; ``index`` counts this stage's input."""
+        from dataloader.dataset.transformations.elementwise import with_index
+
+        return self._then(with_index(transform))
+
+    def batch(
+        self,
+        batch_size: int,
+        *,
+        drop_remainder: bool = False,
+        batch_fn: Callable[[Sequence[Any]], Any] | None = None,
+    ) -> IterDataset:
+        """Groups consecutive elements into batches of ``batch_size``."""
+        return self._then(Batch(batch_size, drop_remainder=drop_remainder, batch_fn=batch_fn))
+
+    def prefetch(self, buffer_size: int | MultiprocessingOptions = 2) -> IterDataset[T]:
+        """Computes elements ahead in a background thread (``MultiprocessingOptions``:
+        ``mp_prefetch``, as in Grain)."""
+        from dataloader.dataset.transformations.prefetch import ThreadPrefetchIterDataset
+        from dataloader.options import MultiprocessingOptions
+
+        if isinstance(buffer_size, MultiprocessingOptions):
+            return self.mp_prefetch(buffer_size)
+        return ThreadPrefetchIterDataset(self, prefetch_buffer_size=buffer_size)
+
+    def mp_prefetch(
+        self,
+        options: MultiprocessingOptions | None = None,
+        worker_init_fn: Callable[[int, int], Any] | None = None,
+        sequential_slice: bool = False,
+    ) -> IterDataset[T]:
+        """Computes the stream with worker processes (default: one per CPU).
+
+        The engine-backed part of the pipeline runs in ``options.num_workers`` processes;
+        iterator-level stages above it run ahead in a thread of this process. The output
+        is the same for every number of workers, and so is every state.
+        ``sequential_slice`` is accepted for Grain's signature: the output does not
+        depend on how work is split, so there is nothing to choose.
+        """
+        from dataloader.dataset.transformations.prefetch import MultiprocessPrefetchIterDataset
+
+        return MultiprocessPrefetchIterDataset(self, options, worker_init_fn)
+
+    @staticmethod
+    def mix(datasets: Sequence[IterDataset], weights: Sequence[float] | None = None) -> IterDataset:
+        """Interleaves streams by weight (see ``MapDataset.mix``): one engine, one state."""
+        from dataloader.dataset.iter_dataset import mix_iter_datasets
+
+        return mix_iter_datasets(datasets, weights)
+
+    # -- helpers for subclasses -------------------------------------------------------
+
+    def _then(self, op: Operation | Batch) -> IterDataset:
+        """This stream followed by ``op``; engine-backed datasets override it."""
+        from dataloader.dataset.transformations.elementwise import OperationIterDataset
+
+        return OperationIterDataset(self, op)
+
+    def _copy(self) -> IterDataset[T]:
+        """A view of this dataset (same iterator) whose seed can be set separately."""
+        from dataloader.dataset.transformations.elementwise import SeedScope
+
+        return SeedScope(self)
+
+    def _random_seed(self, op: RandomMapTransform, seed: int | None) -> tuple[int, int]:
+        """The seed of a random map at this point of the chain, and the seed uses after it."""
+        if seed is not None:
+            return check_seed(seed, "random_map seed"), self._seed_uses
+        if op.rng_seed is not None:
+            return check_seed(op.rng_seed, "rng_seed"), self._seed_uses
+        if self._seed is None:
+            raise ValueError(
+                f"random_map({op.name}) needs a seed so that augmentations are reproducible; "
+                f"call .seed(...) earlier in the chain or pass random_map(..., seed=...)"
+            )
+        uses = self._seed_uses + 1
+        return derive_seed(self._seed, uses), uses
+
+    def __repr__(self) -> str:
+        inner = ", ".join(repr(p) for p in self._parents)
+        return f"{type(self).__name__}({inner})"
+
+
+def _map_dataset_class() -> type:
+    from dataloader.dataset.map_dataset import MapDataset
+
+    return MapDataset

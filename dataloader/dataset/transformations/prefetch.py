@@ -1,0 +1,221 @@
+"""Prefetching: a thread that computes a stream ahead, and worker processes for a pipeline.
+
+:class:`ThreadPrefetchIterDataset` (Grain's ``grain.experimental`` name) keeps up to
+``prefetch_buffer_size`` elements of its parent ready, computed by a background thread,
+each with the parent's state right after it; so its own state is that of the last
+element handed out, whatever is buffered, and ``set_state`` drops the buffer.
+
+:class:`MultiprocessPrefetchIterDataset` is ``mp_prefetch`` on a pipeline that has
+iterator-level stages: the engine-backed datasets it reads from get the worker
+processes (they compute positions, in any process, with identical output), and the
+iterator-level stages above them run ahead in a thread of this process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from dataloader.dataset.base import DatasetIterator, IterDataset
+from dataloader.options import MultiprocessingOptions, check_int
+
+# Worker options that engine-backed datasets take while a pipeline's iterator is built
+# under mp_prefetch (read by LoaderIterDataset.__iter__).
+_WORKERS: contextvars.ContextVar[tuple[MultiprocessingOptions, Any] | None] = (
+    contextvars.ContextVar("granary_mp_prefetch", default=None)
+)
+_POLL_S = 0.05
+
+
+def inherited_workers() -> tuple[MultiprocessingOptions, Any] | None:
+    """The ``(options, worker_init_fn)`` of an enclosing ``mp_prefetch``, if any."""
+    return _WORKERS.get()
+
+
+@contextlib.contextmanager
+def _workers(options: MultiprocessingOptions, init_fn: Any) -> Iterator[None]:
+    token = _WORKERS.set((options, init_fn))
+    try:
+        yield
+    finally:
+        _WORKERS.reset(token)
+
+
+class ThreadPrefetchIterDataset(IterDataset):
+    """Computes the parent's elements ahead in a background thread.
+
+    Args:
+        parent: the dataset to prefetch.
+        prefetch_buffer_size: elements kept ready (0: no thread, elements are computed
+            when asked for).
+
+    Example:
+        >>> import dataloader as dl
+        >>> ds = dl.MapDataset.range(5).to_iter_dataset()
+        >>> list(dl.experimental.ThreadPrefetchIterDataset(ds, prefetch_buffer_size=2))
+        [0, 1, 2, 3, 4]
+    """
+
+    def __init__(self, parent: IterDataset, *, prefetch_buffer_size: int) -> None:
+        super().__init__(parent)
+        self.prefetch_buffer_size = check_int("prefetch_buffer_size", prefetch_buffer_size, 0)
+
+    def __iter__(self) -> DatasetIterator:
+        inner = iter(self._parent)
+        if not self.prefetch_buffer_size:
+            return inner
+        return ThreadPrefetchDatasetIterator(inner, self.prefetch_buffer_size)
+
+    def __repr__(self) -> str:
+        return f"ThreadPrefetchIterDataset({self._parent!r}, prefetch_buffer_size={self.prefetch_buffer_size})"
+
+
+class _Producer:
+    """The thread and its queue; holds no reference to the iterator that owns it."""
+
+    def __init__(self, source: Any, size: int) -> None:
+        self.items: queue.Queue[tuple[str, Any, Any]] = queue.Queue(size)
+        self.stopping = threading.Event()
+        self._source = source
+        self.thread = threading.Thread(target=self._run, name="granary-prefetch", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        source = self._source
+        try:
+            while not self.stopping.is_set():
+                try:
+                    element = next(source)
+                except StopIteration:
+                    self._put(("end", None, source.get_state()))
+                    return
+                if not self._put(("ok", element, source.get_state())):
+                    return
+        except BaseException as exc:  # handed to the consumer at its place, with its type
+            self._put(("error", exc, None))
+
+    def _put(self, item: tuple[str, Any, Any]) -> bool:
+        while not self.stopping.is_set():
+            try:
+                self.items.put(item, timeout=_POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def get(self) -> tuple[str, Any, Any]:
+        while True:
+            try:
+                return self.items.get(timeout=1.0)
+            except queue.Empty:
+                if not self.thread.is_alive() and self.items.empty():
+                    return ("error", RuntimeError("the prefetch thread ended unexpectedly"), None)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self.items.get_nowait()
+        if self.thread is not threading.current_thread():
+            self.thread.join()
+
+
+class ThreadPrefetchDatasetIterator(DatasetIterator):
+    """The iterator of :class:`ThreadPrefetchIterDataset` (see there)."""
+
+    def __init__(self, parent: DatasetIterator, buffer_size: int) -> None:
+        super().__init__(parent)
+        self._size = buffer_size
+        self._producer: _Producer | None = None
+        self._state = parent.get_state()
+        self._finished = False
+
+    def start_prefetch(self) -> None:
+        if self._producer is None and not self._finished and not self._closed:
+            self._producer = _Producer(self._parent, self._size)
+
+    def __next__(self) -> Any:
+        if self._closed:
+            raise ValueError(f"next() on a closed iterator ({self!r}); make a new one")
+        if self._finished:
+            raise StopIteration
+        self.start_prefetch()
+        assert self._producer is not None
+        kind, value, state = self._producer.get()
+        if kind == "ok":
+            self._state = state
+            return value
+        self._finished = True
+        if kind == "end":
+            self._state = state
+            raise StopIteration
+        raise value
+
+    def get_state(self) -> dict[str, Any]:
+        return self._state
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self._stop()
+        self._parent.set_state(state)
+        self._state = self._parent.get_state()
+        self._finished = False
+
+    def _stop(self) -> None:
+        if self._producer is not None:
+            self._producer.stop()
+            self._producer = None
+
+    def close(self) -> None:
+        self._stop()
+        super().close()
+
+    def __repr__(self) -> str:
+        return f"ThreadPrefetchDatasetIterator(buffer={self._size})"
+
+
+class MultiprocessPrefetchIterDataset(IterDataset):
+    """``mp_prefetch`` of a pipeline with iterator-level stages (see the module docstring)."""
+
+    def __init__(
+        self,
+        parent: IterDataset,
+        options: MultiprocessingOptions | None = None,
+        worker_init_fn: Callable[[int, int], Any] | None = None,
+    ) -> None:
+        super().__init__(parent)
+        if options is None:
+            options = MultiprocessingOptions(num_workers=os.cpu_count() or 1)
+        if not isinstance(options, MultiprocessingOptions):
+            raise TypeError(f"mp_prefetch needs MultiprocessingOptions, got {options!r}")
+        if worker_init_fn is not None and not callable(worker_init_fn):
+            raise TypeError(f"worker_init_fn must be callable, got {worker_init_fn!r}")
+        self.options = options
+        self.worker_init_fn = worker_init_fn
+
+    def __iter__(self) -> DatasetIterator:
+        with _workers(self.options, self.worker_init_fn):
+            inner = iter(self._parent)
+        size = max(2, self.options.num_workers * self.options.per_worker_buffer_size)
+        return ThreadPrefetchDatasetIterator(inner, size)
+
+    def __repr__(self) -> str:
+        return f"{self._parent!r}.mp_prefetch({self.options})"
+
+
+def multithread_prefetch(ds: IterDataset, num_threads: int = 1, buffer_size: int = 2) -> IterDataset:
+    """Grain's ``multithread_prefetch``: ``ds`` computed ahead by background threads.
+
+    The output and the states are those of ``ds`` whatever ``num_threads`` is (0: ``ds``
+    itself, no thread). Grain cuts ``ds`` into ``num_threads`` slices, which changes the
+    output of a filter or a packer with the thread count; here an iterator-level stage
+    is computed whole, ahead, by one thread. Work that parallelises (reading, decoding)
+    belongs before ``to_iter_dataset()`` and runs in worker processes (``mp_prefetch``).
+    """
+    if not check_int("num_threads", num_threads, 0):
+        return ds
+    return ThreadPrefetchIterDataset(ds, prefetch_buffer_size=check_int("buffer_size", buffer_size, 1))

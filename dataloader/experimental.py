@@ -6,14 +6,24 @@ Where granary's version differs on purpose, the README's Grain table says how.
 
 from __future__ import annotations
 
+from dataloader.dataset.transformations.packing import (
+    BestFitPackIterDataset,
+    ConcatThenSplitIterDataset,
+    FirstFitPackIterDataset,
+)
 from dataloader.dataset.transformations.prefetch import (
-    ThreadPrefetchDatasetIterator,
     ThreadPrefetchIterDataset,
     multithread_prefetch,
 )
+from dataloader.engine.stages.prefetch import ThreadPrefetchDatasetIterator
 from dataloader.operations import FlatMapTransform, MapWithIndexTransform
+from dataloader.operations.packing import BOSHandling
 
 __all__ = [
+    "BOSHandling",
+    "BestFitPackIterDataset",
+    "ConcatThenSplitIterDataset",
+    "FirstFitPackIterDataset",
     "FlatMapTransform",
     "MapWithIndexTransform",
     "ThreadPrefetchDatasetIterator",

@@ -1,82 +1,20 @@
-"""Iterators: the ``DatasetIterator`` protocol (as Grain's) and the loader's own iterator.
+"""The loader's iterator: ordered outputs of a ``DataLoader``, checkpointable at every step.
 
-:class:`DatasetIterator` is what every iterator of the package is (and what a user's
-own iterator subclasses): ``next()``, ``get_state()``, ``set_state()``, ``close()`` and
-``start_prefetch()``. :class:`DataLoaderIterator` is the engine's: ordered outputs of a
-``DataLoader``, checkpointable at every step.
+It is a :class:`DatasetIterator` (``next()``, ``get_state()``, ``set_state()``,
+``close()``, ``start_prefetch()``), the protocol every iterator of the package follows
+and a user's own iterator subclasses; that protocol lives with the iterator-level
+stages, in :mod:`dataloader.engine.stages.base`, and is re-exported here.
 """
 
 from __future__ import annotations
 
-import abc
-from collections.abc import Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 from dataloader.engine.assemble import make_assembler
 from dataloader.engine.executor import Executor
+from dataloader.engine.stages.base import DatasetIterator
 from dataloader.engine.state import Cursor, make_state, resolve_state
 from dataloader.engine.stats import Counted, Stats
-
-T = TypeVar("T")
-
-
-class DatasetIterator(Iterator[T], abc.ABC):
-    """An iterator of an ``IterDataset``: elements, and a state to resume from.
-
-    Subclasses define ``__next__``, ``get_state`` and ``set_state``; pass the parent
-    iterators to ``__init__`` so that ``close`` and ``start_prefetch`` reach them.
-
-    Args:
-        parents: the iterators this one reads from (one, several, or none for a source).
-    """
-
-    def __init__(self, parents: DatasetIterator | Sequence[DatasetIterator] = ()) -> None:
-        if isinstance(parents, Iterator) and not isinstance(parents, Sequence):
-            parents = (parents,)
-        self._parents: tuple[Any, ...] = tuple(parents)
-        self._closed = False
-
-    @property
-    def _parent(self) -> Any:
-        if len(self._parents) != 1:
-            raise ValueError(f"{type(self).__name__} has {len(self._parents)} parents, not one")
-        return self._parents[0]
-
-    def __iter__(self) -> DatasetIterator[T]:
-        return self
-
-    @abc.abstractmethod
-    def get_state(self) -> dict[str, Any]:
-        """A JSON-able dict describing the position after the last element handed out."""
-
-    @abc.abstractmethod
-    def set_state(self, state: dict[str, Any]) -> None:
-        """Continues right after the element that ``state`` (from ``get_state``) describes."""
-
-    def start_prefetch(self) -> None:
-        """Starts producing elements before the first ``next()`` (where an ancestor can).
-
-        Call it right after making the iterator (and ``set_state``), then restore the
-        model: the first batches are made while the checkpoint loads. Idempotent.
-        """
-        for parent in self._parents:
-            if hasattr(parent, "start_prefetch"):
-                parent.start_prefetch()
-
-    def close(self) -> None:
-        """Stops background work of this iterator and its ancestors; idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        for parent in self._parents:
-            if hasattr(parent, "close"):
-                parent.close()
-
-    def __enter__(self) -> DatasetIterator[T]:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class DataLoaderIterator(DatasetIterator[Any]):

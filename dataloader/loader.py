@@ -8,6 +8,8 @@ from typing import Any
 from dataloader.engine.executor import Executor, InProcessExecutor
 from dataloader.engine.plan import Plan, make_plan
 from dataloader.engine.pool.executor import PoolExecutor, pickle_plan
+from dataloader.engine.stages.base import DatasetIterator
+from dataloader.engine.stages.tail import TailIterator, split_at_first_packer
 from dataloader.iterator import DataLoaderIterator
 from dataloader.options import ReadOptions, check_bool, check_int
 from dataloader.samplers import Sampler, ShardOptions
@@ -45,7 +47,11 @@ class DataLoader:
             ``__getitems__``), e.g. :class:`~sources.ArrayRecordDataSource`.
         sampler: an :class:`~samplers.IndexSampler`: order, epochs and sharding.
         operations: ``MapTransform``, ``RandomMapTransform``, ``FilterTransform``,
-            ``FlatMapTransform`` and at most one ``Batch``, applied in order.
+            ``FlatMapTransform``, at most one ``Batch``, and packers (``FirstFitPack``,
+            ``BestFitPack``, ``ConcatThenSplit``), applied in order. The operations
+            before the first packer run by position on the engine (in the workers); a
+            packer and what follows it run in order on the engine's output, in this
+            process (see :mod:`dataloader.engine.stages.tail`).
         worker_count: child processes computing work units (0: in this process).
             The output is the same for every worker count.
         worker_buffer_size: work units in flight per worker.
@@ -105,7 +111,11 @@ class DataLoader:
         self.read_options = read_options
         self.worker_init_fn = worker_init_fn
         self.warm_start = check_bool("warm_start", warm_start)
-        self.plan: Plan = make_plan(data_source, sampler, list(operations), read_options.unit_size)
+        head, self._tail = split_at_first_packer(operations)
+        self.plan: Plan = make_plan(data_source, sampler, head, read_options.unit_size)
+        if self._tail:
+            pickle_plan(make_plan(data_source, sampler, [], None))  # names what cannot pickle
+            _check_stage_operations(self._tail)
         # Pickled once, here, so an operation that cannot reach the workers fails now.
         self._plan_bytes = pickle_plan(self.plan) if self.worker_count else b""
 
@@ -117,12 +127,26 @@ class DataLoader:
     def sampler(self) -> Any:
         return self.plan.sampler
 
-    def __iter__(self) -> DataLoaderIterator:
-        return DataLoaderIterator(self)
+    @property
+    def operation_names(self) -> list[str]:
+        """Every operation's name, the engine's and the stages' after a packer."""
+        return [*self.plan.operation_names, *(op.name for op in self._tail)]
 
-    def iterator(self, state: Any = None) -> DataLoaderIterator:
-        """A new iterator, starting from ``state`` (from ``get_state``) when given."""
-        return DataLoaderIterator(self, state)
+    def __iter__(self) -> DatasetIterator:
+        return self.iterator()
+
+    def iterator(self, state: Any = None) -> DatasetIterator:
+        """A new iterator, starting from ``state`` (from ``get_state``) when given.
+
+        It is a :class:`DataLoaderIterator`, or with a packer among the operations a
+        :class:`~dataloader.engine.stages.tail.TailIterator` over one.
+        """
+        if not self._tail:
+            return DataLoaderIterator(self, state)
+        it = TailIterator(DataLoaderIterator(self), self._tail, self.plan.sampler.seed)
+        if state is not None:
+            it.set_state(state)
+        return it
 
     def _make_executor(self, position: int) -> Executor:
         if not self.worker_count:
@@ -140,5 +164,27 @@ class DataLoader:
     def __repr__(self) -> str:
         return (
             f"DataLoader(data_source={self.plan.source!r}, sampler={self.plan.sampler!r}, "
-            f"operations={self.plan.operation_names}, worker_count={self.worker_count})"
+            f"operations={self.operation_names}, worker_count={self.worker_count})"
         )
+
+
+def _check_stage_operations(tail: list[Any]) -> None:
+    """The operations after a packer: element-wise ones, batches and packers."""
+    from dataloader.engine.stages.tail import PACKERS
+    from dataloader.operations import (
+        Batch,
+        FilterTransform,
+        FlatMapTransform,
+        MapTransform,
+        MapWithIndexTransform,
+        RandomMapTransform,
+    )
+
+    kinds = (*PACKERS, Batch, MapTransform, RandomMapTransform, FilterTransform,
+             FlatMapTransform, MapWithIndexTransform)
+    for op in tail:
+        if not isinstance(op, kinds):
+            raise TypeError(
+                f"{op!r} after a packer is not an operation (a map, random map, filter, "
+                f"flat map, batch or packer)"
+            )

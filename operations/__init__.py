@@ -1,10 +1,12 @@
-"""Operations a pipeline applies to elements: map, random map, flat map, filter, batch.
+"""Operations a pipeline applies to elements: map, random map, flat map, filter, batch,
+padding and packing.
 
 Depends on numpy only; knows nothing of samplers, sources or the loader.
 """
 
 
 from .batch import Batch, stack_elements
+from .packing import BestFitPack, BOSHandling, ConcatThenSplit, FirstFitPack
 from .padding import BatchAndPad, batch_and_pad
 from .transforms import (
     FilterTransform,
@@ -16,9 +18,13 @@ from .transforms import (
 )
 
 __all__ = [
+    "BOSHandling",
     "Batch",
     "BatchAndPad",
+    "BestFitPack",
+    "ConcatThenSplit",
     "FilterTransform",
+    "FirstFitPack",
     "FlatMapTransform",
     "MapTransform",
     "MapWithIndexTransform",

@@ -13,6 +13,9 @@ Each entry is a mapping with one kind key and optional ``args``::
       - operation: mypkg.make_op           # any factory returning an operation
         args: {size: 3}
       - batch: {batch_size: 64, drop_remainder: true}   # or: batch: 64
+      - first_fit_pack: {length_struct: {tokens: 2048}, num_packing_bins: 16}
+      - concat_then_split: {length_struct: {tokens: 2048}, bos_handling: REPLACE_FIRST_TOKEN_WITH_BOS,
+                            bos_features: [tokens], bos_token_id: 1}
 
 For ``map``, ``random_map``, ``flat_map`` and ``filter`` the import path names either
 a function (wrapped in the kind's transform; ``args`` are bound as keyword arguments
@@ -32,7 +35,11 @@ from dataloader.config import checks as check
 from dataloader.config.import_path import ImportPathError, resolve_import
 from dataloader.operations import (
     Batch,
+    BestFitPack,
+    BOSHandling,
+    ConcatThenSplit,
     FilterTransform,
+    FirstFitPack,
     FlatMapTransform,
     MapTransform,
     Operation,
@@ -47,7 +54,8 @@ _TRANSFORMS: dict[str, type[Operation]] = {
 }
 # How many leading positional arguments the loader passes (element, and rng).
 _POSITIONAL = {"map": 1, "random_map": 2, "flat_map": 1, "filter": 1}
-_KINDS = (*_TRANSFORMS, "operation", "batch")
+_PACKERS = {"first_fit_pack": FirstFitPack, "best_fit_pack": BestFitPack, "concat_then_split": ConcatThenSplit}
+_KINDS = (*_TRANSFORMS, "operation", "batch", *_PACKERS)
 
 
 def _resolve(where: str, path: Any) -> Any:
@@ -122,6 +130,17 @@ def _batch(where: str, spec: Any) -> Batch:
     return Batch(size, drop_remainder=drop, batch_fn=batch_fn)
 
 
+def _packer(where: str, kind: str, spec: Any) -> Any:
+    """A packer from its arguments (a mapping; ``bos_handling`` by its name)."""
+    spec = dict(check.mapping(where, spec))
+    check.get(spec, "length_struct", where=where)
+    if "bos_handling" in spec:
+        names = [h.name for h in BOSHandling]
+        name = check.string(check.sub(where, "bos_handling"), spec["bos_handling"], choices=names)
+        spec["bos_handling"] = BOSHandling[name]
+    return _construct(where, _PACKERS[kind], kind, spec)
+
+
 def _operation(where: str, path: str, args: dict[str, Any]) -> Any:
     target = _resolve(check.sub(where, "operation"), path)
     if isinstance(target, (Operation, Batch)):
@@ -149,6 +168,9 @@ def build_operation(where: str, entry: Any) -> Any:
             where, f"expected exactly one of {', '.join(_KINDS)} as a key, got {sorted(entry) or 'none'}"
         )
     kind = kinds[0]
+    if kind in _PACKERS:
+        check.known_keys(where, entry, [kind])
+        return _packer(check.sub(where, kind), kind, entry[kind])
     allowed = [kind] if kind == "batch" else [kind, "args"] + (["max_fan_out"] if kind == "flat_map" else [])
     check.known_keys(where, entry, allowed)
     if kind == "batch":

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from dataloader.dataset.arguments import as_operation, check_seed, derive_seed
 from dataloader.dataset.compile.wrappers import SeededRandomMap
-from dataloader.iterator import DatasetIterator
+from dataloader.engine.stages.base import DatasetIterator
 from dataloader.operations import (
     Batch,
     FilterTransform,

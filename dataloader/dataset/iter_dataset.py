@@ -25,7 +25,7 @@ from dataloader.dataset.arguments import check_seed, random_map_op
 from dataloader.dataset.base import IterDataset
 from dataloader.dataset.compile.nodes import is_batched
 from dataloader.dataset.map_dataset import MapDataset
-from dataloader.iterator import DataLoaderIterator
+from dataloader.engine.stages.base import DatasetIterator
 from dataloader.loader import DataLoader
 from dataloader.operations import (
     Batch,
@@ -174,7 +174,7 @@ class LoaderIterDataset(IterDataset):
             self._loader = self._build_loader(self._mp or MultiprocessingOptions(), self._worker_init_fn)
         return self._loader
 
-    def __iter__(self) -> DataLoaderIterator:
+    def __iter__(self) -> DatasetIterator:
         if self._mp is None:
             from dataloader.dataset.transformations.prefetch import inherited_workers
 

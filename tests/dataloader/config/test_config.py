@@ -247,3 +247,31 @@ def test_import_paths_accept_a_colon_or_dots():
 def test_import_path_with_a_missing_attribute_names_it():
     with pytest.raises(ImportPathError, match=r"'os\.path' has no attribute 'nope'"):
         resolve_import("os.path.nope")
+
+
+def tokens_of(i):
+    """Record i as a token sequence of 1 + i % 7 tokens (for the packer configs)."""
+    return {"tokens": np.arange(1 + int(i) % 7, dtype=np.int32) + 100 * int(i)}
+
+
+def test_a_config_packs_with_the_same_packers_as_the_data_loader():
+    config = parse_config({
+        "source": {"kind": "dataloader.sources.RangeDataSource", "options": {"start": 40}},
+        "operations": [
+            {"map": "tests.dataloader.config.test_config.tokens_of"},
+            {"first_fit_pack": {"length_struct": {"tokens": 16}, "num_packing_bins": 3, "seed": 1}},
+            {"batch": 2},
+        ],
+    })
+    by_hand = dl.DataLoader(dl.RangeDataSource(40), dl.IndexSampler(40, num_epochs=1), [
+        dl.MapTransform(tokens_of), dl.FirstFitPack({"tokens": 16}, 3, seed=1), dl.Batch(2)])
+    assert_streams_equal(list(config.build_loader()), list(by_hand))
+
+
+def test_a_packer_in_a_config_names_its_bad_argument():
+    with pytest.raises(ConfigError, match=r"^operations\.0\.concat_then_split\.bos_handling: expected one of DO_NOTHING, REPLACE_FIRST_TOKEN_WITH_BOS, got 'FIRST'"):
+        parse_config({"source": {"kind": "dataloader.sources.RangeDataSource", "options": {"start": 4}},
+                      "operations": [{"concat_then_split": {"length_struct": {"t": 4}, "bos_handling": "FIRST"}}]})
+    with pytest.raises(ConfigError, match=r"^operations\.0\.best_fit_pack: best_fit_pack\(\*\*args\) failed: num_packing_bins must be a positive integer"):
+        parse_config({"source": {"kind": "dataloader.sources.RangeDataSource", "options": {"start": 4}},
+                      "operations": [{"best_fit_pack": {"length_struct": {"t": 4}, "num_packing_bins": -1}}]})

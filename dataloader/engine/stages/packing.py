@@ -1,0 +1,184 @@
+"""Packing stages: fixed-length rows out of an ordered stream of variable-length sequences.
+
+Both run in the consumer's process on the ordered stream (so the rows never depend on
+the number of workers) and resume from a small state without replaying the stream:
+
+* :class:`FitPackIterator` (first-fit, best-fit) packs in rounds. Its state is where the
+  current round starts (the parent's state before the round's first element, and which
+  piece of that element) plus how many of the round's rows were handed out: a restore
+  re-packs that one round, never more (``num_packing_bins`` rows).
+* :class:`ConcatIterator` (concat-then-split) fills one row at a time. Its state is the
+  parent's state before the element the next row starts in and the offset into it: a
+  restore reads that one element again.
+
+A state records the packer it was made for (lengths, bins, seed, ...), and a state of
+another packer is refused with :class:`~dataloader.StateMismatchError`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dataloader.engine.stages.base import DatasetIterator
+from dataloader.errors import PipelineError, StateMismatchError
+from dataloader.operations.packing import ConcatThenSplit, FitPack
+
+
+def _check_packer(state: Any, op: Any, where: str) -> dict[str, Any]:
+    if not isinstance(state, dict) or "packer" not in state or "parent" not in state:
+        raise StateMismatchError(
+            f"expected a state of {where} (a dict with 'parent' and 'packer'), got {str(state)[:200]}"
+        )
+    if state["packer"] != op.describe():
+        raise StateMismatchError(
+            f"this state was saved for the packer {state['packer']} but this pipeline packs with "
+            f"{op.describe()}; restore with the packer the state was made for"
+        )
+    return state
+
+
+def _failed(op: Any, exc: Exception) -> PipelineError:
+    return PipelineError(f"{op.name} failed: {type(exc).__name__}: {exc}", operation=op.name)
+
+
+class FitPackIterator(DatasetIterator):
+    """First-fit or best-fit packing of the parent's elements, round by round."""
+
+    def __init__(self, parent: DatasetIterator, op: FitPack) -> None:
+        super().__init__(parent)
+        self._op = op
+        self._describe = op.describe()
+        self._start: tuple[Any, int] = (parent.get_state(), 0)  # where the round starts
+        self._counter = 0  # rows of the rounds before it
+        self._rows: list[dict[str, Any]] | None = None
+        self._order: list[int] = []
+        self._next_row = 0
+        self._skip = 0  # rows to pass over once the round is re-packed (a restore)
+        self._carry: tuple[list[Any], int, Any] | None = None  # (pieces, first piece, state before)
+        self._after: tuple[Any, int] | None = None  # where the next round starts
+
+    def __next__(self) -> dict[str, Any]:
+        while self._rows is None or self._next_row >= len(self._rows):
+            if self._rows is not None:  # the round is handed out: the next one starts
+                assert self._after is not None
+                self._counter += len(self._rows)
+                self._start, self._rows, self._next_row = self._after, None, 0
+            self._pack_round()
+            if not self._rows:
+                self._rows = None
+                raise StopIteration
+            self._next_row, self._skip = self._skip, 0
+        row = self._rows[self._order[self._next_row]]
+        self._next_row += 1
+        return row
+
+    def _pack_round(self) -> None:
+        op, parent = self._op, self._parent
+        packing = op.new_round()
+        self._after = None
+        while self._after is None:
+            if self._carry is not None:
+                pieces, k, before = self._carry
+                self._carry = None
+            else:
+                before = parent.get_state()
+                try:
+                    element = next(parent)
+                except StopIteration:
+                    self._after = (parent.get_state(), 0)
+                    break
+                try:
+                    pieces, k = packing.pieces(element), 0
+                except (TypeError, KeyError, ValueError) as exc:
+                    raise _failed(op, exc) from exc
+            while k < len(pieces):
+                if not packing.add(pieces[k]):
+                    self._carry = (pieces, k, before)
+                    self._after = (before, k)
+                    break
+                k += 1
+        self._rows = packing.rows()
+        self._order = op.row_order(self._rows, self._counter)
+
+    def get_state(self) -> dict[str, Any]:
+        if self._rows is not None and self._next_row >= len(self._rows) and self._after is not None:
+            start, counter, row = self._after, self._counter + len(self._rows), 0
+        else:  # before the round is (re-)packed, the rows to pass over are still to come
+            start, counter = self._start, self._counter
+            row = self._next_row if self._rows is not None else self._skip
+        return {"parent": start[0], "piece": start[1], "next_row": row, "counter": counter,
+                "packer": self._describe}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        state = _check_packer(state, self._op, "a first-fit or best-fit packer")
+        self._parent.set_state(state["parent"])
+        piece = int(state["piece"])
+        self._start, self._counter = (state["parent"], piece), int(state["counter"])
+        self._rows, self._next_row, self._after, self._carry = None, 0, None, None
+        self._skip = int(state["next_row"])
+        if piece:
+            element = next(self._parent)
+            self._carry = (self._op.new_round().pieces(element), piece, state["parent"])
+
+
+class ConcatIterator(DatasetIterator):
+    """Concat-then-split packing of the parent's elements, one row at a time."""
+
+    def __init__(self, parent: DatasetIterator, op: ConcatThenSplit) -> None:
+        super().__init__(parent)
+        self._op = op
+        self._describe = op.describe()
+        self._carry: tuple[Any, dict[str, int], Any] | None = None  # (element, offsets, state before)
+        self._ended = False
+
+    def __next__(self) -> dict[str, Any]:
+        if self._ended:
+            raise StopIteration
+        op, parent = self._op, self._parent
+        row = op.new_row()
+        while True:
+            if self._carry is not None:
+                element, offsets, before = self._carry
+                self._carry = None
+            else:
+                before = parent.get_state()
+                try:
+                    element = next(parent)
+                except StopIteration:
+                    self._ended = True
+                    if row.empty:
+                        raise
+                    return row.finish()
+                offsets = None
+            try:
+                rest = row.add(element, offsets)
+            except (TypeError, KeyError, ValueError) as exc:
+                raise _failed(op, exc) from exc
+            if rest is not None:
+                self._carry = (element, rest, before)
+                return row.finish()
+            if row.full:
+                return row.finish()
+
+    def get_state(self) -> dict[str, Any]:
+        if self._carry is not None:
+            _, offsets, before = self._carry
+            return {"parent": before, "offsets": dict(offsets), "packer": self._describe}
+        return {"parent": self._parent.get_state(), "offsets": {}, "packer": self._describe}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        state = _check_packer(state, self._op, "a concat-then-split packer")
+        self._parent.set_state(state["parent"])
+        self._carry, self._ended = None, False
+        offsets = {str(k): int(v) for k, v in dict(state["offsets"]).items()}
+        if offsets:
+            self._carry = (next(self._parent), offsets, state["parent"])
+
+
+def packing_stage(parent: DatasetIterator, op: Any) -> DatasetIterator:
+    """The stage iterator of a packing operation."""
+    if isinstance(op, FitPack):
+        return FitPackIterator(parent, op)
+    if isinstance(op, ConcatThenSplit):
+        return ConcatIterator(parent, op)
+    raise TypeError(f"{op!r} is not a packing operation (FirstFitPack, BestFitPack, ConcatThenSplit)")

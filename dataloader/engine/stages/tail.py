@@ -1,0 +1,105 @@
+"""A ``DataLoader``'s operations from the first packer on, as stages after the engine.
+
+The engine computes the operations before the first packer (read, maps, filters, flat
+maps) by position, in worker processes; the packer and everything after it (maps on
+rows, a ``Batch`` of rows, ...) depend on the order of the stream, so they run as stages
+(:mod:`.packing`, :mod:`.elementwise`) over the engine's ordered output, in this
+process. The loader's iterator is then :class:`TailIterator`, whose state nests the
+stages' states and records the operations it was made for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from dataloader.engine.stages.base import DatasetIterator
+from dataloader.engine.stages.elementwise import BatchIterator, ElementwiseIterator
+from dataloader.engine.stages.packing import packing_stage
+from dataloader.errors import StateMismatchError
+from dataloader.operations import Batch
+from dataloader.operations.packing import ConcatThenSplit, FitPack
+
+PACKERS = (FitPack, ConcatThenSplit)
+
+
+def split_at_first_packer(operations: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+    """The operations before the first packer (for the engine), and the rest.
+
+    Raises:
+        ValueError: a ``Batch`` comes before a packer (pack sequences, then batch rows).
+    """
+    operations = list(operations)
+    first = next((i for i, op in enumerate(operations) if isinstance(op, PACKERS)), None)
+    if first is None:
+        return operations, []
+    batches = [i for i, op in enumerate(operations[:first]) if isinstance(op, Batch)]
+    if batches:
+        raise ValueError(
+            f"operations[{batches[0]}] is a Batch before the packer operations[{first}] "
+            f"({operations[first].name}); a packer packs single sequences: put the Batch "
+            f"after it, to batch the packed rows"
+        )
+    return operations[:first], operations[first:]
+
+
+def _name(op: Any) -> str:
+    return op.name
+
+
+class TailIterator(DatasetIterator):
+    """The stages of ``tail`` over ``head`` (the engine's iterator); see the module docstring.
+
+    Args:
+        head: the loader's engine iterator (operations before the first packer).
+        tail: the packer and the operations after it.
+        seed: the seed of random maps among them that have no ``rng_seed``.
+    """
+
+    def __init__(self, head: DatasetIterator, tail: Sequence[Any], seed: int | None) -> None:
+        top = head
+        group: list[Any] = []
+        for op in tail:
+            if isinstance(op, (*PACKERS, Batch)):
+                if group:
+                    top, group = ElementwiseIterator(top, tuple(group), seed), []
+                top = packing_stage(top, op) if isinstance(op, PACKERS) else BatchIterator(top, op)
+            else:
+                group.append(op)
+        if group:
+            top = ElementwiseIterator(top, tuple(group), seed)
+        super().__init__(top)
+        self._head = head
+        self._operations = [_name(op) for op in tail]
+
+    @property
+    def head(self) -> DatasetIterator:
+        """The engine's iterator under the stages."""
+        return self._head
+
+    def __next__(self) -> Any:
+        return next(self._parent)
+
+    def get_state(self) -> dict[str, Any]:
+        return {"stages": self._parent.get_state(), "stage_operations": self._operations}
+
+    def set_state(self, state: Any) -> None:
+        if isinstance(state, (str, bytes)):
+            import json
+
+            state = json.loads(state)
+        if not isinstance(state, dict) or "stages" not in state or "stage_operations" not in state:
+            raise StateMismatchError(
+                f"this loader packs ({self._operations[0]}), so its states have 'stages' and "
+                f"'stage_operations'; got {str(state)[:200]}"
+            )
+        if state["stage_operations"] != self._operations:
+            raise StateMismatchError(
+                f"this state was saved for the operations {state['stage_operations']} after the "
+                f"engine, but this loader has {self._operations}; keep the operations as they were"
+            )
+        self._parent.set_state(state["stages"])
+
+    def close(self) -> None:
+        super().close()
+        self._head.close()

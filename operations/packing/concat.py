@@ -1,0 +1,215 @@
+"""Concat-then-split packing: the stream's sequences end to end, cut into rows.
+
+Elements go into the current row in stream order; the element that does not fit is
+split (each packed feature at the cells its row has left) and its rest opens the next
+row. No token is dropped, none is reordered: reading the rows' segments in order gives
+back the stream. A row is complete when one of its features is full. Meta features in
+``length_struct`` are never split: one that does not fit completes the row.
+
+``split_full_length_features=False`` keeps an element whose feature fills its row
+exactly in one row of its own: the row being filled is completed (padded) first, so
+the order still holds (Grain instead hands such elements out ahead of the row being
+filled, reordering the stream).
+
+BOS handling. With ``BOSHandling.REPLACE_FIRST_TOKEN_WITH_BOS`` every segment of the
+``bos_features`` starts with ``bos_token_id``: where a segment's first token is not
+BOS (the continuation of a split sequence, or a sequence tokenised without BOS), a BOS
+is *inserted* before it. Grain overwrites that first token instead, losing it.
+
+Example:
+    >>> op = ConcatThenSplit({"tokens": 4})
+    >>> row = op.new_row()
+    >>> row.add({"tokens": np.array([1, 2, 3])}, None), row.add({"tokens": np.array([4, 5, 6])}, None)
+    (None, {'tokens': 1})
+    >>> r = row.finish(); r["tokens"].tolist(), r["tokens_segment_ids"].tolist()
+    ([1, 2, 3, 4], [1, 1, 1, 2])
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Collection, Mapping
+from typing import Any
+
+import numpy as np
+
+from .spec import PackSpec
+
+
+class BOSHandling(enum.Enum):
+    """How a packer treats beginning-of-sequence tokens (Grain's names)."""
+
+    DO_NOTHING = enum.auto()
+    REPLACE_FIRST_TOKEN_WITH_BOS = enum.auto()
+
+
+class ConcatThenSplit:
+    """Concat-then-split packing (see the module docstring).
+
+    Args:
+        length_struct: feature -> row length (a flat dict).
+        meta_features: features packed without segment ids and positions, never split.
+        split_full_length_features: split an element whose feature is exactly a row long
+            like any other (default), or keep it in a row of its own.
+        bos_handling: ``BOSHandling.DO_NOTHING`` or ``REPLACE_FIRST_TOKEN_WITH_BOS``.
+        bos_features: the features whose segments start with BOS.
+        bos_token_id: the BOS token, needed with ``REPLACE_FIRST_TOKEN_WITH_BOS``.
+    """
+
+    def __init__(
+        self,
+        length_struct: Mapping[str, int],
+        *,
+        meta_features: Collection[str] = (),
+        split_full_length_features: bool = True,
+        bos_handling: BOSHandling = BOSHandling.DO_NOTHING,
+        bos_features: Collection[str] = (),
+        bos_token_id: int | None = None,
+    ) -> None:
+        self.spec = PackSpec(length_struct, tuple(meta_features))
+        unpacked = [k for k in self.spec.meta if k not in self.spec.names]
+        if unpacked:
+            raise ValueError(
+                f"ConcatThenSplit packs every feature it keeps; meta_features {unpacked} are "
+                f"not in length_struct {list(self.spec.names)}"
+            )
+        if not isinstance(split_full_length_features, bool):
+            raise TypeError(f"split_full_length_features must be True or False, got {split_full_length_features!r}")
+        self.split_full_length_features = split_full_length_features
+        if not isinstance(bos_handling, BOSHandling):
+            raise TypeError(f"bos_handling must be a BOSHandling, got {bos_handling!r}")
+        bos_features = tuple(bos_features)
+        if bos_handling is BOSHandling.DO_NOTHING and (bos_features or bos_token_id is not None):
+            raise ValueError(
+                "bos_handling=BOSHandling.DO_NOTHING adds no BOS, so leave bos_features and "
+                "bos_token_id unset (or use REPLACE_FIRST_TOKEN_WITH_BOS)"
+            )
+        if bos_handling is BOSHandling.REPLACE_FIRST_TOKEN_WITH_BOS:
+            if isinstance(bos_token_id, bool) or not isinstance(bos_token_id, (int, np.integer)):
+                raise ValueError(f"bos_handling={bos_handling} needs an integer bos_token_id, got {bos_token_id!r}")
+            bad = [k for k in bos_features if k not in self.spec.packed]
+            if bad:
+                raise ValueError(f"bos_features {bad} must be packed features of length_struct (not meta)")
+        self.bos_handling = bos_handling
+        self.bos_features = bos_features
+        self.bos_token_id = None if bos_token_id is None else int(bos_token_id)
+        self._bos = [k in bos_features for k in self.spec.names]
+
+    @property
+    def name(self) -> str:
+        return f"ConcatThenSplit({self.spec.length_struct})"
+
+    def __repr__(self) -> str:
+        return self.name
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "packer": "ConcatThenSplit",
+            **self.spec.describe(),
+            "split_full_length_features": self.split_full_length_features,
+            "bos": [self.bos_handling.name, list(self.bos_features), self.bos_token_id],
+        }
+
+    def new_row(self) -> ConcatRow:
+        return ConcatRow(self)
+
+
+class ConcatRow:
+    """One row being filled; :meth:`add` puts in what fits and says what is left."""
+
+    def __init__(self, op: ConcatThenSplit) -> None:
+        self._op, self._spec = op, op.spec
+        self._values: list[np.ndarray] | None = None
+        self._segments: list[np.ndarray] = []
+        self._positions: list[np.ndarray] = []
+        self._used = [0] * len(self._spec.names)
+        self._count = 0
+
+    @property
+    def empty(self) -> bool:
+        return self._count == 0
+
+    def add(self, element: Any, offsets: dict[str, int] | None) -> dict[str, int] | None:
+        """Puts the element (from ``offsets`` on, per feature) into this row.
+
+        Returns ``None`` when all of it went in (the row may take more), else the
+        offsets where its rest starts (the row is then complete: finish it). An element
+        that fits nowhere in this non-empty row comes back whole (offsets all 0 or as
+        given) and completes the row.
+        """
+        spec, op = self._spec, self._op
+        arrays = spec.arrays(element)
+        starts = [0 if offsets is None else int(offsets.get(k, 0)) for k in spec.names]
+        whole = {k: s for k, s in zip(spec.names, starts)}
+        if not op.split_full_length_features and not self.empty and self._full_length(arrays, starts):
+            return whole  # it keeps a row of its own: this row is complete
+        parts, rest = [], False
+        for i, (key, array, cap) in enumerate(zip(spec.names, arrays, spec.lengths.tolist())):
+            piece = array[starts[i]:]
+            left = cap - self._used[i]
+            if key in spec.meta:
+                if len(piece) > left:
+                    if self.empty:
+                        raise ValueError(
+                            f"meta feature {key!r} has {len(piece)} values but rows hold "
+                            f"{cap}; meta features are never split, so raise its length"
+                        )
+                    return whole  # never split: it goes whole into the next row
+                parts.append((piece, False))
+                continue
+            bos = self._bos_needed(i, piece) and len(piece) > 0
+            take = min(len(piece), max(left - int(bos), 0))
+            rest = rest or take < len(piece)
+            parts.append((piece[:take], bos and take > 0))
+        if not any(len(p) for p, _ in parts) and any(len(a) > s for a, s in zip(arrays, starts)):
+            if self.empty:
+                raise ValueError(f"rows of {spec.length_struct} cannot hold a BOS and a token")
+            return whole  # nothing fits here any more
+        self._place(element, arrays, parts)
+        if rest:
+            return {k: s + len(p) for k, s, (p, _) in zip(spec.names, starts, parts)}
+        return None
+
+    def _bos_needed(self, i: int, piece: np.ndarray) -> bool:
+        op = self._op
+        return (
+            op.bos_handling is BOSHandling.REPLACE_FIRST_TOKEN_WITH_BOS
+            and op._bos[i]
+            and (len(piece) == 0 or piece[0] != op.bos_token_id)
+        )
+
+    def _full_length(self, arrays: list[np.ndarray], starts: list[int]) -> bool:
+        return any(
+            starts[i] == 0 and len(a) == cap and key not in self._spec.meta
+            for i, (key, a, cap) in enumerate(zip(self._spec.names, arrays, self._spec.lengths.tolist()))
+        )
+
+    @property
+    def full(self) -> bool:
+        """A packed feature has no cell left."""
+        return any(
+            self._used[i] >= cap for i, cap in enumerate(self._spec.lengths.tolist())
+            if self._spec.names[i] not in self._spec.meta
+        )
+
+    def _place(self, element: Any, arrays: list[np.ndarray], parts: list[tuple[np.ndarray, bool]]) -> None:
+        spec = self._spec
+        if self._values is None:
+            self._values, self._segments, self._positions = spec.empty_rows(arrays, 1)
+        self._count += 1
+        for i, (piece, bos) in enumerate(parts):
+            start = self._used[i]
+            values = self._values[i][0]
+            if bos:
+                values[start] = self._op.bos_token_id
+            stop = start + int(bos) + len(piece)
+            values[start + int(bos) : stop] = piece
+            if stop > start:
+                self._segments[i][0, start:stop] = self._count
+                self._positions[i][0, start:stop] = np.arange(stop - start, dtype=np.int32)
+            self._used[i] = stop
+
+    def finish(self) -> dict[str, Any]:
+        """The row as an output element (padding where nothing was put)."""
+        assert self._values is not None, "finish() on a row that holds nothing"
+        return self._spec.row(self._values, self._segments, self._positions, 0)

@@ -1,0 +1,136 @@
+"""Packing on the stream: Grain's datasets and the DataLoader's packers restore exactly at
+every step, do not depend on the worker count, and refuse a state of another packer."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import dataloader as dl
+from tests.helpers import assert_restores_everywhere, assert_streams_equal
+
+LENGTHS = np.random.default_rng(0).integers(1, 40, size=300)
+
+
+def tokens(i):
+    """Record ``i`` tokenised: a sequence of a stored length, its tokens saying where from."""
+    n = int(LENGTHS[int(i) % len(LENGTHS)])
+    return {"tokens": np.arange(n, dtype=np.int32) + 1000 * int(i) + 1}
+
+
+def loader_stream(workers=0, shuffle=True):
+    return (dl.MapDataset.range(len(LENGTHS)).seed(5).shuffle() if shuffle else
+            dl.MapDataset.range(len(LENGTHS))).map(tokens).to_iter_dataset().mp_prefetch(
+                dl.MultiprocessingOptions(num_workers=workers))
+
+
+PACKERS = {
+    "first_fit": lambda ds: dl.experimental.FirstFitPackIterDataset(
+        ds, length_struct={"tokens": 64}, num_packing_bins=4, seed=2),
+    "best_fit": lambda ds: dl.experimental.BestFitPackIterDataset(
+        ds, length_struct={"tokens": 64}, num_packing_bins=4, shuffle_bins=False),
+    "concat_then_split": lambda ds: dl.experimental.ConcatThenSplitIterDataset(
+        ds, length_struct={"tokens": 64}),
+    "concat_then_split_bos": lambda ds: dl.experimental.ConcatThenSplitIterDataset(
+        ds, length_struct={"tokens": 64}, bos_handling=dl.experimental.BOSHandling.REPLACE_FIRST_TOKEN_WITH_BOS,
+        bos_features=["tokens"], bos_token_id=0),
+}
+
+
+@pytest.mark.parametrize("name", PACKERS)
+def test_packed_rows_restore_at_every_step(name):
+    ds = PACKERS[name](loader_stream()).batch(2)
+    assert_restores_everywhere(lambda: iter(ds), limit=25, fresh_iterator_every=3)
+
+
+@pytest.mark.parametrize("name", ["first_fit", "concat_then_split"])
+def test_packing_after_a_filter_and_flat_map_restores_at_every_step(name):
+    base = (dl.MapDataset.range(120).seed(1).shuffle().map(tokens).to_iter_dataset()
+            .filter(lambda x: len(x["tokens"]) % 4 != 0)
+            .flat_map(lambda x: [x, {"tokens": x["tokens"][:3]}]))
+    assert_restores_everywhere(lambda: iter(PACKERS[name](base)), limit=30)
+
+
+def test_every_token_of_the_stream_is_in_the_concat_then_split_rows_in_order():
+    stream = np.concatenate([x["tokens"] for x in loader_stream(shuffle=False)])
+    rows = list(PACKERS["concat_then_split"](loader_stream(shuffle=False)))
+    packed = np.concatenate([r["tokens"][r["tokens_segment_ids"] > 0] for r in rows])
+    assert packed.tolist() == stream.tolist()
+
+
+def test_a_packing_state_is_small_and_does_not_grow_with_the_stream():
+    it = iter(PACKERS["first_fit"](loader_stream()))
+    sizes = []
+    for step in range(60):
+        next(it)
+        if step in (0, 59):
+            sizes.append(len(json.dumps(it.get_state())))
+    assert max(sizes) < 1500 and sizes[1] <= sizes[0] + 20
+
+
+def test_a_state_of_another_packer_is_refused():
+    it = iter(PACKERS["first_fit"](loader_stream()))
+    next(it)
+    state = it.get_state()
+    other = iter(dl.experimental.FirstFitPackIterDataset(
+        loader_stream(), length_struct={"tokens": 64}, num_packing_bins=8, seed=2))
+    with pytest.raises(dl.StateMismatchError, match=r"saved for the packer .*'num_packing_bins': 4.* packs with .*'num_packing_bins': 8"):
+        other.set_state(state)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("name", ["first_fit", "concat_then_split"])
+def test_packed_rows_are_the_same_for_0_1_and_2_workers(name):
+    runs = [list(PACKERS[name](loader_stream(w)).batch(3)) for w in (0, 1, 2)]
+    assert_streams_equal(runs[0], runs[1])
+    assert_streams_equal(runs[0], runs[2])
+
+
+def loader_with_packer(workers=0):
+    return dl.DataLoader(
+        dl.RangeDataSource(len(LENGTHS)),
+        dl.IndexSampler(len(LENGTHS), shuffle=True, seed=5, num_epochs=1),
+        [dl.MapTransform(tokens),
+         dl.FirstFitPack({"tokens": 64}, num_packing_bins=4, seed=2),
+         dl.RandomMapTransform(lambda row, rng: {**row, "noise": rng.integers(1 << 20)}),
+         dl.Batch(2, drop_remainder=True)],
+        worker_count=workers,
+    )
+
+
+def test_a_data_loader_packs_like_the_dataset_api():
+    via_loader = list(loader_with_packer())
+    via_dataset = list(PACKERS["first_fit"](loader_stream()).batch(2, drop_remainder=True))
+    assert len(via_loader) == len(via_dataset)
+    for a, b in zip(via_loader, via_dataset):
+        assert a["tokens"].tolist() == b["tokens"].tolist()
+
+
+def test_a_data_loader_with_a_packer_restores_at_every_step():
+    assert_restores_everywhere(lambda: loader_with_packer().iterator(), limit=25, fresh_iterator_every=2)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(180)
+def test_a_data_loader_with_a_packer_gives_the_same_batches_with_two_workers():
+    assert_streams_equal(list(loader_with_packer(2)), list(loader_with_packer(0)))
+
+
+def test_a_data_loader_state_names_the_operations_after_the_packer():
+    it = loader_with_packer().iterator()
+    next(it)
+    state = it.get_state()
+    other = dl.DataLoader(
+        dl.RangeDataSource(len(LENGTHS)), dl.IndexSampler(len(LENGTHS), shuffle=True, seed=5, num_epochs=1),
+        [dl.MapTransform(tokens), dl.FirstFitPack({"tokens": 64}, num_packing_bins=4, seed=2), dl.Batch(3)])
+    with pytest.raises(dl.StateMismatchError, match=r"saved for the operations .*Batch\(2.* but this loader has .*Batch\(3"):
+        other.iterator(state)
+
+
+def test_a_batch_before_a_packer_is_refused_with_a_hint():
+    with pytest.raises(ValueError, match=r"operations\[1\] is a Batch before the packer operations\[2\] .* put the Batch after it"):
+        dl.DataLoader(dl.RangeDataSource(10), dl.IndexSampler(10),
+                      [dl.MapTransform(tokens), dl.Batch(2), dl.ConcatThenSplit({"tokens": 8})])

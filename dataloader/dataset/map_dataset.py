@@ -34,6 +34,7 @@ from dataloader.dataset.compile.mixing import MixSchedule, parse_mixture_spec
 from dataloader.operations import (
     Batch,
     FilterTransform,
+    FlatMapTransform,
     MapTransform,
     Operation,
     RandomMapTransform,
@@ -232,6 +233,29 @@ class MapDataset:
     def filter(self, transform: FilterTransform | Callable[[Any], bool]) -> MapDataset:
         """Keeps elements where ``transform`` is true; ``ds[i]`` is ``None`` for the others."""
         return self._apply(as_operation(transform, FilterTransform, "filter"))
+
+    def flat_map(self, transform: FlatMapTransform | Callable[[Any], Any]) -> MapDataset:
+        """Replaces every element by the elements ``transform`` returns, in Grain's layout.
+
+        ``transform`` is a ``FlatMapTransform`` with ``max_fan_out = F`` (or a function,
+        with ``max_fan_out`` set on a ``FlatMapTransform`` around it): the result has
+        ``F`` slots per element, ``ds[k]`` is output ``k % F`` of element ``k // F`` or
+        ``None`` where there is no such output, and iteration yields the outputs in
+        order. Batch on the iterable stream (``to_iter_dataset()``), as after a filter.
+
+        Raises:
+            ValueError: no ``max_fan_out``, or the dataset is infinite (flat map before
+                ``repeat()``).
+        """
+        op = as_operation(transform, FlatMapTransform, "flat_map")
+        if op.max_fan_out is None:
+            raise ValueError(
+                f"MapDataset.flat_map({op.name}) needs max_fan_out: random access lays out "
+                f"max_fan_out slots per element; pass FlatMapTransform(fn, max_fan_out=...)"
+            )
+        length = self._finite("flat_map", "flat_map before repeat(): ds.flat_map(f).repeat()")
+        node = nd.FlatMapNode(self._node, op, op.max_fan_out, length * op.max_fan_out)
+        return self._then(node, filtered=True)
 
     def _apply(self, op: Operation) -> MapDataset:
         """``op`` (a map, random map or filter) applied to every element."""

@@ -32,6 +32,7 @@ from typing import Any
 from dataloader.dataset.compile import index_map as im
 from dataloader.dataset.compile import nodes as nd
 from dataloader.dataset.compile.concat_source import ConcatSource
+from dataloader.dataset.compile.fanout import FanOutSource
 from dataloader.dataset.compile.wrappers import DropNone, Untag, tagged
 from dataloader.engine.compute import compute_unit
 from dataloader.engine.plan import Plan, make_plan
@@ -71,6 +72,11 @@ class _Builder:
     def lower(self, node: Any) -> _Lowered:
         if isinstance(node, nd.SourceNode):
             return self.leaf(node.source, node.length)
+        if isinstance(node, nd.FlatMapNode):
+            # Grain's layout: max_fan_out slots per parent element, holes read as None.
+            low = self.leaf(FanOutSource(node.parent, node.op), node.length)
+            low.ops.append((DropNone(), low.parts))
+            return low
         if isinstance(node, nd.OpNode):
             low = self.lower(node.parent)
             if low.batch is None:
@@ -106,7 +112,7 @@ def _may_yield_none(node: Any) -> bool:
         if isinstance(node.op, FilterTransform):
             return True
         node = node.parent
-    return False
+    return isinstance(node, nd.FlatMapNode)
 
 
 def _canonical_sampler(index: Any, seed: int | None) -> IndexSampler | None:

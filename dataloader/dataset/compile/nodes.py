@@ -105,3 +105,16 @@ def is_batched(node: Any) -> bool:
     while isinstance(node, OpNode):
         node = node.parent
     return isinstance(node, BatchNode)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class FlatMapNode:
+    """``flat_map`` on a ``MapDataset``: ``max_fan_out`` slots per parent element."""
+
+    parent: Any
+    op: Operation
+    fan_out: int
+    length: int
+
+    def __repr__(self) -> str:
+        return f"{self.parent!r}.flat_map({self.op.name})"

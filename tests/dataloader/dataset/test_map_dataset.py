@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import dataloader as dl
+from tests.helpers import assert_restores_everywhere
 
 
 def test_source_and_range_read_records_in_order():
@@ -199,3 +200,36 @@ def test_empty_source_is_refused():
 def test_concatenate_of_an_infinite_dataset_is_refused():
     with pytest.raises(ValueError, match=r"dataset 1 .* is infinite; concatenate finite datasets"):
         dl.MapDataset.concatenate([dl.MapDataset.range(2), dl.MapDataset.range(2).repeat()])
+
+
+def _copies(x):
+    return [x * 10 + j for j in range(x % 3)]
+
+
+def test_flat_map_lays_out_max_fan_out_slots_per_element_as_grain_does():
+    ds = dl.MapDataset.range(5).flat_map(dl.FlatMapTransform(_copies, max_fan_out=2))
+    assert len(ds) == 10
+    assert [ds[i] for i in range(10)] == [None, None, 10, None, 20, 21, None, None, 40, None]
+    assert list(ds) == [10, 20, 21, 40]
+
+
+def test_flat_map_then_index_level_calls_and_iteration_restore_at_every_step():
+    ds = (dl.MapDataset.range(30).seed(2).shuffle()
+          .flat_map(dl.FlatMapTransform(_copies, max_fan_out=2)).seed(3).shuffle()
+          .to_iter_dataset().batch(3))
+    values = sorted(int(v) for b in ds for v in b.tolist())
+    assert values == sorted(v for x in range(30) for v in _copies(x))
+    assert_restores_everywhere(lambda: iter(ds), limit=20)
+
+
+def test_flat_map_refuses_a_transform_without_max_fan_out_and_an_infinite_dataset():
+    with pytest.raises(ValueError, match=r"needs max_fan_out: random access lays out max_fan_out slots"):
+        dl.MapDataset.range(3).flat_map(lambda x: [x])
+    with pytest.raises(ValueError, match=r"cannot flat_map an infinite dataset .* flat_map before repeat"):
+        dl.MapDataset.range(3).repeat().flat_map(dl.FlatMapTransform(_copies, max_fan_out=2))
+
+
+def test_flat_map_producing_more_than_max_fan_out_names_the_counts():
+    ds = dl.MapDataset.range(5).flat_map(dl.FlatMapTransform(_copies, max_fan_out=1))
+    with pytest.raises(dl.PipelineError, match=r"produced 2 elements from one input, more than max_fan_out=1"):
+        ds[2]

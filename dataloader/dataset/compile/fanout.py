@@ -1,0 +1,69 @@
+"""A flat-mapped ``MapDataset`` as a random-access source, with Grain's index layout.
+
+``ds.flat_map(f)`` (``f`` with ``max_fan_out = F``) has ``F`` slots per element of
+``ds``: index ``k`` is output ``k % F`` of ``f(ds[k // F])``, or ``None`` where that
+element has fewer outputs (so random access needs no scan, and iteration skips the
+holes). Reading the ``F`` slots of one element computes it once: batched reads group
+keys by parent element.
+
+Example:
+    >>> from dataloader.dataset.compile import nodes as nd
+    >>> from dataloader.operations import FlatMapTransform
+    >>> src = FanOutSource(nd.SourceNode([1, 2], 2), FlatMapTransform(lambda x: [x] * x, max_fan_out=2))
+    >>> [src[k] for k in range(4)]
+    [1, None, 2, 2]
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from typing import Any, SupportsIndex
+
+import numpy as np
+
+from dataloader.operations import FlatMapTransform
+
+
+class FanOutSource:
+    """Key ``k`` -> output ``k % F`` of the flat map of the parent chain's item ``k // F``."""
+
+    def __init__(self, parent: Any, op: FlatMapTransform) -> None:
+        assert op.max_fan_out is not None
+        self.parent = parent
+        self.op = op
+        self.fan_out = int(op.max_fan_out)
+
+    def _parent_item(self, index: int) -> Any:
+        from dataloader.dataset.compile.lower import NodeSource
+
+        source = self.__dict__.get("_source")
+        if source is None:
+            source = self.__dict__["_source"] = NodeSource(self.parent)
+        return source[index]
+
+    def __len__(self) -> int:
+        return self.parent.length * self.fan_out
+
+    def __getitem__(self, key: SupportsIndex) -> Any:
+        return self.__getitems__([operator.index(key)])[0]
+
+    def __getitems__(self, keys: Sequence[int] | np.ndarray) -> list[Any]:
+        out: list[Any] = []
+        cached_index, cached = -1, []
+        for key in np.asarray(keys, dtype=np.int64).tolist():
+            if not 0 <= key < len(self):
+                raise IndexError(f"index {key} is out of range for {len(self)} slots")
+            index, slot = divmod(key, self.fan_out)
+            if index != cached_index:
+                element = self._parent_item(index)
+                cached_index = index
+                cached = [] if element is None else self.op.checked_flat_map(element)
+            out.append(cached[slot] if slot < len(cached) else None)
+        return out
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_source"}
+
+    def __repr__(self) -> str:
+        return f"{self.parent!r}.flat_map({self.op.name})"

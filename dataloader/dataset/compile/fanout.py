@@ -50,7 +50,8 @@ class FanOutSource:
 
     def __getitems__(self, keys: Sequence[int] | np.ndarray) -> list[Any]:
         out: list[Any] = []
-        cached_index, cached = -1, []
+        cached_index = -1
+        cached: list[Any] = []
         for key in np.asarray(keys, dtype=np.int64).tolist():
             if not 0 <= key < len(self):
                 raise IndexError(f"index {key} is out of range for {len(self)} slots")

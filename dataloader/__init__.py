@@ -67,6 +67,7 @@ _EXPORTS: dict[str, str] = {
     "Operation": "dataloader.operations",
     "RandomMapTransform": "dataloader.operations",
     "batch_and_pad": "dataloader.operations",
+    "batch_and_pad_with_mask": "dataloader.operations",
     "stack_elements": "dataloader.operations",
     "BOSHandling": "dataloader.operations",
     "BestFitPack": "dataloader.operations",

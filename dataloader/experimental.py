@@ -16,7 +16,7 @@ from dataloader.dataset.transformations.prefetch import (
     multithread_prefetch,
 )
 from dataloader.engine.stages.prefetch import ThreadPrefetchDatasetIterator
-from dataloader.operations import FlatMapTransform, MapWithIndexTransform
+from dataloader.operations import FlatMapTransform, MapWithIndexTransform, batch_and_pad
 from dataloader.operations.packing import BOSHandling
 
 __all__ = [
@@ -28,5 +28,6 @@ __all__ = [
     "MapWithIndexTransform",
     "ThreadPrefetchDatasetIterator",
     "ThreadPrefetchIterDataset",
+    "batch_and_pad",
     "multithread_prefetch",
 ]

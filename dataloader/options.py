@@ -36,7 +36,8 @@ class ReadOptions:
         num_threads: with ``worker_count=0``, threads that compute work units ahead of
             the consumer (0: compute in the caller's thread). Useful when reads wait on
             I/O; the GIL makes it useless for CPU-bound operations, which want workers.
-        prefetch_buffer_size: work units computed ahead by those threads.
+        prefetch_buffer_size: work units computed ahead by those threads (0: none,
+            every unit is computed when it is asked for, as with ``num_threads=0``).
         unit_size: positions per work unit when a filter or flat map precedes the batch
             or there is no batch (default: the batch size, else 128). With a plain batch
             a unit is always exactly one batch.
@@ -52,7 +53,7 @@ class ReadOptions:
 
     def __post_init__(self) -> None:
         check_int("ReadOptions.num_threads", self.num_threads, 0)
-        check_int("ReadOptions.prefetch_buffer_size", self.prefetch_buffer_size, 1)
+        check_int("ReadOptions.prefetch_buffer_size", self.prefetch_buffer_size, 0)
         if self.unit_size is not None:
             check_int("ReadOptions.unit_size", self.unit_size, 1)
 

@@ -7,7 +7,7 @@ Depends on numpy only; knows nothing of samplers, sources or the loader.
 
 from .batch import Batch, stack_elements
 from .packing import BestFitPack, BOSHandling, ConcatThenSplit, FirstFitPack
-from .padding import BatchAndPad, batch_and_pad
+from .padding import BatchAndPad, batch_and_pad, batch_and_pad_with_mask
 from .transforms import (
     FilterTransform,
     FlatMapTransform,
@@ -31,6 +31,7 @@ __all__ = [
     "Operation",
     "RandomMapTransform",
     "batch_and_pad",
+    "batch_and_pad_with_mask",
     "stack_elements",
 ]
 

@@ -1,8 +1,13 @@
-"""Batching that pads a short batch to full size and says which rows are padding.
+"""Batching that pads a short batch to full size (and says which rows are padding).
 
 With ``drop_remainder=False`` the last batch of a finite stream is usually short, and
 a jitted training step would recompile for its shape. Dropping it loses data; padding
-it keeps every batch the same shape. :func:`batch_and_pad` stacks the elements as
+it keeps every batch the same shape.
+
+:func:`batch_and_pad` is Grain's function (``batch_and_pad(values, *, batch_size,
+pad_value=0)``, a ``batch_fn``): the stacked batch padded with ``pad_value``, nothing
+else. :func:`batch_and_pad_with_mask` (used by :class:`BatchAndPad` and
+``ds.batch_and_pad(n)``) also says which rows are real. It stacks the elements as
 :func:`~operations.batch.stack_elements` does, appends rows filled with a pad value up
 to ``batch_size``, and adds a boolean mask, ``True`` for the real rows, so a loss or
 metric can ignore the padding:
@@ -13,7 +18,9 @@ metric can ignore the padding:
 Every batch carries the mask, full or not, so the structure never changes mid-stream.
 
 Example:
-    >>> out = batch_and_pad([{"x": np.ones(2)}, {"x": np.ones(2)}], batch_size=3)
+    >>> batch_and_pad([np.int64(1), np.int64(2)], batch_size=3, pad_value=-1).tolist()
+    [1, 2, -1]
+    >>> out = batch_and_pad_with_mask([{"x": np.ones(2)}, {"x": np.ones(2)}], batch_size=3)
     >>> out["x"].tolist(), out["mask"].tolist()
     ([[1.0, 1.0], [1.0, 1.0], [0.0, 0.0]], [True, True, False])
 """
@@ -66,7 +73,27 @@ def _pad_tree(tree: Any, rows: int, pad_value: Any, path: str) -> Any:
     return _pad_leaf(np.asarray(tree), rows, pad_value, path or "<element>")
 
 
-def batch_and_pad(
+def batch_and_pad(values: Sequence[Any], *, batch_size: int, pad_value: Any = 0) -> Any:
+    """Grain's ``batch_and_pad``: stacks ``values`` and pads the batch to ``batch_size`` rows.
+
+    Usable as ``batch_fn``: ``ds.batch(n, batch_fn=functools.partial(batch_and_pad,
+    batch_size=n))``. Every leaf gets ``batch_size - len(values)`` rows of ``pad_value``
+    (a scalar, or for dict elements a dict of top-level key to scalar).
+
+    Raises:
+        ValueError: no values, more values than ``batch_size``, or a pad value a leaf
+            cannot hold.
+    """
+    n = len(values)
+    if not 1 <= n <= batch_size:
+        raise ValueError(
+            f"batch_and_pad got {n} values for batch_size={batch_size}; pass between 1 "
+            f"and {batch_size} values"
+        )
+    return _pad_tree(stack_elements(values), batch_size - n, pad_value, "")
+
+
+def batch_and_pad_with_mask(
     elements: Sequence[Any],
     batch_size: int,
     *,
@@ -94,7 +121,7 @@ def batch_and_pad(
     n = len(elements)
     if not 1 <= n <= batch_size:
         raise ValueError(
-            f"batch_and_pad got {n} elements for batch_size={batch_size}; it pads up to "
+            f"batch_and_pad_with_mask got {n} elements for batch_size={batch_size}; it pads up to "
             f"the batch size, so pass between 1 and {batch_size} elements"
         )
     batch = _pad_tree(stack_elements(elements), batch_size - n, pad_value, "")
@@ -104,7 +131,7 @@ def batch_and_pad(
         if mask_key in batch:
             raise ValueError(
                 f"elements already have a field {mask_key!r}; pass another "
-                f"mask_key=... to batch_and_pad"
+                f"mask_key=... to batch_and_pad_with_mask"
             )
         batch[mask_key] = mask
         return batch
@@ -116,7 +143,7 @@ class BatchAndPad(Batch):
 
     Use it wherever a ``Batch`` goes (``DataLoader`` operations, or
     ``ds.batch_and_pad(...)`` in the dataset API). Nothing is dropped: the last, short
-    batch is padded (see :func:`batch_and_pad`).
+    batch is padded (see :func:`batch_and_pad_with_mask`).
 
     Args:
         batch_size: rows per batch, a positive integer.
@@ -138,7 +165,7 @@ class BatchAndPad(Batch):
         self.mask_key = mask_key
 
     def batch_fn(self, elements: list[Any]) -> Any:
-        return batch_and_pad(
+        return batch_and_pad_with_mask(
             elements, self.batch_size, pad_value=self.pad_value, mask_key=self.mask_key
         )
 

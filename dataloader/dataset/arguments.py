@@ -17,12 +17,13 @@ from dataloader.operations import (
     RandomMapTransform,
 )
 
-_SEED_LIMIT = 2**63
+# Grain's range for seeds of the dataset API.
+_SEED_LIMIT = 2**32
 
 
 def check_seed(seed: Any, what: str) -> int:
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < _SEED_LIMIT:
-        raise ValueError(f"{what} must be an integer in [0, 2**63), got {seed!r}")
+        raise ValueError(f"{what} must be an integer in [0, 2**32), got {seed!r}")
     return int(seed)
 
 

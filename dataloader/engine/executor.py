@@ -66,7 +66,7 @@ class InProcessExecutor:
         return self
 
     def __next__(self) -> UnitResult:
-        if not self._threads:
+        if not self._threads or not self._depth:
             start, stop = next(self._units)
             return compute_unit(self._plan, start, stop)
         if self._pool is None:

@@ -48,7 +48,7 @@ def normalize_weights(weights: Sequence[Any] | None, count: int) -> list[Fractio
 
     Raises:
         TypeError: a weight is not a real number.
-        ValueError: wrong number of weights, a negative, infinite or NaN weight, or all zero.
+        ValueError: wrong number of weights, a zero, negative, infinite or NaN weight.
     """
     if weights is None:
         return [Fraction(1, count)] * count
@@ -61,18 +61,21 @@ def normalize_weights(weights: Sequence[Any] | None, count: int) -> list[Fractio
     for i, w in enumerate(weights):
         if isinstance(w, bool) or not isinstance(w, numbers.Real):
             raise TypeError(f"weights[{i}] must be a number, got {w!r} of type {type(w).__name__}")
-        if not math.isfinite(w) or w < 0:
+        if not math.isfinite(w) or w <= 0:
             raise ValueError(
-                f"weights[{i}] is {w!r}; weights must be finite and >= 0 (they are "
-                f"normalised to sum to 1, so pass e.g. [0.3, 0.7] or [3, 7])"
+                f"weights[{i}] is {w!r}; weights must be finite and > 0, as in Grain (they "
+                f"are normalised to sum to 1, so pass e.g. [0.3, 0.7] or [3, 7]; leave a "
+                f"dataset out rather than giving it weight 0)"
             )
         exact = w if isinstance(w, Fraction) else Fraction(float(w))
         fractions.append(exact.limit_denominator(_MAX_DENOMINATOR))
-    total = sum(fractions)
-    if total == 0:
+    if not all(fractions):
+        tiny = [w for w, f in zip(weights, fractions) if not f]
         raise ValueError(
-            f"all weights are zero ({weights}); give at least one dataset a positive weight"
+            f"weights {tiny} are too small beside the others (below 1/{_MAX_DENOMINATOR}) "
+            f"to be drawn; raise them or leave those datasets out"
         )
+    total = sum(fractions)
     return [f / total for f in fractions]
 
 

@@ -233,3 +233,17 @@ def test_flat_map_producing_more_than_max_fan_out_names_the_counts():
     ds = dl.MapDataset.range(5).flat_map(dl.FlatMapTransform(_copies, max_fan_out=1))
     with pytest.raises(dl.PipelineError, match=r"produced 2 elements from one input, more than max_fan_out=1"):
         ds[2]
+
+
+@pytest.mark.parametrize("seed", [-1, 2**32, 2**40])
+def test_seeds_outside_grains_range_are_refused(seed):
+    with pytest.raises(ValueError, match=r"must be an integer in \[0, 2\*\*32\)"):
+        dl.MapDataset.range(3).seed(seed)
+    with pytest.raises(ValueError, match=r"must be an integer in \[0, 2\*\*32\)"):
+        dl.MapDataset.range(3).shuffle(seed=seed)
+
+
+def test_read_options_accept_no_prefetch_as_grain_does():
+    options = dl.ReadOptions(num_threads=2, prefetch_buffer_size=0)
+    ds = dl.MapDataset.range(20).map(lambda x: x * 2).to_iter_dataset(read_options=options)
+    assert list(ds) == [x * 2 for x in range(20)]

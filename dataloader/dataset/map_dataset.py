@@ -214,8 +214,6 @@ class MapDataset:
                 )
             length = None if stop is None else len(range(start, stop, step))
             self._finite_if_batched("slice")
-        if length == 0:
-            raise ValueError(f"slice {sl} of a dataset of length {n} selects nothing")
         return self._then(nd.SliceNode(self._node, start, stop, step, length))
 
     # -- element-level calls -------------------------------------------------------------
@@ -312,11 +310,12 @@ class MapDataset:
         if isinstance(index, bool) or not isinstance(index, numbers.Integral):
             raise TypeError(f"dataset indices must be integers or slices, got {index!r}")
         index = int(index)
-        n: int | None = self._node.length
-        if index < 0 or (n is not None and index >= n):
+        if self._node.length == 0:
+            raise IndexError(f"index {index} of an empty dataset ({self!r}); it has no element")
+        if index < 0:
             raise IndexError(
-                f"index {index} is out of range for a dataset of length {n}"
-                f"{'; repeat() it to read on' if n is not None and index >= n else ''}"
+                f"index {index} is negative; dataset indices count from 0 (past len(ds) they "
+                f"read on into the next epoch, as in Grain)"
             )
         return self._compiled.item(index)
 

@@ -169,14 +169,18 @@ class IndexMapSampler:
         num_records: int,
         seed: int | None,
         shard_options: ShardOptions | None = None,
+        *,
+        endless: bool = False,
     ) -> None:
         self.index = index
         self.num_records = num_records
         self.seed = seed
         self.shuffle = bool(index.shuffles)
         self.shard_options = shard_options or NoSharding()
-        self.num_epochs = None if index.length is None else 1
-        self._stream = _stream(index.length, self.shard_options)
+        self.num_epochs = None if index.length is None or endless else 1
+        # endless: positions past one pass continue into the tree's later epochs (random
+        # access past the end, as in Grain).
+        self._stream = _stream(None if endless else index.length, self.shard_options)
         text = json.dumps(index.describe(), separators=(",", ":"))
         self.index_map_signature = (
             text if len(text) <= 160 else "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:24]

@@ -143,21 +143,38 @@ class Compiled:
     sampler: Any
     operations: tuple[Operation, ...]
     batch_size: int | None
+    endless_sampler: Any = None  # the sampler read on past one pass (random access)
+    drop_remainder: bool = False
 
     @functools.cached_property
     def plan(self) -> Plan:
         return make_plan(self.source, self.sampler, list(self.operations))
 
+    @functools.cached_property
+    def _item_plan(self) -> Plan:
+        return make_plan(self.source, self.endless_sampler or self.sampler, list(self.operations))
+
     def item(self, index: int) -> Any:
-        """The element (or batch) at ``index``; ``None`` where a filter dropped it."""
+        """The element (or batch) at ``index``; ``None`` where a filter dropped it.
+
+        Past one pass, the index is in a later epoch (a shuffle reshuffles), as in Grain;
+        batches keep each epoch's layout (the last one of an epoch may be short).
+        """
         if self.batch_size is None:
             start, stop = index, index + 1
         else:
-            start = index * self.batch_size
-            stop = start + self.batch_size
-            if self.sampler.num_positions is not None:
-                stop = min(stop, self.sampler.num_positions)
-        outputs = compute_unit(self.plan, start, stop).outputs
+            per_epoch, batches = self.sampler.num_positions, None
+            if per_epoch is not None:
+                batches = (per_epoch // self.batch_size if self.drop_remainder
+                           else -(-per_epoch // self.batch_size))
+            if batches:
+                epoch, j = divmod(index, batches)
+                start = epoch * per_epoch + j * self.batch_size
+                stop = epoch * per_epoch + min((j + 1) * self.batch_size, per_epoch)
+            else:
+                start = index * self.batch_size
+                stop = start + self.batch_size
+        outputs = compute_unit(self._item_plan, start, stop).outputs
         return outputs[0] if outputs else None
 
 
@@ -175,12 +192,17 @@ def compile_node(node: Any, seed: int | None) -> Compiled:
     sampler: Any = None if len(builder.sources) > 1 else _canonical_sampler(low.index, seed)
     if sampler is None:
         sampler = im.IndexMapSampler(low.index, builder.num_records, seed)
+        endless = im.IndexMapSampler(low.index, builder.num_records, seed, endless=True)
+    else:
+        endless = IndexSampler(sampler.num_records, shuffle=sampler.shuffle, seed=sampler.seed,
+                               num_epochs=None)
     if len(builder.sources) == 1 and not is_tagged:  # its keys start at 0: no wrapper needed
         source = builder.sources[0]
     else:
         source = ConcatSource(builder.sources, tagged=is_tagged)
     batch_size = low.batch.batch_size if low.batch is not None else None
-    return Compiled(source, sampler, tuple(operations), batch_size)
+    drop = low.batch is not None and low.batch.drop_remainder
+    return Compiled(source, sampler, tuple(operations), batch_size, endless, drop)
 
 
 class NodeSource:

@@ -175,15 +175,38 @@ def test_repeat_of_an_infinite_dataset_is_refused():
         dl.MapDataset.range(5).repeat().repeat()
 
 
-def test_empty_slice_is_refused():
-    with pytest.raises(ValueError, match=r"slice\(5, 2, None\) of a dataset of length 10 selects nothing"):
-        dl.MapDataset.range(10)[5:2]
+@pytest.mark.parametrize("empty", [
+    lambda ds: ds[5:2], lambda ds: ds[10:], lambda ds: ds.seed(1).shuffle()[4:4].map(lambda x: x),
+    lambda ds: ds[3::20][1:],
+])
+def test_an_empty_slice_is_an_empty_dataset_as_in_grain(empty):
+    ds = empty(dl.MapDataset.range(10))
+    assert len(ds) == 0 and list(ds) == [] and list(ds.to_iter_dataset().batch(2)) == []
+    with pytest.raises(IndexError, match=r"index 0 of an empty dataset"):
+        ds[0]
 
 
-def test_index_out_of_range_names_the_length():
-    with pytest.raises(IndexError, match=r"index 10 is out of range for a dataset of length 10"):
-        dl.MapDataset.range(10)[10]
-    with pytest.raises(IndexError, match="index -1 is out of range"):
+def test_a_shard_with_no_element_yields_nothing():
+    assert list(dl.MapDataset.range(3).to_iter_dataset(shard_options=dl.ShardOptions(5, 10))) == []
+
+
+def test_indexing_past_the_end_reads_on_into_the_next_epoch_as_in_grain():
+    ds = dl.MapDataset.range(5).seed(1).shuffle()
+    first, second = [ds[i] for i in range(5)], [ds[i] for i in range(5, 10)]
+    assert sorted(first) == sorted(second) == [0, 1, 2, 3, 4] and first != second
+    assert [ds[i] for i in range(5, 10)] == list(ds.repeat(2))[5:]
+    assert dl.MapDataset.range(10)[2:5][4] == 3  # epoch 1 of the slice: parent index 2 + 1 + 10
+
+
+def test_batches_past_the_end_keep_each_epochs_layout():
+    ds = dl.MapDataset.range(5).batch(2)
+    assert [ds[i].tolist() for i in range(3, 6)] == [[0, 1], [2, 3], [4]]
+    dropped = dl.MapDataset.range(5).batch(2, drop_remainder=True)
+    assert [dropped[i].tolist() for i in range(2, 4)] == [[0, 1], [2, 3]]
+
+
+def test_a_negative_index_is_refused():
+    with pytest.raises(IndexError, match=r"index -1 is negative; dataset indices count from 0"):
         dl.MapDataset.range(10)[-1]
 
 

@@ -23,7 +23,8 @@ from typing import Any
 
 from dataloader.dataset.arguments import check_seed, random_map_op
 from dataloader.dataset.base import IterDataset
-from dataloader.dataset.compile.nodes import is_batched
+from dataloader.dataset.compile.nodes import has_user_dataset, is_batched
+from dataloader.dataset.compile.wrappers import DropNone
 from dataloader.dataset.map_dataset import MapDataset
 from dataloader.engine.stages.base import DatasetIterator
 from dataloader.loader import DataLoader
@@ -35,7 +36,7 @@ from dataloader.operations import (
     Operation,
 )
 from dataloader.operations.padding import BatchAndPad
-from dataloader.options import MultiprocessingOptions, ReadOptions
+from dataloader.options import MultiprocessingOptions, ReadOptions, check_bool
 from dataloader.samplers import ShardOptions
 
 
@@ -61,6 +62,7 @@ class LoaderIterDataset(IterDataset):
         shard_options: ShardOptions | None = None,
         multiprocessing: MultiprocessingOptions | None = None,
         worker_init_fn: Callable[[int, int], Any] | None = None,
+        allow_nones: bool = False,
     ) -> None:
         if not isinstance(parent, MapDataset):
             raise TypeError(f"to_iter_dataset() is called on a MapDataset, got {parent!r}")
@@ -78,6 +80,7 @@ class LoaderIterDataset(IterDataset):
         self._shard_options = shard_options
         self._mp = multiprocessing
         self._worker_init_fn = worker_init_fn
+        self._allow_nones = check_bool("allow_nones", allow_nones)
         self._loader: DataLoader | None = None
 
     def _with(self, **changes: Any) -> LoaderIterDataset:
@@ -89,6 +92,7 @@ class LoaderIterDataset(IterDataset):
             "shard_options": self._shard_options,
             "multiprocessing": self._mp,
             "worker_init_fn": self._worker_init_fn,
+            "allow_nones": self._allow_nones,
         }
         fields.update(changes)
         return LoaderIterDataset(self._parent, **fields)
@@ -156,10 +160,15 @@ class LoaderIterDataset(IterDataset):
 
     def _build_loader(self, mp: MultiprocessingOptions, init_fn: Any) -> DataLoader:
         compiled = self._parent._compiled
+        operations = list(compiled.operations)
+        if self._allow_nones:  # keep the holes of flat_map; filters still drop
+            operations = [op for op in operations if not isinstance(op, DropNone)]
+        elif has_user_dataset(self._parent._node):
+            operations = [*operations, DropNone()]  # a dataset of your own may return None
         return DataLoader(
             compiled.source,
             compiled.sampler,
-            [*compiled.operations, *self._operations],
+            [*operations, *self._operations],
             worker_count=mp.num_workers,
             worker_buffer_size=mp.per_worker_buffer_size,
             shard_options=self._shard_options,

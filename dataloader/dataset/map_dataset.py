@@ -18,7 +18,7 @@ import functools
 import numbers
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from dataloader.dataset.arguments import (
     as_operation,
@@ -36,6 +36,7 @@ from dataloader.operations import (
     FilterTransform,
     FlatMapTransform,
     MapTransform,
+    MapWithIndexTransform,
     Operation,
     RandomMapTransform,
 )
@@ -46,7 +47,10 @@ from dataloader.samplers import ShardOptions
 if TYPE_CHECKING:
     from dataloader.dataset.iter_dataset import LoaderIterDataset
 
-class MapDataset:
+T = TypeVar("T")
+
+
+class MapDataset(Generic[T]):
     """A lazy dataset with random access, chained as in Grain; runs on the loader's engine.
 
     Build one with :meth:`source`, :meth:`range`, :meth:`mix`, :meth:`concatenate` or
@@ -63,18 +67,55 @@ class MapDataset:
         True
     """
 
-    def __init__(
-        self, node: Any, *, seed: int | None = None, seed_uses: int = 0, filtered: bool = False
-    ) -> None:
-        self._node = node
-        self._seed = seed
-        self._seed_uses = seed_uses
-        self._filtered = filtered
+    def __init__(self, parents: MapDataset | Sequence[MapDataset] = ()) -> None:
+        """For a dataset of your own (Grain's signature): subclass, call this with the
+        parent dataset(s), and define ``__len__`` and ``__getitem__``."""
+        if isinstance(parents, MapDataset):
+            parents = (parents,)
+        self._parents = tuple(parents)
+        seeds = {p._seed for p in self._parents} - {None}
+        self._seed: int | None = seeds.pop() if len(seeds) == 1 else None
+        self._seed_uses: int = max((p._seed_uses for p in self._parents), default=0)
+        self._filtered = False
+        self._chain_node: Any = None
+
+    @classmethod
+    def _chain(
+        cls, node: Any, *, seed: int | None = None, seed_uses: int = 0, filtered: bool = False
+    ) -> MapDataset:
+        """A dataset of the chained API: a node of the tree the engine compiles."""
+        ds = MapDataset.__new__(MapDataset)
+        ds._parents = ()
+        ds._chain_node = node
+        ds._seed, ds._seed_uses, ds._filtered = seed, seed_uses, filtered
+        return ds
+
+    @property
+    def parents(self) -> tuple[MapDataset, ...]:
+        return self._parents
+
+    @property
+    def _parent(self) -> MapDataset:
+        if len(self._parents) != 1:
+            raise ValueError(f"{type(self).__name__} has {len(self._parents)} parents, not one")
+        return self._parents[0]
+
+    @property
+    def _node(self) -> Any:
+        """The tree node of this dataset; a dataset of your own is a leaf the engine reads
+        through its ``__getitem__`` (its ``None`` elements are skipped when iterating)."""
+        if self._chain_node is None:
+            self._chain_node = nd.SourceNode(UserDatasetSource(self), len(self))
+        return self._chain_node
 
     def _then(self, node: Any, **changes: Any) -> MapDataset:
         fields: dict[str, Any] = {"seed": self._seed, "seed_uses": self._seed_uses, "filtered": self._filtered}
         fields.update(changes)
-        return MapDataset(node, **fields)
+        return MapDataset._chain(node, **fields)
+
+    def pipe(self, func: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """``func(self, *args, **kwargs)``: chain a transformation that is not a method."""
+        return func(self, *args, **kwargs)
 
     # -- sources -------------------------------------------------------------------------
 
@@ -88,7 +129,7 @@ class MapDataset:
             )
         if len(source) < 1:
             raise ValueError(f"MapDataset.source got an empty source ({source!r}); pass one with records")
-        return MapDataset(nd.SourceNode(source, len(source)))
+        return MapDataset._chain(nd.SourceNode(source, len(source)))
 
     @staticmethod
     def range(start: int, stop: int | None = None, step: int = 1) -> MapDataset:
@@ -255,6 +296,25 @@ class MapDataset:
         node = nd.FlatMapNode(self._node, op, op.max_fan_out, length * op.max_fan_out)
         return self._then(node, filtered=True)
 
+    def map_with_index(self, transform: MapWithIndexTransform | Callable[[int, Any], Any]) -> MapDataset:
+        """Applies ``transform(index, element)``, ``index`` the element's index in this
+        dataset (Grain's ``map_with_index``). Index-level calls after it (shuffle, slice)
+        move the elements with the index they had here.
+
+        Raises:
+            ValueError: the dataset is infinite (map with index before ``repeat()``).
+        """
+        from dataloader.dataset.transformations.elementwise import with_index
+
+        op = with_index(transform)
+        self._finite("map_with_index", "map_with_index before repeat()")
+        if nd.is_batched(self._node):
+            raise ValueError(
+                f"map_with_index after a batch is not available on a MapDataset ({self!r}); "
+                f"map the elements before the batch"
+            )
+        return self._then(nd.WithIndexNode(self._node, op, self._node.length))
+
     def _apply(self, op: Operation) -> MapDataset:
         """``op`` (a map, random map or filter) applied to every element."""
         filtered = self._filtered or isinstance(op, FilterTransform)
@@ -326,19 +386,29 @@ class MapDataset:
         return iter(self.to_iter_dataset())
 
     def to_iter_dataset(
-        self, read_options: ReadOptions | None = None, *, shard_options: ShardOptions | None = None
+        self,
+        read_options: ReadOptions | None = None,
+        *,
+        allow_nones: bool = False,
+        shard_options: ShardOptions | None = None,
     ) -> LoaderIterDataset:
         """The checkpointable stream of this dataset's elements (filtered ones skipped).
 
         Args:
             read_options: read-ahead threads of the in-process path (``ReadOptions``).
+            allow_nones: yield the ``None`` elements of the dataset (a dataset of your own
+                returning ``None``, the empty slots of ``flat_map``) instead of skipping
+                them, as Grain does. Elements a ``filter`` drops are dropped either way:
+                filters run on the stream here, not as holes.
             shard_options: this host's shard of the stream, interleaved after the
                 global order (``ShardOptions`` or ``ShardByJaxProcess()``). A ``batch``
                 in the chain is then the per-host batch, as in ``DataLoader``.
         """
         from dataloader.dataset.iter_dataset import LoaderIterDataset
 
-        return LoaderIterDataset(self, read_options=read_options, shard_options=shard_options)
+        return LoaderIterDataset(
+            self, read_options=read_options, shard_options=shard_options, allow_nones=allow_nones
+        )
 
     def __repr__(self) -> str:
         return repr(self._node)
@@ -378,4 +448,26 @@ def _combine(node: Any, datasets: list[MapDataset]) -> MapDataset:
     seed = seeds.pop() if len(seeds) == 1 else None
     uses = max(d._seed_uses for d in datasets) if seed is not None else 0
     filtered = any(d._filtered for d in datasets)
-    return MapDataset(node, seed=seed, seed_uses=uses, filtered=filtered)
+    return MapDataset._chain(node, seed=seed, seed_uses=uses, filtered=filtered)
+
+
+class UserDatasetSource:
+    """A ``MapDataset`` of the user's own as a random-access source of the engine."""
+
+    def __init__(self, dataset: MapDataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.dataset[int(index)]
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        getitems = getattr(self.dataset, "_getitems", None)
+        if getitems is not None:  # Grain's batched read hook
+            return list(getitems([int(i) for i in indices]))
+        return [self.dataset[int(i)] for i in indices]
+
+    def __repr__(self) -> str:
+        return f"{type(self.dataset).__name__}(len={len(self.dataset)})"

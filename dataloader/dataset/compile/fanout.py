@@ -1,4 +1,10 @@
-"""A flat-mapped ``MapDataset`` as a random-access source, with Grain's index layout.
+"""Sub-chains read by index as random-access sources: ``flat_map`` and ``map_with_index``.
+
+Both need the index an element has *at their place in the chain*, which the engine's
+position (in the final stream, after shuffles and slices above them) is not; so the
+sub-chain below them becomes a source the engine reads by key.
+
+**flat_map**, with Grain's index layout.
 
 ``ds.flat_map(f)`` (``f`` with ``max_fan_out = F``) has ``F`` slots per element of
 ``ds``: index ``k`` is output ``k % F`` of ``f(ds[k // F])``, or ``None`` where that
@@ -8,7 +14,7 @@ keys by parent element.
 
 Example:
     >>> from dataloader.dataset.compile import nodes as nd
-    >>> from dataloader.operations import FlatMapTransform
+    >>> from dataloader.operations import FlatMapTransform, MapWithIndexTransform
     >>> src = FanOutSource(nd.SourceNode([1, 2], 2), FlatMapTransform(lambda x: [x] * x, max_fan_out=2))
     >>> [src[k] for k in range(4)]
     [1, None, 2, 2]
@@ -22,7 +28,7 @@ from typing import Any, SupportsIndex
 
 import numpy as np
 
-from dataloader.operations import FlatMapTransform
+from dataloader.operations import FlatMapTransform, MapWithIndexTransform
 
 
 class FanOutSource:
@@ -68,3 +74,36 @@ class FanOutSource:
 
     def __repr__(self) -> str:
         return f"{self.parent!r}.flat_map({self.op.name})"
+
+
+class WithIndexSource:
+    """Key ``k`` -> ``op(k, item k of the parent chain)`` (``None`` stays ``None``)."""
+
+    def __init__(self, parent: Any, op: MapWithIndexTransform) -> None:
+        self.parent = parent
+        self.op = op
+
+    def __len__(self) -> int:
+        return self.parent.length
+
+    def __getitem__(self, key: SupportsIndex) -> Any:
+        return self.__getitems__([operator.index(key)])[0]
+
+    def __getitems__(self, keys: Sequence[int] | np.ndarray) -> list[Any]:
+        from dataloader.dataset.compile.lower import NodeSource
+
+        source = self.__dict__.get("_source")
+        if source is None:
+            source = self.__dict__["_source"] = NodeSource(self.parent)
+        fn = self.op.element_fn()
+        out = []
+        for key in np.asarray(keys, dtype=np.int64).tolist():
+            element = source[key]
+            out.append(None if element is None else fn(key, element))
+        return out
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_source"}
+
+    def __repr__(self) -> str:
+        return f"{self.parent!r}.map_with_index({self.op.name})"

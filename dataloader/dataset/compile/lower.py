@@ -32,8 +32,8 @@ from typing import Any
 from dataloader.dataset.compile import index_map as im
 from dataloader.dataset.compile import nodes as nd
 from dataloader.dataset.compile.concat_source import ConcatSource
-from dataloader.dataset.compile.fanout import FanOutSource
-from dataloader.dataset.compile.wrappers import DropNone, Untag, tagged
+from dataloader.dataset.compile.fanout import FanOutSource, WithIndexSource
+from dataloader.dataset.compile.wrappers import DropNone, Untag, none_passing, tagged
 from dataloader.engine.compute import compute_unit
 from dataloader.engine.plan import Plan, make_plan
 from dataloader.operations import Batch, FilterTransform, Operation
@@ -72,6 +72,12 @@ class _Builder:
     def lower(self, node: Any) -> _Lowered:
         if isinstance(node, nd.SourceNode):
             return self.leaf(node.source, node.length)
+        if isinstance(node, nd.WithIndexNode):
+            assert node.length is not None, "map_with_index refuses infinite datasets"
+            low = self.leaf(WithIndexSource(node.parent, node.op), node.length)
+            if _may_yield_none(node.parent):
+                low.ops.append((DropNone(), low.parts))
+            return low
         if isinstance(node, nd.FlatMapNode):
             # Grain's layout: max_fan_out slots per parent element, holes read as None.
             low = self.leaf(FanOutSource(node.parent, node.op), node.length)
@@ -184,7 +190,10 @@ def compile_node(node: Any, seed: int | None) -> Compiled:
     low = builder.lower(node)
     everything = frozenset(range(len(builder.sources)))
     is_tagged = any(parts != everything for _, parts in low.ops)
-    operations: list[Any] = [tagged(op, parts) if is_tagged else op for op, parts in low.ops]
+    ops = low.ops
+    if nd.has_user_dataset(node):  # its None elements pass the functions untouched
+        ops = [(none_passing(op), parts) for op, parts in ops]
+    operations: list[Any] = [tagged(op, parts) if is_tagged else op for op, parts in ops]
     if is_tagged:
         operations.append(Untag())
     if low.batch is not None:

@@ -118,3 +118,23 @@ class FlatMapNode:
 
     def __repr__(self) -> str:
         return f"{self.parent!r}.flat_map({self.op.name})"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class WithIndexNode:
+    """``map_with_index``: ``op(index, element)``, ``index`` the element's in ``parent``."""
+
+    parent: Any
+    op: Operation
+    length: int | None
+
+    def __repr__(self) -> str:
+        return f"{self.parent!r}.map_with_index({self.op.name})"
+
+
+def has_user_dataset(node: Any) -> bool:
+    """Whether a leaf of the tree is a ``MapDataset`` of the user's own."""
+    if isinstance(node, SourceNode):
+        return type(node.source).__name__ == "UserDatasetSource"
+    children = [node.parent] if hasattr(node, "parent") else list(getattr(node, "parents", ()))
+    return any(has_user_dataset(c) for c in children)

@@ -2,6 +2,9 @@
 
 * :class:`SeededRandomMap` gives a random map its own seed (``rng_seed``), so its
   generators do not depend on the seed of the sampler the chain compiles to.
+* The ``NonePassing*`` operations let ``None`` through untouched, as Grain's
+  ``MapDataset`` transformations do: a dataset of the user's own may return ``None``
+  (no element), and the functions chained after it never see it.
 * The ``Tagged*`` operations apply an operation to the elements of some parts of a
   :class:`~dataloader.dataset.compile.concat_source.ConcatSource` only (elements travel as
   ``(part, element)``), which is how ``mix([a.map(f), b])`` runs ``f`` on ``a`` alone
@@ -95,6 +98,38 @@ class DropNone(FilterTransform):
     @property
     def name(self) -> str:
         return "DropNone"
+
+
+class NonePassingMap(_Wrapper, MapTransform):
+    def map(self, element: Any) -> Any:
+        return None if element is None else self._f(element)
+
+
+class NonePassingRandomMap(_Wrapper, RandomMapTransform):
+    def __init__(self, inner: RandomMapTransform) -> None:
+        super().__init__(inner)
+        self.rng_seed = inner.rng_seed
+
+    def random_map(self, element: Any, rng: np.random.Generator) -> Any:
+        return None if element is None else self._f(element, rng)
+
+
+class NonePassingFilter(_Wrapper, FilterTransform):
+    """Keeps ``None`` (no element stays no element; iteration drops it at the end)."""
+
+    def filter(self, element: Any) -> bool:
+        return element is None or bool(self._f(element))
+
+
+def none_passing(op: Operation) -> Operation:
+    """``op``, letting ``None`` through untouched (a flat map has no such form: refused)."""
+    if isinstance(op, RandomMapTransform):
+        return NonePassingRandomMap(op)
+    if isinstance(op, FilterTransform):
+        return NonePassingFilter(op)
+    if isinstance(op, MapTransform):
+        return NonePassingMap(op)
+    return op
 
 
 def tagged(op: Operation, parts: frozenset[int]) -> Operation:

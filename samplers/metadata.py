@@ -6,7 +6,7 @@ So a record's generator is a pure function of ``(seed, global_position)``, never
 generator that is advanced as records go by: :func:`record_rng` builds a
 counter-based ``numpy.random.Philox`` whose key comes from ``(seed, stream)`` and
 whose counter starts at ``(global_position, sub_index)``. Building one takes a few
-microseconds, and :class:`RecordMetadata` builds it only when asked.
+microseconds; :class:`RecordMetadata` carries one when its sampler has a seed.
 
 Example:
     >>> a = record_rng(seed=7, global_position=3).integers(0, 100, size=4)
@@ -89,11 +89,16 @@ def record_rng(
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RecordMetadata:
-    """One position of a shard's stream and the record it reads.
+    """One position of a shard's stream and the record it reads (Grain's fields first).
+
+    ``RecordMetadata(index, record_key=None, rng=None)`` as in Grain; a sampler also
+    fills the keyword-only ``epoch``, ``global_position`` and ``seed``, and then ``rng``
+    is ``record_rng(seed, global_position)`` when not given (``None`` without a seed).
 
     Attributes:
         index: Local position in this shard's stream (0, 1, 2, ...).
         record_key: Index of the record in the data source.
+        rng: The record's random generator (not compared).
         epoch: Epoch of the position, ``global_position // num_records``.
         global_position: Position in the global (unsharded) stream.
         seed: The sampler's seed, or ``None`` if it has none.
@@ -102,22 +107,20 @@ class RecordMetadata:
         >>> meta = RecordMetadata(index=0, record_key=5, epoch=0, global_position=0, seed=1)
         >>> bool(meta.rng.integers(0, 10) == record_rng(1, 0).integers(0, 10))
         True
+        >>> RecordMetadata(3).rng is None
+        True
     """
 
     index: int
-    record_key: int
-    epoch: int
-    global_position: int
-    seed: int | None = None
+    record_key: int | None = None
+    rng: np.random.Generator | None = dataclasses.field(default=None, compare=False)
+    epoch: int | None = dataclasses.field(default=None, kw_only=True)
+    global_position: int | None = dataclasses.field(default=None, kw_only=True)
+    seed: int | None = dataclasses.field(default=None, kw_only=True)
 
-    @property
-    def rng(self) -> np.random.Generator:
-        """A new generator for this record: ``record_rng(seed, global_position)``.
-
-        Raises:
-            ValueError: If the sampler had no seed.
-        """
-        return record_rng(self.seed, self.global_position)
+    def __post_init__(self) -> None:
+        if self.rng is None and self.seed is not None and self.global_position is not None:
+            object.__setattr__(self, "rng", record_rng(self.seed, self.global_position))
 
 
 class RecordRngFactory:

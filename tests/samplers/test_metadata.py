@@ -85,15 +85,16 @@ def test_metadata_rng_is_the_record_rng_of_its_global_position() -> None:
     assert _draws(meta.rng) == _draws(record_rng(5, 12))
 
 
-def test_metadata_rng_gives_a_fresh_generator_each_time() -> None:
-    meta = RecordMetadata(index=0, record_key=0, epoch=0, global_position=0, seed=5)
-    assert _draws(meta.rng) == _draws(meta.rng)
+def test_metadata_has_grains_fields_and_positional_order() -> None:
+    rng = np.random.default_rng(3)
+    meta = RecordMetadata(7, 9, rng)
+    assert (meta.index, meta.record_key, meta.rng) == (7, 9, rng)
+    assert RecordMetadata(1).record_key is None and RecordMetadata(1).rng is None
 
 
-def test_metadata_rng_without_seed_is_refused() -> None:
+def test_metadata_without_seed_has_no_rng() -> None:
     meta = RecordMetadata(index=0, record_key=0, epoch=0, global_position=0, seed=None)
-    with pytest.raises(ValueError, match="per-record random generators need a seed"):
-        _ = meta.rng
+    assert meta.rng is None
 
 
 def test_metadata_is_frozen_and_slotted() -> None:

@@ -6,6 +6,14 @@ Where granary's version differs on purpose, the README's Grain table says how.
 
 from __future__ import annotations
 
+from dataloader.dataset.context import WithOptionsIterDataset
+from dataloader.dataset.transformations.apply import (
+    ShapeDtypeStruct,
+    apply_transformations,
+    get_element_spec,
+    get_next_index,
+    set_next_index,
+)
 from dataloader.dataset.transformations.packing import (
     BestFitPackIterDataset,
     ConcatThenSplitIterDataset,
@@ -18,16 +26,25 @@ from dataloader.dataset.transformations.prefetch import (
 from dataloader.engine.stages.prefetch import ThreadPrefetchDatasetIterator
 from dataloader.operations import FlatMapTransform, MapWithIndexTransform, batch_and_pad
 from dataloader.operations.packing import BOSHandling
+from dataloader.options import DatasetOptions, ExecutionTrackingMode
 
 __all__ = [
     "BOSHandling",
     "BestFitPackIterDataset",
     "ConcatThenSplitIterDataset",
+    "DatasetOptions",
+    "ExecutionTrackingMode",
     "FirstFitPackIterDataset",
     "FlatMapTransform",
     "MapWithIndexTransform",
+    "ShapeDtypeStruct",
     "ThreadPrefetchDatasetIterator",
     "ThreadPrefetchIterDataset",
+    "WithOptionsIterDataset",
+    "apply_transformations",
     "batch_and_pad",
+    "get_element_spec",
+    "get_next_index",
     "multithread_prefetch",
+    "set_next_index",
 ]

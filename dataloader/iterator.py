@@ -12,9 +12,11 @@ from typing import Any
 
 from dataloader.engine.assemble import make_assembler
 from dataloader.engine.executor import Executor
+from dataloader.engine.plan import BATCH, ELEMENTS
 from dataloader.engine.stages.base import DatasetIterator
 from dataloader.engine.state import Cursor, make_state, resolve_state
 from dataloader.engine.stats import Counted, Stats
+from dataloader.operations import FilterTransform, FlatMapTransform
 
 
 class DataLoaderIterator(DatasetIterator[Any]):
@@ -47,7 +49,8 @@ class DataLoaderIterator(DatasetIterator[Any]):
         else:
             self._executor.reset(cursor.position)  # keeps worker processes up
         self._assembler = make_assembler(
-            self._plan, Counted(self._executor, self._stats), cursor, self._stats.seconds
+            self._plan, Counted(self._executor, self._stats, self._loader._filter_watch()),
+            cursor, self._stats.seconds,
         )
 
     def __iter__(self) -> DataLoaderIterator:
@@ -71,6 +74,36 @@ class DataLoaderIterator(DatasetIterator[Any]):
         """
         self._restart(resolve_state(self._plan, state))
         self._closed = False
+
+    def _outputs_per_position(self) -> int | None:
+        """Positions per output when that is fixed (a plain batch, or maps only)."""
+        plan = self._plan
+        if plan.layout == BATCH and not plan.post:
+            return plan.batch.batch_size if plan.batch is not None else 1
+        if plan.layout == ELEMENTS and not any(
+            isinstance(s.op, (FilterTransform, FlatMapTransform)) for s in plan.pre
+        ):
+            return 1
+        return None
+
+    def _get_next_index(self) -> int:
+        per = self._outputs_per_position()
+        if per is None:
+            return super()._get_next_index()
+        return -(-self._assembler.state().position // per)
+
+    def _set_next_index(self, index: int) -> None:
+        per = self._outputs_per_position()
+        if per is None:
+            return super()._set_next_index(index)
+        self.set_state(make_state(self._plan, Cursor(int(index) * per)))
+
+    def start_prefetch(self) -> None:
+        """Starts computing units before the first ``next()`` (workers start at once anyway;
+        in-process, a thread computes the first units while the model restores)."""
+        start = getattr(self._executor, "start_prefetch", None)
+        if start is not None:
+            start()
 
     def stats(self) -> dict[str, Any]:
         """Where the time went since this iterator was made (see :class:`Stats`)."""

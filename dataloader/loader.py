@@ -10,8 +10,9 @@ from dataloader.engine.plan import Plan, make_plan
 from dataloader.engine.pool.executor import PoolExecutor, pickle_plan
 from dataloader.engine.stages.base import DatasetIterator
 from dataloader.engine.stages.tail import TailIterator, split_at_first_packer
+from dataloader.engine.stats import FilterWatch
 from dataloader.iterator import DataLoaderIterator
-from dataloader.options import ReadOptions, check_bool, check_int
+from dataloader.options import DatasetOptions, ReadOptions, check_bool, check_int
 from dataloader.samplers import Sampler, ShardOptions
 from dataloader.samplers.protocol import missing_members
 
@@ -63,6 +64,8 @@ class DataLoader:
             workers start, so the first batch comes as fast as in-process. Set it to
             False when a record may crash the process (a segfaulting decoder): then
             every unit runs in a worker, where a crash is survived.
+        options: Grain's ``DatasetOptions``: a warning (default at 90%) or an error when
+            filters drop more than a share of the records read.
 
     Example:
         >>> import dataloader as dl
@@ -86,6 +89,7 @@ class DataLoader:
         read_options: ReadOptions | None = None,
         worker_init_fn: Callable[[int, int], Any] | None = None,
         warm_start: bool = True,
+        options: DatasetOptions | None = None,
     ) -> None:
         if not (hasattr(data_source, "__len__") and hasattr(data_source, "__getitem__")):
             raise TypeError(
@@ -111,6 +115,9 @@ class DataLoader:
         self.read_options = read_options
         self.worker_init_fn = worker_init_fn
         self.warm_start = check_bool("warm_start", warm_start)
+        if options is not None and not isinstance(options, DatasetOptions):
+            raise TypeError(f"options must be a DatasetOptions, got {options!r}")
+        self.options = options or DatasetOptions()
         head, self._tail = split_at_first_packer(operations)
         self.plan: Plan = make_plan(data_source, sampler, head, read_options.unit_size)
         if self._tail:
@@ -147,6 +154,10 @@ class DataLoader:
         if state is not None:
             it.set_state(state)
         return it
+
+    def _filter_watch(self) -> FilterWatch | None:
+        """Grain's filter thresholds over the engine's operations (see ``options``)."""
+        return FilterWatch.for_operations([s.op for s in self.plan.pre], self.options)
 
     def _make_executor(self, position: int) -> Executor:
         if not self.worker_count:

@@ -9,6 +9,7 @@ Both are frozen dataclasses that check every field at construction: change them 
 from __future__ import annotations
 
 import dataclasses
+import enum
 from typing import Any
 
 
@@ -78,3 +79,85 @@ class MultiprocessingOptions:
     def __post_init__(self) -> None:
         check_int("MultiprocessingOptions.num_workers", self.num_workers, 0)
         check_int("MultiprocessingOptions.per_worker_buffer_size", self.per_worker_buffer_size, 1)
+
+
+class ExecutionTrackingMode(enum.Enum):
+    """Grain's statistics modes. granary's stats are always collected (per unit, a few
+    clock reads; see ``iterator.stats()``), so both modes behave alike here."""
+
+    DISABLED = enum.auto()
+    STAGE_TIMING = enum.auto()
+
+
+class _Unset:
+    """The default of a ``DatasetOptions`` field the user did not set."""
+
+    def __repr__(self) -> str:
+        return "unset"
+
+
+UNSET: Any = _Unset()
+
+_DATASET_DEFAULTS: dict[str, Any] = {
+    "filter_warn_threshold_ratio": 0.9,
+    "filter_raise_threshold_ratio": None,
+    "execution_tracking_mode": ExecutionTrackingMode.DISABLED,
+    "min_shm_size": 0,
+}
+
+
+def _check_ratio(name: str, value: Any) -> None:
+    if value is not UNSET and value is not None and (
+        isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1
+    ):
+        raise ValueError(f"DatasetOptions.{name} must be None or a ratio in [0, 1], got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetOptions:
+    """Options of a dataset pipeline, as Grain's (``WithOptionsIterDataset`` applies them).
+
+    Args:
+        filter_warn_threshold_ratio: warn when filters drop more than this share of a
+            window of 1,000 records read (None: never; default 0.9, as in Grain).
+        filter_raise_threshold_ratio: raise instead (None: never; the default).
+        execution_tracking_mode: accepted for Grain's code (stats are always on here).
+        min_shm_size: accepted for Grain's code: results travel in one shared-memory
+            block per work unit whatever the size of their arrays.
+
+    Options set explicitly win over those of :meth:`merge`'s argument, which win over
+    the defaults.
+
+    Example:
+        >>> DatasetOptions(filter_raise_threshold_ratio=0.5).merge(
+        ...     DatasetOptions(filter_warn_threshold_ratio=0.2)).get("filter_warn_threshold_ratio")
+        0.2
+    """
+
+    filter_warn_threshold_ratio: float | None = UNSET
+    filter_raise_threshold_ratio: float | None = UNSET
+    execution_tracking_mode: ExecutionTrackingMode = UNSET
+    min_shm_size: int = UNSET
+
+    def __post_init__(self) -> None:
+        _check_ratio("filter_warn_threshold_ratio", self.filter_warn_threshold_ratio)
+        _check_ratio("filter_raise_threshold_ratio", self.filter_raise_threshold_ratio)
+        mode = self.execution_tracking_mode
+        if mode is not UNSET and not isinstance(mode, ExecutionTrackingMode):
+            raise TypeError(f"execution_tracking_mode must be an ExecutionTrackingMode, got {mode!r}")
+        if self.min_shm_size is not UNSET:
+            check_int("DatasetOptions.min_shm_size", self.min_shm_size, 0)
+
+    def get(self, name: str) -> Any:
+        """The option's value: as set, else Grain's default."""
+        value = getattr(self, name)
+        return _DATASET_DEFAULTS[name] if value is UNSET else value
+
+    def merge(self, other: DatasetOptions | None) -> DatasetOptions:
+        """These options, with ``other``'s filling what these do not set."""
+        if other is None:
+            return self
+        return DatasetOptions(**{
+            f.name: getattr(self, f.name) if getattr(self, f.name) is not UNSET else getattr(other, f.name)
+            for f in dataclasses.fields(self)
+        })

@@ -25,6 +25,7 @@ from dataloader.dataset.arguments import check_seed, random_map_op
 from dataloader.dataset.base import IterDataset
 from dataloader.dataset.compile.nodes import has_user_dataset, is_batched
 from dataloader.dataset.compile.wrappers import DropNone
+from dataloader.dataset.context import inherited_options, inherited_workers
 from dataloader.dataset.map_dataset import MapDataset
 from dataloader.engine.stages.base import DatasetIterator
 from dataloader.loader import DataLoader
@@ -36,7 +37,7 @@ from dataloader.operations import (
     Operation,
 )
 from dataloader.operations.padding import BatchAndPad
-from dataloader.options import MultiprocessingOptions, ReadOptions, check_bool
+from dataloader.options import DatasetOptions, MultiprocessingOptions, ReadOptions, check_bool
 from dataloader.samplers import ShardOptions
 
 
@@ -158,7 +159,9 @@ class LoaderIterDataset(IterDataset):
             ds = ds._apply(op)
         return ds
 
-    def _build_loader(self, mp: MultiprocessingOptions, init_fn: Any) -> DataLoader:
+    def _build_loader(
+        self, mp: MultiprocessingOptions, init_fn: Any, options: DatasetOptions | None = None
+    ) -> DataLoader:
         compiled = self._parent._compiled
         operations = list(compiled.operations)
         if self._allow_nones:  # keep the holes of flat_map; filters still drop
@@ -174,6 +177,7 @@ class LoaderIterDataset(IterDataset):
             shard_options=self._shard_options,
             read_options=self._read_options,
             worker_init_fn=init_fn,
+            options=options,
         )
 
     @property
@@ -184,12 +188,13 @@ class LoaderIterDataset(IterDataset):
         return self._loader
 
     def __iter__(self) -> DatasetIterator:
+        options = inherited_options()
         if self._mp is None:
-            from dataloader.dataset.transformations.prefetch import inherited_workers
-
             inherited = inherited_workers()
             if inherited is not None:  # built under an mp_prefetch further down the chain
-                return self._build_loader(*inherited).iterator()
+                return self._build_loader(*inherited, options).iterator()
+        if options is not None:  # under a WithOptionsIterDataset
+            return self._build_loader(self._mp or MultiprocessingOptions(), self._worker_init_fn, options).iterator()
         return self.loader.iterator()
 
     def __repr__(self) -> str:

@@ -117,6 +117,13 @@ class MapDataset(Generic[T]):
         """``func(self, *args, **kwargs)``: chain a transformation that is not a method."""
         return func(self, *args, **kwargs)
 
+    def apply(self, transformations: Any) -> MapDataset:
+        """Applies one operation or a list of them (map, random map, filter, flat map,
+        map with index, batch), each through the matching call."""
+        from dataloader.dataset.transformations.apply import apply_transformations
+
+        return apply_transformations(self, transformations)
+
     # -- sources -------------------------------------------------------------------------
 
     @staticmethod

@@ -65,10 +65,12 @@ class InProcessExecutor:
     def __iter__(self) -> Iterator[UnitResult]:
         return self
 
-    def __next__(self) -> UnitResult:
-        if not self._threads or not self._depth:
-            start, stop = next(self._units)
-            return compute_unit(self._plan, start, stop)
+    def start_prefetch(self) -> None:
+        """Computes units ahead from now on (one thread at least), before the first ``next()``."""
+        self._threads, self._depth = max(self._threads, 1), max(self._depth, 1)
+        self._fill()
+
+    def _fill(self) -> None:
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(
                 self._threads, thread_name_prefix="granary-read"
@@ -78,6 +80,12 @@ class InProcessExecutor:
             if unit is None:
                 break
             self._inflight.append(self._pool.submit(compute_unit, self._plan, *unit))
+
+    def __next__(self) -> UnitResult:
+        if not self._threads or not self._depth:
+            start, stop = next(self._units)
+            return compute_unit(self._plan, start, stop)
+        self._fill()
         if not self._inflight:
             raise StopIteration
         return self._inflight.popleft().result()

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+import warnings
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from dataloader.engine.compute import UnitResult
+from dataloader.operations import FilterTransform, FlatMapTransform
 
 
 class Stats:
@@ -53,12 +55,67 @@ def sorted_stages(stats: dict[str, Any]) -> list[tuple[str, float]]:
     return sorted(stats["stage_seconds"].items(), key=lambda kv: -kv[1])
 
 
-class Counted:
-    """Passes unit results through, timing each wait and adding up their timings."""
+class FilterWatch:
+    """Grain's filter thresholds: the share of records the filters dropped, checked on
+    consecutive windows of at least ``WINDOW`` records read.
 
-    def __init__(self, units: Iterator[UnitResult], stats: Stats) -> None:
+    Args:
+        warn, fail: ratios above which to warn (once per window) or raise; None: never.
+        where: names the pipeline's filters in the messages.
+    """
+
+    WINDOW = 1000
+
+    def __init__(self, warn: float | None, fail: float | None, where: str) -> None:
+        self._warn, self._fail, self._where = warn, fail, where
+        self._read = self._dropped = 0
+
+    @classmethod
+    def for_operations(cls, ops: Sequence[Any], options: Any) -> FilterWatch | None:
+        """A watch over ``ops`` with ``options`` (a ``DatasetOptions``), or None: no filter,
+        no threshold, or a flat map (which adds elements, so drops cannot be counted)."""
+        filters = [op.name for op in ops if isinstance(op, FilterTransform)]
+        if not filters or any(isinstance(op, FlatMapTransform) for op in ops):
+            return None
+        warn = options.get("filter_warn_threshold_ratio")
+        fail = options.get("filter_raise_threshold_ratio")
+        if warn is None and fail is None:
+            return None
+        return cls(warn, fail, ", ".join(filters))
+
+    def add(self, read: int, dropped: int) -> None:
+        self._read += read
+        self._dropped += dropped
+        if self._read < self.WINDOW:
+            return
+        ratio, read = self._dropped / self._read, self._read
+        self._read = self._dropped = 0
+        if self._fail is not None and ratio > self._fail:
+            raise ValueError(
+                f"the filters {self._where} dropped {ratio:.1%} of the last {read} records, "
+                f"above filter_raise_threshold_ratio={self._fail}; check the filters or raise "
+                f"the threshold (DatasetOptions)"
+            )
+        if self._warn is not None and ratio > self._warn:
+            warnings.warn(
+                f"granary: the filters {self._where} dropped {ratio:.1%} of the last {read} "
+                f"records (above filter_warn_threshold_ratio={self._warn}; DatasetOptions sets it)",
+                UserWarning,
+                stacklevel=2,
+            )
+
+
+class Counted:
+    """Passes unit results through, timing each wait and adding up their timings.
+
+    With a :class:`FilterWatch`, also counts what the filters dropped in each unit (the
+    unit's records minus its outputs: the plan has filters and no flat map).
+    """
+
+    def __init__(self, units: Iterator[UnitResult], stats: Stats, watch: FilterWatch | None = None) -> None:
         self._units = units
         self._stats = stats
+        self._watch = watch
 
     def __iter__(self) -> Counted:
         return self
@@ -67,4 +124,7 @@ class Counted:
         began = time.perf_counter()
         result = next(self._units)
         self._stats.add(result, time.perf_counter() - began)
+        if self._watch is not None:
+            read = result.stop - result.start
+            self._watch.add(read, read - len(result.outputs))
         return result

@@ -12,7 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from dataloader.dataset.base import DatasetIterator, IterDataset
+from dataloader.dataset.context import inherited_options
 from dataloader.engine.stages.elementwise import BatchIterator, ElementwiseIterator
+from dataloader.engine.stats import FilterWatch
 from dataloader.operations import (
     Batch,
     FilterTransform,
@@ -20,6 +22,7 @@ from dataloader.operations import (
     MapWithIndexTransform,
     Operation,
 )
+from dataloader.options import DatasetOptions
 
 
 class SeedScope(IterDataset):
@@ -65,7 +68,11 @@ class ElementwiseIterDataset(IterDataset):
         self.reshapes = any(isinstance(op, (FilterTransform, FlatMapTransform)) for op in ops)
 
     def __iter__(self) -> ElementwiseIterator:
-        return ElementwiseIterator(iter(self._parent), self.ops)
+        return ElementwiseIterator(iter(self._parent), self.ops, watch=self._filter_watch())
+
+    def _filter_watch(self) -> FilterWatch | None:
+        """Grain's filter thresholds over this stage."""
+        return FilterWatch.for_operations(self.ops, inherited_options() or DatasetOptions())
 
     def __repr__(self) -> str:
         return f"{self._parent!r}" + "".join(f".apply({op.name})" for op in self.ops)

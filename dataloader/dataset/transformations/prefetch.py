@@ -13,35 +13,14 @@ iterator-level stages above them run ahead in a thread of this process.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from dataloader.dataset.base import DatasetIterator, IterDataset
+from dataloader.dataset.context import workers
 from dataloader.engine.stages.prefetch import ThreadPrefetchDatasetIterator
 from dataloader.options import MultiprocessingOptions, check_int
-
-# Worker options that engine-backed datasets take while a pipeline's iterator is built
-# under mp_prefetch (read by LoaderIterDataset.__iter__).
-_WORKERS: contextvars.ContextVar[tuple[MultiprocessingOptions, Any] | None] = (
-    contextvars.ContextVar("granary_mp_prefetch", default=None)
-)
-
-
-def inherited_workers() -> tuple[MultiprocessingOptions, Any] | None:
-    """The ``(options, worker_init_fn)`` of an enclosing ``mp_prefetch``, if any."""
-    return _WORKERS.get()
-
-
-@contextlib.contextmanager
-def _workers(options: MultiprocessingOptions, init_fn: Any) -> Iterator[None]:
-    token = _WORKERS.set((options, init_fn))
-    try:
-        yield
-    finally:
-        _WORKERS.reset(token)
 
 
 class ThreadPrefetchIterDataset(IterDataset):
@@ -93,7 +72,7 @@ class MultiprocessPrefetchIterDataset(IterDataset):
         self.worker_init_fn = worker_init_fn
 
     def __iter__(self) -> DatasetIterator:
-        with _workers(self.options, self.worker_init_fn):
+        with workers(self.options, self.worker_init_fn):
             inner = iter(self._parent)
         size = max(2, self.options.num_workers * self.options.per_worker_buffer_size)
         return ThreadPrefetchDatasetIterator(inner, size)

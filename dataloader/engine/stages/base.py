@@ -69,6 +69,19 @@ class DatasetIterator(Iterator[T], abc.ABC):
 
         return Stats().as_dict()
 
+    def _get_next_index(self) -> int:
+        """The index of the next element, where it is known without processing."""
+        raise ValueError(
+            f"{type(self).__name__} cannot tell the index of its next element without "
+            f"processing the stream (Grain's get_next_index)"
+        )
+
+    def _set_next_index(self, index: int) -> None:
+        raise ValueError(
+            f"{type(self).__name__} cannot move to element {index} without processing the "
+            f"stream before it (Grain's set_next_index); restore a state with set_state"
+        )
+
     def close(self) -> None:
         """Stops background work of this iterator and its ancestors; idempotent."""
         if self._closed:

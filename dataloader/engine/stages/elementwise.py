@@ -35,9 +35,14 @@ class ElementwiseIterator(DatasetIterator):
     """Pulls one parent element at a time and runs the operations on it."""
 
     def __init__(
-        self, parent: DatasetIterator, ops: tuple[Operation, ...], default_seed: int | None = None
+        self,
+        parent: DatasetIterator,
+        ops: tuple[Operation, ...],
+        default_seed: int | None = None,
+        watch: Any = None,
     ) -> None:
         super().__init__(parent)
+        self._watch = watch  # a FilterWatch: Grain's filter thresholds
         self._ops = [
             (op, op.element_fn(), _rngs(op, stream, default_seed)) for stream, op in enumerate(ops)
         ]
@@ -55,6 +60,8 @@ class ElementwiseIterator(DatasetIterator):
             self._index += 1
             self._pending = self._apply(element, self._index - 1)
             self._given = 0
+            if self._watch is not None:
+                self._watch.add(1, 0 if self._pending else 1)
         self._given += 1
         return self._pending.pop(0)
 

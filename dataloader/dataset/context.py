@@ -1,0 +1,86 @@
+"""What a pipeline's outer calls pass down to the datasets it reads, while its iterator
+is built: worker processes (``mp_prefetch``) and dataset options (``WithOptionsIterDataset``).
+
+An outer dataset sets a context variable around ``iter(parent)``; the datasets that make
+their iterators inside read it. So options reach the engine-backed stream at the bottom
+of a pipeline without the datasets between them knowing of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+from typing import Any
+
+from dataloader.dataset.base import IterDataset
+from dataloader.options import DatasetOptions, MultiprocessingOptions
+
+_WORKERS: contextvars.ContextVar[tuple[MultiprocessingOptions, Any] | None] = (
+    contextvars.ContextVar("granary_workers", default=None)
+)
+_OPTIONS: contextvars.ContextVar[DatasetOptions | None] = contextvars.ContextVar(
+    "granary_dataset_options", default=None
+)
+
+
+def inherited_workers() -> tuple[MultiprocessingOptions, Any] | None:
+    """The ``(options, worker_init_fn)`` of an enclosing ``mp_prefetch``, if any."""
+    return _WORKERS.get()
+
+
+def inherited_options() -> DatasetOptions | None:
+    """The dataset options of enclosing ``WithOptionsIterDataset`` calls, merged."""
+    return _OPTIONS.get()
+
+
+@contextlib.contextmanager
+def workers(options: MultiprocessingOptions, init_fn: Any) -> Iterator[None]:
+    token = _WORKERS.set((options, init_fn))
+    try:
+        yield
+    finally:
+        _WORKERS.reset(token)
+
+
+@contextlib.contextmanager
+def dataset_options(options: DatasetOptions) -> Iterator[None]:
+    """Options for the datasets below; an outer call's options win over inner ones."""
+    outer = _OPTIONS.get()
+    token = _OPTIONS.set(options if outer is None else outer.merge(options))
+    try:
+        yield
+    finally:
+        _OPTIONS.reset(token)
+
+
+class WithOptionsIterDataset(IterDataset):
+    """Grain's ``WithOptionsIterDataset``: ``parent`` run with ``options``.
+
+    The options reach every dataset of the pipeline below (the engine-backed stream's
+    filters and the iterator-level filters); options set closer to the output win, as
+    in Grain.
+
+    Example:
+        >>> import dataloader as dl
+        >>> ds = dl.MapDataset.range(3000).to_iter_dataset().filter(lambda x: x % 10 == 0)
+        >>> strict = dl.experimental.WithOptionsIterDataset(
+        ...     ds, dl.experimental.DatasetOptions(filter_raise_threshold_ratio=0.5))
+        >>> list(strict)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: the filters ... dropped 90.0% of the last ... records, above filter_raise_threshold_ratio=0.5...
+    """
+
+    def __init__(self, parent: IterDataset, options: DatasetOptions) -> None:
+        if not isinstance(options, DatasetOptions):
+            raise TypeError(f"WithOptionsIterDataset needs DatasetOptions, got {options!r}")
+        super().__init__(parent)
+        self.options = options
+
+    def __iter__(self) -> Any:
+        with dataset_options(self.options):
+            return iter(self._parent)
+
+    def __repr__(self) -> str:
+        return f"WithOptionsIterDataset({self._parent!r}, {self.options})"

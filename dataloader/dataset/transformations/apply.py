@@ -1,0 +1,124 @@
+"""Grain's ``apply`` / ``apply_transformations`` and the introspection helpers
+(``get_element_spec``, ``get_next_index``, ``set_next_index``).
+
+``ds.apply([t1, t2, ...])`` dispatches each operation to the matching chained call, so a
+list of operations written for a ``DataLoader`` (or Grain's ``transforms``) builds the
+same pipeline in the chained style.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from dataloader.operations import (
+    Batch,
+    FilterTransform,
+    FlatMapTransform,
+    MapTransform,
+    MapWithIndexTransform,
+    RandomMapTransform,
+)
+from dataloader.operations.packing import ConcatThenSplit, FitPack
+
+
+def apply_transformations(ds: Any, transformations: Any) -> Any:
+    """``ds`` with each operation of ``transformations`` (one, or a list) applied in order.
+
+    Raises:
+        TypeError: an item is not an operation (map, random map, filter, flat map, map
+            with index, batch, or on an ``IterDataset`` a packer).
+    """
+    from dataloader.dataset.base import IterDataset
+
+    items = transformations if isinstance(transformations, Sequence) else [transformations]
+    for i, op in enumerate(items):
+        if isinstance(op, Batch):
+            ds = ds._then(op) if isinstance(ds, IterDataset) else ds._batch(op)
+        elif isinstance(op, RandomMapTransform):
+            ds = ds.random_map(op)
+        elif isinstance(op, FilterTransform):
+            ds = ds.filter(op)
+        elif isinstance(op, FlatMapTransform):
+            ds = ds.flat_map(op)
+        elif isinstance(op, MapWithIndexTransform):
+            ds = ds.map_with_index(op)
+        elif isinstance(op, MapTransform):
+            ds = ds.map(op)
+        elif isinstance(op, (FitPack, ConcatThenSplit)) and isinstance(ds, IterDataset):
+            from dataloader.dataset.transformations.packing import PackIterDataset
+
+            ds = PackIterDataset(ds, op)
+        else:
+            raise TypeError(
+                f"transformations[{i}] is {op!r}, which is not an operation for a "
+                f"{type(ds).__name__} (map, random map, filter, flat map, map with index, "
+                f"batch; packers on an IterDataset)"
+            )
+    return ds
+
+
+class ShapeDtypeStruct(NamedTuple):
+    """The shape and dtype of one leaf of an element (Grain's ``ShapeDtypeStruct``)."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
+def _spec(tree: Any) -> Any:
+    if isinstance(tree, dict):
+        return {k: _spec(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)) and not hasattr(tree, "_fields"):
+        return type(tree)(_spec(v) for v in tree)
+    if isinstance(tree, tuple):  # a named tuple
+        return type(tree)(*(_spec(v) for v in tree))
+    array = np.asarray(tree)
+    return ShapeDtypeStruct(array.shape, array.dtype)
+
+
+def get_element_spec(ds: Any) -> Any:
+    """The structure of ``ds``'s elements: a tree of :class:`ShapeDtypeStruct`.
+
+    Grain infers it without reading data where its transformations can; here it is read
+    off the first element (``ds[0]`` for a ``MapDataset``, the first ``next()`` of a new
+    iterator for an ``IterDataset``), which computes that one element.
+
+    Raises:
+        ValueError: the dataset has no element.
+    """
+    from dataloader.dataset.map_dataset import MapDataset
+
+    if isinstance(ds, MapDataset):
+        for element in ds:
+            return _spec(element)
+        raise ValueError(f"{ds!r} has no element to read a spec from")
+    it = iter(ds)
+    try:
+        return _spec(next(it))
+    except StopIteration:
+        raise ValueError(f"{ds!r} has no element to read a spec from") from None
+    finally:
+        if hasattr(it, "close"):
+            it.close()
+
+
+def get_next_index(ds_iter: Any) -> int:
+    """The index of the element ``ds_iter`` hands out next (Grain's ``get_next_index``).
+
+    Raises:
+        ValueError: the iterator cannot tell without processing (a filter, a flat map, a
+            packer, ...).
+    """
+    return ds_iter._get_next_index()
+
+
+def set_next_index(ds_iter: Any, index: int) -> None:
+    """Moves ``ds_iter`` so that it hands out element ``index`` next, without processing
+    the elements before it (Grain's ``set_next_index``).
+
+    Raises:
+        ValueError: the iterator cannot do so without processing.
+    """
+    ds_iter._set_next_index(index)

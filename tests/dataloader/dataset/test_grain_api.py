@@ -1,0 +1,131 @@
+"""Grain's smaller API pieces: apply, options and filter thresholds, element specs,
+next indices, start_prefetch, and the names of grain.experimental."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+
+import numpy as np
+import pytest
+
+import dataloader as dl
+import dataloader.experimental as ge
+
+
+def test_apply_builds_the_chain_a_list_of_operations_describes():
+    ops = [dl.MapTransform(lambda x: x + 1), dl.FilterTransform(lambda x: x % 2 == 0), dl.Batch(2)]
+    chained = dl.MapDataset.range(10).to_iter_dataset().apply(ops)
+    assert [b.tolist() for b in chained] == [[2, 4], [6, 8], [10]]
+    assert [b.tolist() for b in dl.MapDataset.range(6).apply(dl.Batch(3))] == [[0, 1, 2], [3, 4, 5]]
+    assert ge.apply_transformations(dl.MapDataset.range(3), dl.MapTransform(str))[2] == "2"
+
+
+def test_apply_refuses_what_is_not_an_operation():
+    with pytest.raises(TypeError, match=r"transformations\[1\] is 'x', which is not an operation"):
+        dl.MapDataset.range(3).to_iter_dataset().apply([dl.MapTransform(str), "x"])
+
+
+def test_pipe_applies_a_function_to_the_dataset():
+    ds = dl.MapDataset.range(8).pipe(lambda d, k: d[::k], 3)
+    assert list(ds) == [0, 3, 6]
+    it_ds = dl.MapDataset.range(8).to_iter_dataset().pipe(ge.ThreadPrefetchIterDataset, prefetch_buffer_size=2)
+    assert list(it_ds) == list(range(8))
+
+
+def test_filter_thresholds_warn_by_default_and_raise_when_asked():
+    ds = dl.MapDataset.range(3000).to_iter_dataset().filter(lambda x: x % 20 == 0)
+    with pytest.warns(UserWarning, match=r"dropped 9\d\.\d% of the last \d+ records .*filter_warn_threshold_ratio=0.9"):
+        assert len(list(ds)) == 150
+    strict = ge.WithOptionsIterDataset(ds, ge.DatasetOptions(filter_raise_threshold_ratio=0.5))
+    with pytest.raises(ValueError, match=r"above filter_raise_threshold_ratio=0.5"):
+        list(strict)
+    quiet = ge.WithOptionsIterDataset(ds, ge.DatasetOptions(filter_warn_threshold_ratio=None))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(list(quiet)) == 150
+
+
+def test_options_reach_iterator_level_filters_and_outer_options_win():
+    class Numbers(dl.IterDataset):
+        def __iter__(self):
+            return iter(dl.MapDataset.range(2000).to_iter_dataset())
+
+    ds = ge.WithOptionsIterDataset(Numbers().filter(lambda x: x % 10 == 0),
+                                   ge.DatasetOptions(filter_raise_threshold_ratio=0.99))
+    assert len(list(ds)) == 200  # 90% dropped: below the inner threshold
+    outer = ge.WithOptionsIterDataset(ds, ge.DatasetOptions(filter_raise_threshold_ratio=0.5))
+    with pytest.raises(ValueError, match=r"dropped 90\.0% .* above filter_raise_threshold_ratio=0.5"):
+        list(outer)
+
+
+def test_dataset_options_check_their_fields_and_merge():
+    with pytest.raises(ValueError, match=r"filter_raise_threshold_ratio must be None or a ratio in \[0, 1\], got 2"):
+        ge.DatasetOptions(filter_raise_threshold_ratio=2)
+    merged = ge.DatasetOptions(min_shm_size=5).merge(ge.DatasetOptions(min_shm_size=7, filter_warn_threshold_ratio=0.1))
+    assert merged.get("min_shm_size") == 5 and merged.get("filter_warn_threshold_ratio") == 0.1
+    assert ge.DatasetOptions().get("filter_warn_threshold_ratio") == 0.9
+
+
+def test_element_spec_describes_leaves_by_shape_and_dtype():
+    ds = dl.MapDataset.range(4).map(lambda x: {"a": np.zeros((2, 3), np.float32), "b": (x, np.int8(x))})
+    spec = ge.get_element_spec(ds)
+    assert spec["a"] == ge.ShapeDtypeStruct((2, 3), np.dtype(np.float32))
+    assert spec["b"][1].dtype == np.int8
+    assert ge.get_element_spec(ds.batch(2).to_iter_dataset())["a"].shape == (2, 2, 3)
+    with pytest.raises(ValueError, match="has no element"):
+        ge.get_element_spec(dl.MapDataset.range(3)[3:])
+
+
+def test_next_index_of_a_plain_batched_stream_can_be_read_and_set():
+    it = iter(dl.MapDataset.range(20).seed(1).shuffle().batch(4).to_iter_dataset())
+    expected = list(iter(dl.MapDataset.range(20).seed(1).shuffle().batch(4).to_iter_dataset()))
+    next(it)
+    assert ge.get_next_index(it) == 1
+    ge.set_next_index(it, 3)
+    assert next(it).tolist() == expected[3].tolist()
+    assert ge.get_next_index(it) == 4
+
+
+def test_next_index_is_refused_where_it_needs_processing():
+    it = iter(dl.MapDataset.range(10).to_iter_dataset().filter(lambda x: x > 2))
+    with pytest.raises(ValueError, match=r"cannot tell the index of its next element without processing"):
+        ge.get_next_index(it)
+    with pytest.raises(ValueError, match=r"cannot move to element 3 without processing"):
+        ge.set_next_index(it, 3)
+
+
+def test_start_prefetch_computes_the_first_units_before_the_first_next():
+    seen = []
+    gate = threading.Event()
+
+    def slow(x):
+        seen.append(x)
+        gate.wait(5)
+        return x
+
+    it = iter(dl.MapDataset.range(8).map(slow).batch(2).to_iter_dataset())
+    it.start_prefetch()
+    assert _wait(lambda: len(seen) >= 1), "a unit started before the first next()"
+    gate.set()
+    assert [b.tolist() for b in it] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+
+
+def _wait(predicate, timeout=5.0):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
+
+
+def test_the_names_of_grain_experimental_are_there():
+    for name in ["ThreadPrefetchIterDataset", "ThreadPrefetchDatasetIterator", "multithread_prefetch",
+                 "FirstFitPackIterDataset", "BestFitPackIterDataset", "ConcatThenSplitIterDataset",
+                 "BOSHandling", "FlatMapTransform", "MapWithIndexTransform", "batch_and_pad",
+                 "DatasetOptions", "ExecutionTrackingMode", "WithOptionsIterDataset",
+                 "apply_transformations", "get_element_spec", "get_next_index", "set_next_index"]:
+        assert hasattr(ge, name), name

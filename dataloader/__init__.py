@@ -107,7 +107,7 @@ _EXPORTS: dict[str, str] = {
 # Subpackages reachable as attributes (``dl.samplers``) before anything imported them.
 _SUBPACKAGES = (
     "checkpoint", "cli", "config", "dataset", "device", "engine", "errors", "experimental", "iterator",
-    "loader", "operations", "options", "samplers", "sources",
+    "loader", "operations", "options", "samplers", "sharding", "sources", "transforms",
 )
 
 __all__ = sorted(_EXPORTS)

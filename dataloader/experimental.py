@@ -7,6 +7,7 @@ Where granary's version differs on purpose, the README's Grain table says how.
 from __future__ import annotations
 
 from dataloader.dataset.context import WithOptionsIterDataset
+from dataloader.dataset.device_put import device_put
 from dataloader.dataset.transformations.apply import (
     ShapeDtypeStruct,
     apply_transformations,
@@ -43,6 +44,7 @@ __all__ = [
     "WithOptionsIterDataset",
     "apply_transformations",
     "batch_and_pad",
+    "device_put",
     "get_element_spec",
     "get_next_index",
     "multithread_prefetch",

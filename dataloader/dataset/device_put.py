@@ -11,7 +11,7 @@ from typing import Any
 
 def device_put(
     ds: Any,
-    device_or_sharding: Any = None,
+    device: Any = None,
     *,
     cpu_buffer_size: int = 2,
     device_buffer_size: int = 2,
@@ -22,8 +22,8 @@ def device_put(
         ds: an ``IterDataset`` (iterated from the start), a ``MapDataset`` (its
             ``to_iter_dataset()``), or an iterator with ``get_state``/``set_state``
             such as ``iter(ds)``.
-        device_or_sharding: ``None`` (the first local device), a ``jax.Device`` or a
-            ``jax.sharding.Sharding``.
+        device: ``None`` (the first local device), a ``jax.Device`` or a
+            ``jax.sharding.Sharding`` (Grain's ``device=`` argument).
         cpu_buffer_size: batches kept ready on the host by a background thread.
         device_buffer_size: batches kept already transferred.
 
@@ -46,7 +46,7 @@ def device_put(
     source = iter(ds) if isinstance(ds, IterDataset) else ds
     return device_prefetch(
         source,
-        device_or_sharding,
+        device,
         cpu_buffer_size=cpu_buffer_size,
         device_buffer_size=device_buffer_size,
     )

@@ -56,6 +56,7 @@ _EXPORTS: dict[str, str] = {
     "ParquetDataSource": "dataloader.sources",
     "RandomAccessDataSource": "dataloader.sources",
     "RangeDataSource": "dataloader.sources",
+    "SharedMemoryDataSource": "dataloader.sources",
     "expand_paths": "dataloader.sources",
     "read_records": "dataloader.sources",
     "write_array_record": "dataloader.sources",

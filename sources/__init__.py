@@ -22,6 +22,7 @@ from .array_record import ArrayRecordDataSource
 from .array_record_writer import write_array_record
 from .base import RandomAccessDataSource, read_records
 from .in_memory import InMemoryDataSource, RangeDataSource
+from .shared_memory import SharedMemoryDataSource
 
 if TYPE_CHECKING:
     from .parquet import ParquetDataSource
@@ -32,6 +33,7 @@ __all__ = [
     "ParquetDataSource",
     "RandomAccessDataSource",
     "RangeDataSource",
+    "SharedMemoryDataSource",
     "expand_paths",
     "read_records",
     "write_array_record",

@@ -138,5 +138,39 @@ class InMemoryDataSource:
         elements = self._elements
         return [elements[i] for i in as_index_array(indices, len(elements)).tolist()]
 
+    # Arrays at least this large travel to worker processes through shared memory.
+    SHARE_BYTES = 1 << 20
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A large numpy array goes to other processes once, through shared memory.
+
+        The first pickling places the array in a :class:`SharedMemoryDataSource` that this
+        source keeps (and frees with itself); every process that unpickles the source maps
+        that block read-only, so the process tree holds the array once whatever the
+        number of workers. Other elements are pickled as they are.
+        """
+        elements = self._elements
+        if (
+            isinstance(elements, np.ndarray)
+            and elements.ndim >= 1
+            and elements.dtype != object
+            and elements.nbytes >= self.SHARE_BYTES
+        ):
+            shared = self.__dict__.get("_shared")
+            if shared is None:
+                from .shared_memory import SharedMemoryDataSource
+
+                shared = self.__dict__["_shared"] = SharedMemoryDataSource(elements)
+            return {"_shared_source": shared}
+        return {"_elements": elements}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        shared = state.get("_shared_source")
+        if shared is None:
+            self._elements = state["_elements"]
+        else:
+            self._elements = shared._parts["data"]  # a read-only view of the shared block
+            self._shared = shared
+
     def __repr__(self) -> str:
         return f"InMemoryDataSource(<{type(self._elements).__name__} of {len(self)} elements>)"

@@ -66,7 +66,8 @@ def _layout_of(elements: Any) -> tuple[str, list[tuple[str, np.ndarray]], int]:
         bad = [k for k, v in columns.items() if v.dtype == object]
         if bad:
             raise TypeError(f"columns {bad} hold Python objects; SharedMemoryDataSource shares numeric arrays")
-        return "columns", [(k, np.ascontiguousarray(v)) for k, v in columns.items()], next(iter(lengths.values()))
+        length = len(next(iter(columns.values())))
+        return "columns", [(k, np.ascontiguousarray(v)) for k, v in columns.items()], length
     if not isinstance(elements, Sequence) or isinstance(elements, (str, bytes)):
         raise TypeError(
             f"SharedMemoryDataSource takes a numpy array, a dict of arrays, or a sequence of "
@@ -129,7 +130,7 @@ class SharedMemoryDataSource:
             os.posix_fallocate(fd, 0, size)  # a full /dev/shm fails here, not as SIGBUS later
             with mmap.mmap(fd, size) as target:
                 for (_, _, _, start), (_, array) in zip(layout, parts):
-                    target[start : start + array.nbytes] = array.reshape(-1).view(np.uint8)
+                    target[start : start + array.nbytes] = array.reshape(-1).view(np.uint8).tobytes()
         except BaseException:
             _unlink(path)
             raise

@@ -129,8 +129,10 @@ class SharedMemoryDataSource:
         try:
             os.posix_fallocate(fd, 0, size)  # a full /dev/shm fails here, not as SIGBUS later
             with mmap.mmap(fd, size) as target:
+                dest = np.frombuffer(target, np.uint8)  # written in place: no temporary copy
                 for (_, _, _, start), (_, array) in zip(layout, parts):
-                    target[start : start + array.nbytes] = array.reshape(-1).view(np.uint8).tobytes()
+                    dest[start : start + array.nbytes] = array.reshape(-1).view(np.uint8)
+                del dest  # the mapping closes only once no array views it
         except BaseException:
             _unlink(path)
             raise

@@ -22,6 +22,10 @@ The measurement (see :func:`measure`):
   not count a forked child's inherited pages twice).
 * ``parent_cpu_ms_per_batch``: user+system CPU of this process (all its threads)
   over the timed batches, per batch: what the loader costs the training process.
+* ``tree_cpu_us_per_record``: user+system CPU of this process and all its live
+  descendants (read from ``/proc``) over the timed batches, per record.
+* ``ramp_records_per_s``: records in the first second after the first batch (the
+  warm-up is not skipped for it): how fast a loader gets going.
 
 Frameworks are imported inside their function: a worker started with ``spawn``
 imports this module only if a pipeline object lives in it, and then stays light.
@@ -57,6 +61,8 @@ class Measurement:
     parent_cpu_ms_per_batch: float
     batch_shape: list[int]
     notes: str = ""
+    tree_cpu_us_per_record: float = 0.0
+    ramp_records_per_s: float = 0.0
 
 
 # ------------------------------------------------------------------- measuring
@@ -94,6 +100,38 @@ def _process_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _stat_cpu(pid: int) -> tuple[int, float] | None:
+    """(parent pid, user+system CPU seconds) of a live process, from /proc/PID/stat."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def tree_cpu(root: int | None = None) -> float:
+    """CPU seconds of ``root`` (default: this process) and all its live descendants."""
+    root = os.getpid() if root is None else root
+    stats = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            stat = _stat_cpu(int(entry))
+            if stat is not None:
+                stats[int(entry)] = stat
+    tree, frontier = {root}, [root]
+    while frontier:
+        parent = frontier.pop()
+        for pid, (ppid, _) in stats.items():
+            if ppid == parent and pid not in tree:
+                tree.add(pid)
+                frontier.append(pid)
+    return sum(stats[pid][1] for pid in tree if pid in stats)
+
+
 def measure(
     make_iterator: Callable[[], Iterator[Any]],
     batch_size: int,
@@ -114,27 +152,35 @@ def measure(
     started = time.perf_counter()
     iterator = make_iterator()
     first = next(iterator)
-    first_batch_s = time.perf_counter() - started
+    first_at = time.perf_counter()
+    first_batch_s = first_at - started
     batch_shape = list(np.shape(first))
-    for _ in range(warmup_batches - 1):
+    ramp_batches = 1
+    for _ in range(max(warmup_batches, 1) - 1):
         next(iterator)
+        ramp_batches += time.perf_counter() - first_at <= 1.0
 
     timed = 0
-    cpu_before = _process_cpu()
+    cpu_before, tree_before = _process_cpu(), tree_cpu()
     timer = time.perf_counter()
+    if not warmup_batches:  # timed from the first batch on: it counts, its wait does not
+        timer, timed = first_at, 1
     deadline = timer + max_seconds
-    for _ in range(total_batches - warmup_batches):
+    for _ in range(total_batches - max(warmup_batches, 1)):
         try:
             next(iterator)
         except StopIteration:
             # grain batches within each worker's slice, so with drop_remainder
             # it may yield fewer than num_records // batch_size batches.
             break
+        now = time.perf_counter()
         timed += 1
-        if time.perf_counter() >= deadline:
+        ramp_batches += now - first_at <= 1.0
+        if now >= deadline:
             break
     seconds = time.perf_counter() - timer
     cpu = _process_cpu() - cpu_before
+    tree = tree_cpu() - tree_before
     peak_pss = monitor.stop()
 
     close = getattr(iterator, "close", None) or getattr(iterator, "_shutdown_workers", None)
@@ -150,6 +196,8 @@ def measure(
         parent_cpu_ms_per_batch=1000 * cpu / timed,
         batch_shape=batch_shape,
         notes=notes,
+        tree_cpu_us_per_record=1e6 * tree / (timed * batch_size),
+        ramp_records_per_s=ramp_batches * batch_size / min(1.0, max(time.perf_counter() - first_at, 1e-9)),
     )
 
 

@@ -42,7 +42,7 @@ DATASET_RUNS = {
     "png": {"batch_size": 128, "records": 50_000, "quick_records": 20_000},
     "jpeg": {"batch_size": 32, "records": 5_000, "quick_records": 1_200},
 }
-FRAMEWORKS = ["raw", "granary", "grain", "grain_nothreads", "torch", "torch_spawn"]
+FRAMEWORKS = ["raw", "granary", "grain", "grain_nothreads", "torch", "torch_spawn", "ceiling", "fork_pool"]
 DEFAULT_ROWS = [
     ("raw", 0),
     ("granary", 0),
@@ -77,7 +77,10 @@ def measure_one(request: dict) -> dict:
 
     sampler = IndexSampler(spec.num_records, shuffle=True, seed=ORDER_SEED, num_epochs=1)
     order = sampler.record_keys(np.arange(min(request["records"], spec.num_records)))
-    loader = peers.LOADERS[request["framework"]]
+    import ceiling
+
+    loaders = {**peers.LOADERS, "ceiling": ceiling.ceiling_loader, "fork_pool": ceiling.fork_pool_loader}
+    loader = loaders[request["framework"]]
     result = loader(
         paths,
         order,
@@ -166,6 +169,30 @@ def format_table(dataset: str, rows: list[tuple[str, int, dict]], meta: str) -> 
     return "\n".join(lines)
 
 
+def format_scaling(dataset: str, rows: list[tuple[str, int, dict]], meta: str) -> str:
+    """The scaling table: each row against the ceiling of as many processes."""
+    header = (
+        f"{'row':<10} {'N':>3} {'records/s':>10} {'% ceiling':>9} {'x fork pool':>11} "
+        f"{'ramp rec/s (1st s)':>18} {'tree CPU us/rec':>15} {'x ceiling CPU':>13}"
+    )
+    by = {(name, w): r for name, w, r in rows if r.get("ok")}
+    lines = [f"== scaling, {dataset}: {meta}", header, "-" * len(header)]
+    for name, workers, reply in rows:
+        if not reply.get("ok"):
+            lines.append(f"{name:<10} {workers:>3} not available: {reply['reason']}")
+            continue
+        top, pool = by.get(("ceiling", workers)), by.get(("fork_pool", workers))
+        pct = f"{100 * reply['records_per_s'] / top['records_per_s']:.0f}%" if top else "-"
+        vs_pool = f"{reply['records_per_s'] / pool['records_per_s']:.2f}" if pool else "-"
+        cpu = reply.get("tree_cpu_us_per_record", 0.0)
+        vs_cpu = f"{cpu / top['tree_cpu_us_per_record']:.2f}" if top and top.get("tree_cpu_us_per_record") else "-"
+        lines.append(
+            f"{name:<10} {workers:>3} {reply['records_per_s']:>10,.0f} {pct:>9} {vs_pool:>11} "
+            f"{reply.get('ramp_records_per_s', 0.0):>18,.0f} {cpu:>15.1f} {vs_cpu:>13}"
+        )
+    return "\n".join(lines)
+
+
 def versions() -> str:
     import importlib.metadata
     import platform
@@ -221,6 +248,11 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--no-venv", action="store_true", help="run in this interpreter as it is")
     parser.add_argument("--no-sampler", action="store_true", help="skip the sampler throughput")
+    parser.add_argument(
+        "--scaling", action="store_true",
+        help="scaling mode: ceiling, fork pool and granary at each worker count (default "
+        "1..cores-2, at least 2), timed from the first batch, with CPU per record of the tree",
+    )
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
@@ -241,6 +273,12 @@ def main(argv: list[str]) -> int:
         if name in frameworks and (not keep_workers or w in keep_workers or name == "raw")
     ]
     max_seconds = args.max_seconds or (1.5 if args.quick else 4.0)
+    if args.scaling:
+        counts = sorted(keep_workers) or list(range(1, max(2, (os.cpu_count() or 2) - 2) + 1))
+        names = [n for n in ("ceiling", "fork_pool", "granary") if not args.only or n in frameworks]
+        rows = [(name, w) for w in counts for name in names]
+        args.warmup_batches = 0
+        max_seconds = max(max_seconds, 1.0)
 
     print(versions() + "\n", flush=True)
     if not args.no_sampler:
@@ -290,7 +328,8 @@ def main(argv: list[str]) -> int:
                 )
         table = [(name, workers, median_reply(replies[(name, workers)])) for name, workers in rows]
         results[dataset] = table
-        print(format_table(dataset, table, meta) + "\n", flush=True)
+        formatter = format_scaling if args.scaling else format_table
+        print(formatter(dataset, table, meta) + "\n", flush=True)
 
     if args.json:
         args.json.write_text(

@@ -176,3 +176,39 @@ def test_resident_memory_stays_flat_over_many_epochs():
     growth = samples[-1] - samples[2]
     assert growth < 8, f"resident memory grew {growth:.1f} MB over 10 epochs: {samples}"
     it.close()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_dropping_a_prefetched_pipeline_without_close_stops_its_workers():
+    """A thread-prefetched pipeline over workers, dropped mid-stream: the prefetch thread
+    holds the engine's iterator, so only the dropped iterator's finalizer can stop it."""
+
+    class Doubling(dl.IterDataset):
+        def __init__(self, parent):
+            super().__init__(parent)
+
+        def __iter__(self):
+            return DoublingIterator(iter(self._parent))
+
+    it = iter(Doubling(dl.MapDataset.range(10_000).to_iter_dataset()).batch(4).mp_prefetch(
+        dl.MultiprocessingOptions(num_workers=2)))
+    next(it)
+    assert len(child_pids()) >= 2
+    del it
+    gc.collect()
+    assert wait_until(lambda: not child_pids(), 10), f"workers left: {child_pids()}"
+
+
+class DoublingIterator(dl.DatasetIterator):
+    def __init__(self, parent):
+        super().__init__(parent)
+
+    def __next__(self):
+        return 2 * next(self._parent)
+
+    def get_state(self):
+        return {"parent": self._parent.get_state()}
+
+    def set_state(self, state):
+        self._parent.set_state(state["parent"])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+import weakref
 from typing import Any
 
 from dataloader.engine.stages.base import DatasetIterator
@@ -69,6 +70,14 @@ class _Producer:
             self.thread.join()
 
 
+def _release(producer: _Producer, parent: Any) -> None:
+    producer.stopping.set()
+    close = getattr(parent, "close", None)
+    if close is not None:
+        close()
+    producer.stop()
+
+
 class ThreadPrefetchDatasetIterator(DatasetIterator):
     """The iterator of :class:`ThreadPrefetchIterDataset` (see there)."""
 
@@ -82,6 +91,9 @@ class ThreadPrefetchDatasetIterator(DatasetIterator):
     def start_prefetch(self) -> None:
         if self._producer is None and not self._finished and not self._closed:
             self._producer = _Producer(self._parent, self._size)
+            # The thread holds the parent, not this iterator: dropping the iterator (no
+            # close()) stops the thread and closes the parent, so no worker outlives it.
+            self._finalizer = weakref.finalize(self, _release, self._producer, self._parent)
 
     def __next__(self) -> Any:
         if self._closed:
@@ -111,6 +123,7 @@ class ThreadPrefetchDatasetIterator(DatasetIterator):
 
     def _stop(self) -> None:
         if self._producer is not None:
+            self._finalizer.detach()
             self._producer.stop()
             self._producer = None
 

@@ -6,6 +6,8 @@ Where granary's version differs on purpose, the README's Grain table says how.
 
 from __future__ import annotations
 
+from dataloader.dataset.sources import ParquetIterDataset, TFRecordIterDataset
+from dataloader.dataset.transformations.interleave import InterleaveIterDataset
 from dataloader.dataset.transformations.packing import (
     BestFitPackIterDataset,
     ConcatThenSplitIterDataset,
@@ -14,6 +16,10 @@ from dataloader.dataset.transformations.packing import (
 from dataloader.dataset.transformations.prefetch import (
     ThreadPrefetchIterDataset,
     multithread_prefetch,
+)
+from dataloader.dataset.transformations.window_shuffle import (
+    WindowShuffleIterDataset,
+    WindowShuffleMapDataset,
 )
 from dataloader.engine.stages.prefetch import ThreadPrefetchDatasetIterator
 from dataloader.operations import FlatMapTransform, MapWithIndexTransform
@@ -25,8 +31,13 @@ __all__ = [
     "ConcatThenSplitIterDataset",
     "FirstFitPackIterDataset",
     "FlatMapTransform",
+    "InterleaveIterDataset",
     "MapWithIndexTransform",
+    "ParquetIterDataset",
+    "TFRecordIterDataset",
     "ThreadPrefetchDatasetIterator",
     "ThreadPrefetchIterDataset",
+    "WindowShuffleIterDataset",
+    "WindowShuffleMapDataset",
     "multithread_prefetch",
 ]

@@ -67,10 +67,8 @@ class FileIterDataset(IterDataset):
             return self._file_iterator(self._paths[0])
         from dataloader.dataset.transformations.interleave import InterleaveIterDataset
 
-        # No thread per file: handing each record between threads would cost more than
-        # reading it; the files' own reads (pyarrow's decoding) run in parallel already.
         files = [self._for_file(p) for p in self._paths]
-        return iter(InterleaveIterDataset(files, cycle_length=CYCLE_LENGTH, iter_buffer_size=0))
+        return iter(InterleaveIterDataset(files, cycle_length=CYCLE_LENGTH))
 
     def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
         """Keeps the files ``paths[sl]`` (Grain's hook for sharding a dataset in place)."""

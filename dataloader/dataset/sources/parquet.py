@@ -1,8 +1,8 @@
 """Grain's ``ParquetIterDataset``: the rows of Parquet files, read in order.
 
 Parquet is columnar: the smallest unit it decodes is a row group. Read in order, each
-row group is decoded once (by pyarrow, with its own threads) and all its rows are
-handed out; ``ParquetDataSource``'s random access instead decodes a row group for
+row group is decoded once (by pyarrow, with its own threads, while the rows of the one
+before are handed out) and all its rows are handed out; ``ParquetDataSource``'s random access instead decodes a row group for
 nearly every row it reads once the data is larger than its cache, which is why
 streaming is tens of times faster (``benchmarks/streaming.py`` measures both).
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from concurrent import futures
 from typing import Any
 
 from dataloader.dataset.base import DatasetIterator
@@ -82,7 +83,12 @@ class ParquetIterDataset(FileIterDataset):
 
 
 class ParquetFileIterator(DatasetIterator):
-    """The rows of one Parquet file, a decoded row group at a time."""
+    """The rows of one Parquet file, a decoded row group at a time.
+
+    While the rows of one row group are handed out, a thread of this iterator reads
+    the next row group (pyarrow releases the GIL while it reads and decodes), so the
+    consumer rarely waits for a read. ``start_prefetch()`` starts reading the first.
+    """
 
     def __init__(self, path: str, columns: list[str] | None, read_kwargs: dict[str, Any]) -> None:
         super().__init__()
@@ -94,17 +100,46 @@ class ParquetFileIterator(DatasetIterator):
         self._group = 0
         self._row = 0
         self._decoded: Any = None  # the current row group, once decoded
+        self._pool: futures.ThreadPoolExecutor | None = None
+        self._ahead: tuple[int, futures.Future[Any]] | None = None  # a row group being read
+
+    def _read(self, group: int) -> Any:
+        return self._file.read_row_group(group, columns=self._columns)
+
+    def _read_ahead(self, group: int) -> None:
+        if group >= self._groups or (self._ahead is not None and self._ahead[0] == group):
+            return
+        self._drop_ahead()
+        if self._pool is None:
+            self._pool = futures.ThreadPoolExecutor(1, thread_name_prefix="granary-parquet")
+        self._ahead = (group, self._pool.submit(self._read, group))
+
+    def _drop_ahead(self) -> None:
+        """Forgets the row group read ahead (waiting for the read: one reader at a time)."""
+        if self._ahead is not None:
+            _, pending = self._ahead
+            self._ahead = None
+            pending.cancel() or pending.exception()
 
     def _decode(self) -> None:
         from dataloader.sources._parquet_rows import DecodedRowGroup
 
+        group = self._group
         try:
-            table = self._file.read_row_group(self._group, columns=self._columns)
+            if self._ahead is not None and self._ahead[0] == group:
+                table = self._ahead[1].result()
+                self._ahead = None
+            else:
+                self._drop_ahead()
+                table = self._read(group)
         except Exception as error:
-            raise ValueError(
-                f"Parquet file {self._path!r}: row group {self._group} cannot be read: {error}"
-            ) from error
+            raise ValueError(f"Parquet file {self._path!r}: row group {group} cannot be read: {error}") from error
+        self._read_ahead(group + 1)
         self._decoded = DecodedRowGroup(table)
+
+    def start_prefetch(self) -> None:
+        if not self._closed and self._decoded is None:
+            self._read_ahead(self._group)
 
     def __next__(self) -> dict[str, Any]:
         if self._closed:
@@ -136,6 +171,9 @@ class ParquetFileIterator(DatasetIterator):
     def close(self) -> None:
         if not self._closed:
             self._decoded = None
+            self._drop_ahead()
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
             self._file.close()
         super().close()
 

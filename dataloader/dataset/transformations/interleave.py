@@ -46,8 +46,10 @@ class InterleaveIterDataset(IterDataset):
         num_make_iter_threads: threads that open the next datasets ahead (0: none).
         make_iter_buffer_size: how many datasets to keep opened ahead.
         iter_buffer_size: elements each open ``IterDataset`` computes ahead in a thread
-            of its own (0: no thread). A thread pays off for datasets that wait on I/O
-            or release the GIL; each element handed between threads costs ~10 us.
+            of its own. 0 by default (Grain: 1): handing every element from a thread to
+            the consumer took the MaxText Parquet path from ~110k to ~9.5k rows/s here,
+            and the file sources and engine-backed streams read ahead by themselves.
+            Worth it for a dataset of your own that waits on I/O.
 
     Raises:
         ValueError: ``cycle_length`` is not a positive integer, or opens more than
@@ -68,7 +70,7 @@ class InterleaveIterDataset(IterDataset):
         cycle_length: int,
         num_make_iter_threads: int = 1,
         make_iter_buffer_size: int = 1,
-        iter_buffer_size: int = 1,
+        iter_buffer_size: int = 0,
     ) -> None:
         # Not passed as parents: a MapDataset of datasets is computed lazily, one by one.
         super().__init__()

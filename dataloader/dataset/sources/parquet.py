@@ -23,6 +23,10 @@ from typing import Any
 from dataloader.dataset.base import DatasetIterator
 from dataloader.dataset.sources.files import FileIterDataset, check_file_state
 
+# Rows built at once from a decoded row group: dicts in bulk are ~2x faster than one at a
+# time, and a chunk, not the whole group, bounds the memory they take.
+_CHUNK_ROWS = 1024
+
 
 def _open(path: str, read_kwargs: dict[str, Any]) -> Any:
     import pyarrow as pa
@@ -100,6 +104,7 @@ class ParquetFileIterator(DatasetIterator):
         self._group = 0
         self._row = 0
         self._decoded: Any = None  # the current row group, once decoded
+        self._rows: list[dict[str, Any]] = []  # the next rows of it, built a chunk at a time
         self._pool: futures.ThreadPoolExecutor | None = None
         self._ahead: tuple[int, futures.Future[Any]] | None = None  # a row group being read
 
@@ -144,15 +149,20 @@ class ParquetFileIterator(DatasetIterator):
     def __next__(self) -> dict[str, Any]:
         if self._closed:
             raise ValueError(f"next() on a closed iterator ({self!r}); make a new one")
-        while True:
-            if self._group >= self._groups:
-                raise StopIteration
-            if self._decoded is None:
-                self._decode()
-            if self._row < self._decoded.num_rows:
-                self._row += 1
-                return self._decoded.row(self._row - 1)
-            self._group, self._row, self._decoded = self._group + 1, 0, None
+        if not self._rows:
+            while True:
+                if self._group >= self._groups:
+                    raise StopIteration
+                if self._decoded is None:
+                    self._decode()
+                if self._row < self._decoded.num_rows:
+                    break
+                self._group, self._row, self._decoded = self._group + 1, 0, None
+            stop = min(self._row + _CHUNK_ROWS, self._decoded.num_rows)
+            self._rows = self._decoded.rows(self._row, stop)
+            self._rows.reverse()  # handed out from the end: pop() is O(1)
+        self._row += 1
+        return self._rows.pop()
 
     def get_state(self) -> dict[str, Any]:
         return {"path": self._name, "row_group": self._group, "index_within_row_group": self._row}
@@ -166,11 +176,11 @@ class ParquetFileIterator(DatasetIterator):
             )
         if group != self._group:
             self._decoded = None
-        self._group, self._row = group, row
+        self._group, self._row, self._rows = group, row, []
 
     def close(self) -> None:
         if not self._closed:
-            self._decoded = None
+            self._decoded, self._rows = None, []
             self._drop_ahead()
             if self._pool is not None:
                 self._pool.shutdown(wait=True)

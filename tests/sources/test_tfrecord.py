@@ -9,6 +9,7 @@ import pytest
 
 from dataloader.sources import TFRecordReader, write_tfrecord
 from dataloader.sources.tfrecord import masked_crc
+from tests.helpers import open_files_under
 
 MORRIS = [b"1", b"1 1", b"2 1", b"1 2 1 1", b"1 1 1 2 2 1"]
 # Grain's test file morris_sequence_first_5.tfrecord, written by TensorFlow's
@@ -106,7 +107,7 @@ def test_an_offset_outside_the_file_is_refused_and_closes_the_file(tmp_path):
     write_tfrecord(tmp_path / "r.tfrecord", [b"abc"])
     with pytest.raises(ValueError, match=r"offset 100 is outside TFRecord file .* \(19 bytes\)"):
         TFRecordReader(tmp_path / "r.tfrecord", 100)
-    assert not _open_files_under(tmp_path)
+    assert not open_files_under(tmp_path)
 
 
 def test_a_record_that_is_not_bytes_leaves_no_file(tmp_path):
@@ -118,20 +119,8 @@ def test_a_record_that_is_not_bytes_leaves_no_file(tmp_path):
 def test_close_releases_the_file(tmp_path):
     write_tfrecord(tmp_path / "r.tfrecord", [b"abc"])
     reader = TFRecordReader(tmp_path / "r.tfrecord")
-    assert _open_files_under(tmp_path)
+    assert open_files_under(tmp_path)
     reader.close()
     reader.close()
-    assert reader.closed and not _open_files_under(tmp_path)
+    assert reader.closed and not open_files_under(tmp_path)
 
-
-def _open_files_under(folder) -> list[str]:
-    """Files under ``folder`` that this process holds open."""
-    found = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith(str(folder)):
-            found.append(target)
-    return found

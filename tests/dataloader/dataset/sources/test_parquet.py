@@ -5,7 +5,6 @@ at construction, and no file left open."""
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import threading
 
@@ -15,7 +14,12 @@ import pyarrow.parquet as pq
 import pytest
 
 import dataloader as dl
-from tests.helpers import assert_restores_everywhere, assert_streams_equal, wait_until
+from tests.helpers import (
+    assert_restores_everywhere,
+    assert_streams_equal,
+    open_files_under,
+    wait_until,
+)
 
 Parquet = dl.experimental.ParquetIterDataset
 
@@ -182,20 +186,19 @@ def test_no_file_or_thread_is_left_open_after_close(tmp_path):
     it = iter(Parquet(paths))
     for _ in range(30):
         next(it)
-    assert _open_files_under(tmp_path)
+    assert open_files_under(tmp_path)
     it.close()
-    assert not _open_files_under(tmp_path)
+    assert not open_files_under(tmp_path)
     assert wait_until(lambda: set(threading.enumerate()) <= before)
-    assert np.all([not f for f in _open_files_under(tmp_path)])
 
 
-def _open_files_under(folder) -> list[str]:
-    found = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith(str(folder)):
-            found.append(target)
-    return found
+def test_closing_a_window_shuffle_closes_the_files_below_it(tmp_path):
+    paths = write_shards(tmp_path, count=3, rows=9)
+    files = dl.MapDataset.source(paths).shuffle(seed=1)
+    ds = dl.experimental.WindowShuffleIterDataset(
+        dl.experimental.InterleaveIterDataset(files.map(Parquet), cycle_length=2), window_size=5, seed=1)
+    with iter(ds) as it:
+        next(it)
+        assert open_files_under(tmp_path)
+    assert not open_files_under(tmp_path)
+

@@ -9,8 +9,13 @@ import threading
 import pytest
 
 import dataloader as dl
-from tests.helpers import assert_restores_everywhere, assert_streams_equal, wait_until
-from tests.sources.test_tfrecord import MORRIS, MORRIS_FILE, _open_files_under
+from tests.helpers import (
+    assert_restores_everywhere,
+    assert_streams_equal,
+    open_files_under,
+    wait_until,
+)
+from tests.sources.test_tfrecord import MORRIS, MORRIS_FILE
 
 TFRecord = dl.experimental.TFRecordIterDataset
 
@@ -110,6 +115,6 @@ def test_no_file_or_thread_is_left_open_after_close(tmp_path):
         for _ in range(25):
             next(it)
         # the 16 files of the cycle, and the one a thread opens ahead
-        assert wait_until(lambda: len(_open_files_under(tmp_path)) == 16 + 1)
-    assert not _open_files_under(tmp_path)
+        assert wait_until(lambda: len(open_files_under(tmp_path)) == 16 + 1)
+    assert not open_files_under(tmp_path)
     assert wait_until(lambda: set(threading.enumerate()) <= before)

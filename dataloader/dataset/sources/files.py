@@ -71,12 +71,10 @@ class FileIterDataset(IterDataset):
         return iter(InterleaveIterDataset(files, cycle_length=CYCLE_LENGTH))
 
     def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
-        """Keeps the files ``paths[sl]`` (Grain's hook for sharding a dataset in place)."""
+        """Keeps the files ``paths[sl]`` (Grain's hook for sharding a dataset in place);
+        a slice of no file yields nothing."""
         del sequential_slice
-        paths = self._paths[sl]
-        if not paths:
-            raise ValueError(f"slice {sl} of {len(self._paths)} files selects none")
-        self._paths = paths
+        self._paths = self._paths[sl]
 
     def __repr__(self) -> str:
         shown = self._paths[0] if len(self._paths) == 1 else f"[{len(self._paths)} files]"

@@ -71,6 +71,8 @@ def test_set_slice_keeps_some_files_as_in_grain(two_files):
     ds = Parquet(two_files)
     ds.set_slice(slice(1, 2))
     assert list(ds) == [{"text": t} for t in SOME_TEXT[1]]
+    ds.set_slice(slice(1, None))
+    assert list(ds) == []
 
 
 def test_rows_are_those_of_parquet_data_source(tmp_path):

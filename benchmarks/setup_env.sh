@@ -21,9 +21,11 @@ PEERS=(
   "pillow"
   "psutil"
 )
+# The project's extras the benchmarks need (tfrecord: streaming.py writes TFRecord files).
+EXTRAS="tfrecord"
 STAMP="${VENV}/.bench-stamp"
 # The stamp's content: change either list (or setup.cfg) and the install reruns.
-WANT="$(printf '%s\n' "${PEERS[@]}"; cat "${ROOT}/setup.cfg" "${ROOT}/setup.py")"
+WANT="$(printf '%s\n' "${PEERS[@]}" "${EXTRAS}"; cat "${ROOT}/setup.cfg" "${ROOT}/setup.py")"
 
 if [[ -f "${STAMP}" && "$(cat "${STAMP}")" == "${WANT}" ]]; then
   exit 0
@@ -36,7 +38,7 @@ fi
 LOG="${VENV}/install.log"
 echo "setting up ${VENV} (log: ${LOG}) ..."
 if ! { "${PY}" -m pip install -q --upgrade pip &&
-       "${PY}" -m pip install -q -e "${ROOT}" "${PEERS[@]}"; } >"${LOG}" 2>&1; then
+       "${PY}" -m pip install -q -e "${ROOT}[${EXTRAS}]" "${PEERS[@]}"; } >"${LOG}" 2>&1; then
   tail -n 40 "${LOG}" >&2
   echo "setup_env.sh: pip install failed; full log in ${LOG}" >&2
   exit 1

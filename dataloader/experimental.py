@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataloader.dataset.context import WithOptionsIterDataset
 from dataloader.dataset.device_put import device_put
+from dataloader.dataset.sources import ParquetIterDataset, TFRecordIterDataset
 from dataloader.dataset.transformations.apply import (
     ShapeDtypeStruct,
     apply_transformations,
@@ -15,6 +16,7 @@ from dataloader.dataset.transformations.apply import (
     get_next_index,
     set_next_index,
 )
+from dataloader.dataset.transformations.interleave import InterleaveIterDataset
 from dataloader.dataset.transformations.packing import (
     BestFitPackIterDataset,
     ConcatThenSplitIterDataset,
@@ -23,6 +25,10 @@ from dataloader.dataset.transformations.packing import (
 from dataloader.dataset.transformations.prefetch import (
     ThreadPrefetchIterDataset,
     multithread_prefetch,
+)
+from dataloader.dataset.transformations.window_shuffle import (
+    WindowShuffleIterDataset,
+    WindowShuffleMapDataset,
 )
 from dataloader.engine.stages.prefetch import ThreadPrefetchDatasetIterator
 from dataloader.operations import FlatMapTransform, MapWithIndexTransform, batch_and_pad
@@ -37,10 +43,15 @@ __all__ = [
     "ExecutionTrackingMode",
     "FirstFitPackIterDataset",
     "FlatMapTransform",
+    "InterleaveIterDataset",
     "MapWithIndexTransform",
+    "ParquetIterDataset",
     "ShapeDtypeStruct",
+    "TFRecordIterDataset",
     "ThreadPrefetchDatasetIterator",
     "ThreadPrefetchIterDataset",
+    "WindowShuffleIterDataset",
+    "WindowShuffleMapDataset",
     "WithOptionsIterDataset",
     "apply_transformations",
     "batch_and_pad",

@@ -3,7 +3,7 @@
 A data source is anything with ``__len__`` and ``__getitem__`` (see
 :class:`RandomAccessDataSource` for the obligations); this package provides
 sources over ranges, in-memory sequences, ArrayRecord files and Parquet files,
-:func:`read_records`, the one function through which the loader reads, and
+the sequential TFRecord reader and writer (:mod:`.tfrecord`), :func:`read_records`, the one function through which the loader reads, and
 :func:`expand_paths`, which turns paths and globs into files the way the
 file-backed sources do (for tools that check paths before building a source).
 
@@ -23,6 +23,7 @@ from .array_record_writer import write_array_record
 from .base import RandomAccessDataSource, read_records
 from .in_memory import InMemoryDataSource, RangeDataSource
 from .shared_memory import SharedMemoryDataSource
+from .tfrecord import TFRecordReader, write_tfrecord
 
 if TYPE_CHECKING:
     from .parquet import ParquetDataSource
@@ -34,9 +35,11 @@ __all__ = [
     "RandomAccessDataSource",
     "RangeDataSource",
     "SharedMemoryDataSource",
+    "TFRecordReader",
     "expand_paths",
     "read_records",
     "write_array_record",
+    "write_tfrecord",
 ]
 
 

@@ -94,15 +94,23 @@ def _list_getter(array: pa.Array) -> Getter:
 
 def column_getter(array: pa.Array | pa.ChunkedArray) -> Getter:
     """Returns a function from row number to the value of ``array`` there."""
+    return _column(array)[0]
+
+
+def _column(array: pa.Array | pa.ChunkedArray) -> tuple[Getter, Any]:
+    """The getter of ``array``, and the container of every row's value where there is
+    one (a list, or a numpy array whose items are the values), else ``None``."""
     if isinstance(array, pa.ChunkedArray):
         array = array.combine_chunks()
     if pa.types.is_dictionary(array.type):
         array = array.dictionary_decode()
     if _is_numpy_scalar_type(array.type):
-        return _with_nulls(array, _numpy_values(array).__getitem__)
+        values = _numpy_values(array)
+        return _with_nulls(array, values.__getitem__), None if array.null_count else values
     if _is_primitive_list_type(array.type):
-        return _list_getter(array)
-    return array.to_pylist().__getitem__
+        return _list_getter(array), None
+    values = array.to_pylist()
+    return values.__getitem__, values
 
 
 class DecodedRowGroup:
@@ -114,12 +122,23 @@ class DecodedRowGroup:
         {'x': np.int64(2), 's': None}
     """
 
-    __slots__ = ("_getters", "num_rows")
+    __slots__ = ("_columns", "_getters", "num_rows")
 
     def __init__(self, table: pa.Table) -> None:
         self.num_rows = table.num_rows
-        self._getters = [(name, column_getter(table.column(name))) for name in table.column_names]
+        self._columns = [(name, *_column(table.column(name))) for name in table.column_names]
+        self._getters = [(name, get) for name, get, _ in self._columns]
 
     def row(self, row: int) -> dict[str, Any]:
         """Returns row ``row`` (within the group) as a dict column -> value."""
         return {name: get(row) for name, get in self._getters}
+
+    def rows(self, start: int, stop: int) -> list[dict[str, Any]]:
+        """Returns rows ``start`` to ``stop`` (the same dicts as :meth:`row`), for reading
+        in order: slices and ``zip`` build them about twice as fast as one ``row`` each."""
+        names = [name for name, _, _ in self._columns]
+        columns = [
+            values[start:stop] if values is not None else [get(i) for i in range(start, stop)]
+            for _, get, values in self._columns
+        ]
+        return [dict(zip(names, row)) for row in zip(*columns)]

@@ -120,3 +120,16 @@ def assert_restores_everywhere(
         if hasattr(reused, "close"):
             reused.close()
     return outputs
+
+
+def open_files_under(folder: Any) -> list[str]:
+    """The files under ``folder`` that this process holds open (from /proc/self/fd)."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(str(folder)):
+            found.append(target)
+    return found

@@ -74,6 +74,20 @@ def test_null_list_is_none_and_empty_list_is_empty_array(tmp_path):
     np.testing.assert_array_equal(source[0]["l"], [1.5])
 
 
+def test_rows_in_bulk_are_the_rows_one_at_a_time():
+    from dataloader.sources._parquet_rows import DecodedRowGroup
+    from tests.helpers import assert_streams_equal
+    from tests.sources._data import parquet_table
+
+    table = parquet_table(2, 30)
+    table = table.append_column("text", pa.array([None if i % 4 == 1 else f"t{i}" for i in range(30)]))
+    group = DecodedRowGroup(table)
+    for start, stop in [(0, 30), (7, 19), (29, 30), (5, 5)]:
+        bulk = group.rows(start, stop)
+        assert_streams_equal(bulk, [group.row(i) for i in range(start, stop)])
+        assert [type(r["id"]) for r in bulk] == [np.int64] * (stop - start)
+
+
 def test_columns_selects_and_orders_row_keys(two_files):
     row = ParquetDataSource(two_files, columns=["name", "id"])[12]
     assert row == {"name": "row1002", "id": 1002}

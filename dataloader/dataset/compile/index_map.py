@@ -1,6 +1,6 @@
 """Index-level transformations as vectorised maps from positions to record keys.
 
-A chain of ``shuffle``, ``repeat``, ``slice``, ``mix`` and ``concatenate`` over sources
+A chain of ``shuffle``, window shuffles, ``repeat``, ``slice``, ``mix`` and ``concatenate`` over sources
 compiles to a tree of the nodes below. ``node.keys(positions)`` maps an int64 array of
 positions of that node's stream to keys of the *concatenated* source (leaf ``j`` owns
 keys ``[offset_j, offset_j + n_j)``), in O(1) time and memory per position: no node
@@ -54,6 +54,48 @@ class Shuffle:
 
     def describe(self) -> Any:
         return ["shuffle", self.seed, self.child.describe()]
+
+
+class WindowShuffle:
+    """Each window of ``window_size`` positions permuted, a new permutation per window.
+
+    Window ``w`` of epoch ``e`` (the last one of an epoch is the remainder, so each
+    epoch is a permutation of the child's epoch) is permuted by the keyed permutation
+    of ``(seed, e * windows_per_epoch + w)``, as ``WindowShuffleDatasetIterator``
+    permutes its window of that number: one pass reads the same order either way.
+    Over an infinite child every window is full and window ``w`` is ``pos // size``.
+    """
+
+    def __init__(self, child: Any, seed: int, size: int) -> None:
+        self.child, self.seed, self.size, self.length = child, seed, size, child.length
+        self.shuffles = True
+        self._full = IndexSampler(size, shuffle=True, seed=seed, num_epochs=None)
+        self._last: IndexSampler | None = None
+        if self.length is not None:
+            self._windows = -(-self.length // size)
+            last = self.length - (self._windows - 1) * size
+            if last != size:
+                self._last = IndexSampler(last, shuffle=True, seed=seed, num_epochs=None)
+
+    def keys(self, pos: np.ndarray) -> np.ndarray:
+        size = self.size
+        if self.length is None:
+            return self.child.keys(pos - pos % size + self._full.record_keys(pos))
+        epoch, offset = np.divmod(pos, self.length)
+        window, r = np.divmod(offset, size)
+        number = epoch * self._windows + window
+        inner = np.empty_like(pos)
+        short = window == self._windows - 1 if self._last is not None else np.zeros(pos.shape, bool)
+        if (~short).any():
+            inner[~short] = self._full.record_keys(number[~short] * size + r[~short])
+        if short.any():
+            assert self._last is not None
+            last = self._last.num_records
+            inner[short] = self._last.record_keys(number[short] * last + r[short])
+        return self.child.keys(pos - r + inner)
+
+    def describe(self) -> Any:
+        return ["window_shuffle", self.seed, self.size, self.child.describe()]
 
 
 class Repeat:

@@ -2,7 +2,8 @@
 
 This is what puts the chained API on the loader's engine rather than beside it:
 
-* **Index-level calls** (``shuffle``, ``repeat``, ``slice``, ``mix``, ``concatenate``)
+* **Index-level calls** (``shuffle``, ``repeat``, ``slice``, ``mix``, ``concatenate``,
+  ``WindowShuffleMapDataset``)
   compose into one vectorised map from stream positions to keys of the concatenated
   sources (:mod:`~dataloader.dataset.compile.index_map`), behind the sampler interface. The
   plain chains ``source[.shuffle()][.repeat(k)]`` compile to an ``IndexSampler`` itself,
@@ -100,6 +101,8 @@ class _Builder:
         indices = [c.index for c in lowered]
         if isinstance(node, nd.ShuffleNode):
             index: Any = im.Shuffle(indices[0], node.seed)
+        elif isinstance(node, nd.WindowShuffleNode):
+            index = im.WindowShuffle(indices[0], node.seed, node.window_size)
         elif isinstance(node, nd.RepeatNode):
             index = im.Repeat(indices[0], node.num_epochs)
         elif isinstance(node, nd.SliceNode):

@@ -36,6 +36,17 @@ class ShuffleNode:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
+class WindowShuffleNode:
+    parent: Any
+    seed: int
+    window_size: int
+    length: int | None
+
+    def __repr__(self) -> str:
+        return f"WindowShuffleMapDataset({self.parent!r}, window_size={self.window_size}, seed={self.seed})"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class RepeatNode:
     parent: Any
     num_epochs: int | None

@@ -1,0 +1,215 @@
+"""TFRecord files, read and written without TensorFlow, every checksum checked.
+
+A TFRecord file is a plain sequence of records, each laid out as::
+
+    uint64  length of the data, little-endian
+    uint32  masked CRC32C of those 8 length bytes
+    bytes   the data (length bytes)
+    uint32  masked CRC32C of the data
+
+A masked CRC is ``((crc >> 15) | (crc << 17)) + 0xA282EAD8`` modulo ``2**32``
+(TensorFlow's ``crc32c::Mask``). There is no index, so a file is read in order, and
+a reader's position is one integer: the byte offset of the next record. A stream
+resumes from it with one ``seek``.
+
+Both checksums of every record are checked. A bad checksum, or a file that ends
+inside a record, raises ``ValueError`` naming the file and the byte offset of the
+record, so a corrupt or truncated shard is found, never silently read as garbage.
+
+The CRC32C comes from ``google-crc32c`` (Google's C library, using the CPU's CRC
+instruction where there is one; about 0.4 us for a 1 KB record). It is an optional
+extra, ``pip install 'granary[tfrecord]'``, imported only by this module.
+
+Example:
+    >>> write_tfrecord("/tmp/three.tfrecord", [b"a", b"bb", b"ccc"])
+    3
+    >>> with TFRecordReader("/tmp/three.tfrecord") as reader:
+    ...     [reader.read(), reader.offset, reader.read(), reader.read(), reader.read()]
+    [b'a', 17, b'bb', b'ccc', None]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+import uuid
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from .array_record_writer import _as_bytes
+
+_HEADER = struct.Struct("<QI")  # length, masked CRC of the length
+_FOOTER = struct.Struct("<I")  # masked CRC of the data
+_MASK_DELTA = 0xA282EAD8
+# Read in large blocks: records are often small, and each read() is a system call.
+_BUFFER_BYTES = 1 << 20
+
+
+def _crc32c() -> Callable[[bytes], int]:
+    try:
+        import google_crc32c
+    except ImportError:
+        raise ImportError(
+            "reading and writing TFRecord files checks CRC32C checksums with the "
+            "google-crc32c package; install it: pip install 'granary[tfrecord]' "
+            "(or pip install google-crc32c)"
+        ) from None
+    return google_crc32c.value
+
+
+def masked_crc(data: bytes, crc32c: Callable[[bytes], int] | None = None) -> int:
+    """The masked CRC32C of ``data``, as TFRecord stores it."""
+    crc = (crc32c or _crc32c())(data)
+    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+class TFRecordReader:
+    """Reads the records of one TFRecord file in order, from a byte offset.
+
+    Args:
+        path: the file.
+        offset: the byte offset of the record to start at (a value of ``offset`` read
+            earlier; 0 is the first record).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ValueError: ``offset`` is outside the file.
+    """
+
+    def __init__(self, path: str | os.PathLike, offset: int = 0) -> None:
+        self.path = os.fspath(path)
+        self._crc32c = _crc32c()
+        self._file: Any = open(self.path, "rb", buffering=_BUFFER_BYTES)  # noqa: SIM115 - closed by close()
+        self.size = os.fstat(self._file.fileno()).st_size
+        self.offset = 0
+        try:
+            self.seek(offset)
+        except BaseException:
+            self.close()
+            raise
+
+    def seek(self, offset: int) -> None:
+        """Continues with the record at byte ``offset``."""
+        if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset <= self.size:
+            raise ValueError(
+                f"offset {offset!r} is outside TFRecord file {self.path!r} ({self.size} bytes); "
+                f"pass an offset read from this file's reader"
+            )
+        self._file.seek(offset)
+        self.offset = offset
+
+    def read(self) -> bytes | None:
+        """The next record's data, or ``None`` at the end of the file.
+
+        Raises:
+            ValueError: a checksum does not match, or the file ends inside the record.
+        """
+        # Written for speed (it runs once per record): two reads, the masking inlined.
+        start, crc32c = self.offset, self._crc32c
+        header = self._file.read(_HEADER.size)
+        if len(header) < _HEADER.size:
+            if not header:
+                return None
+            raise self._truncated(start, _HEADER.size, len(header))
+        length, length_crc = _HEADER.unpack(header)
+        crc = crc32c(header[:8])
+        if ((crc >> 15 | crc << 17) + _MASK_DELTA) & 0xFFFFFFFF != length_crc:
+            raise ValueError(
+                f"TFRecord file {self.path!r}: the length of the record at byte offset {start} "
+                f"fails its CRC check; the file is corrupt or not a TFRecord file"
+            )
+        body = self._file.read(length + _FOOTER.size)
+        if len(body) < length + _FOOTER.size:
+            raise self._truncated(start, _HEADER.size + length + _FOOTER.size, _HEADER.size + len(body))
+        data = body[:length]
+        crc = crc32c(data)
+        if ((crc >> 15 | crc << 17) + _MASK_DELTA) & 0xFFFFFFFF != _FOOTER.unpack_from(body, length)[0]:
+            raise ValueError(
+                f"TFRecord file {self.path!r}: the data of the record at byte offset {start} "
+                f"({length} bytes) fails its CRC check; the file is corrupt"
+            )
+        self.offset = start + _HEADER.size + length + _FOOTER.size
+        return data
+
+    def _truncated(self, start: int, needed: int, found: int) -> ValueError:
+        return ValueError(
+            f"TFRecord file {self.path!r} is truncated: the record at byte offset {start} needs "
+            f"{needed} bytes but the file ends after {found}; rewrite or drop the file"
+        )
+
+    def check_first_record(self) -> None:
+        """Checks the first record's length checksum (a cheap test that this is TFRecord)."""
+        offset = self.offset
+        try:
+            self.seek(0)
+            header = self._file.read(_HEADER.size)
+            if header and len(header) < _HEADER.size:
+                raise self._truncated(0, _HEADER.size, len(header))
+            if header and masked_crc(header[:8], self._crc32c) != _HEADER.unpack(header)[1]:
+                raise ValueError(
+                    f"{self.path!r} is not a TFRecord file: its first record's length fails "
+                    f"its CRC check"
+                )
+        finally:
+            self.seek(offset)
+
+    def __iter__(self) -> TFRecordReader:
+        return self
+
+    def __next__(self) -> bytes:
+        data = self.read()
+        if data is None:
+            raise StopIteration
+        return data
+
+    def close(self) -> None:
+        """Closes the file; idempotent."""
+        self._file.close()
+
+    @property
+    def closed(self) -> bool:
+        return bool(self._file.closed)
+
+    def __enter__(self) -> TFRecordReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def write_tfrecord(path: str | os.PathLike, records: Iterable[bytes]) -> int:
+    """Writes ``records`` to a TFRecord file (as TensorFlow would) and returns how many.
+
+    The records go to a temporary file in the same directory, renamed to ``path``
+    once complete, so a failure never leaves a half-written file under ``path``.
+
+    Raises:
+        TypeError: a record is not bytes-like; the message names its position.
+        FileNotFoundError: the directory of ``path`` does not exist.
+    """
+    path = os.fspath(path)
+    crc32c = _crc32c()
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(
+            f"cannot write {path!r}: directory {directory!r} does not exist; create it first"
+        )
+    temp_path = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex[:12]}.tmp")
+    count = 0
+    try:
+        with open(temp_path, "wb", buffering=_BUFFER_BYTES) as out:
+            for record in records:
+                data = _as_bytes(record, count)
+                length = struct.pack("<Q", len(data))
+                out.write(length + _FOOTER.pack(masked_crc(length, crc32c)))
+                out.write(data)
+                out.write(_FOOTER.pack(masked_crc(data, crc32c)))
+                count += 1
+        os.replace(temp_path, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(temp_path)
+        raise
+    return count
+

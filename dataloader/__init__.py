@@ -72,6 +72,7 @@ _EXPORTS: dict[str, str] = {
     "BestFitPack": "dataloader.operations",
     "ConcatThenSplit": "dataloader.operations",
     "FirstFitPack": "dataloader.operations",
+    "Tokenize": "dataloader.operations",
     # the dataset API
     "DatasetIterator": "dataloader.dataset",
     "IterDataset": "dataloader.dataset",

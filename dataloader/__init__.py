@@ -17,6 +17,7 @@ Where each name lives (the rooms of the package):
 * ``dataloader.dataset``: ``MapDataset`` / ``IterDataset``, compiled onto the engine.
 * ``dataloader.device``: the device feed (JAX); ``dataloader.checkpoint``: Orbax.
 * ``dataloader.config``: YAML pipeline configs; ``dataloader.cli``: the command line.
+* ``dataloader.maxtext``: MaxText's data keys, batch layout and eval pass (``dl.maxtext``).
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ _EXPORTS: dict[str, str] = {
 # Subpackages reachable as attributes (``dl.samplers``) before anything imported them.
 _SUBPACKAGES = (
     "checkpoint", "cli", "config", "dataset", "device", "engine", "errors", "experimental", "iterator",
-    "loader", "operations", "options", "samplers", "sources",
+    "loader", "maxtext", "operations", "options", "samplers", "sources",
 )
 
 __all__ = sorted(_EXPORTS)

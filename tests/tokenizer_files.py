@@ -10,8 +10,7 @@ from __future__ import annotations
 import base64
 import os
 
-WORDS = ("the loader reads records by index and packs tokens into rows of fixed length "
-         "so that the accelerator never waits for data while the model trains").split()
+WORDS = ["the", "loader", "reads", "records", "by", "index", "and", "packs", "tokens", "into", "rows", "of", "fixed", "length", "so", "that", "the", "accelerator", "never", "waits", "for", "data", "while", "the", "model", "trains"]
 
 
 def corpus(lines: int = 400) -> list[str]:

@@ -131,7 +131,7 @@ def load(kind: str, spec: str, bos_token: str | None = None, eos_token: str | No
     global _CACHE_PID
     key = (kind, os.path.abspath(spec) if os.path.exists(spec) else spec, bos_token, eos_token)
     with _CACHE_LOCK:
-        if _CACHE_PID != os.getpid():  # a forked child: never share the parent's objects
+        if os.getpid() != _CACHE_PID:  # a forked child: never share the parent's objects
             _CACHE.clear()
             _CACHE_PID = os.getpid()
         backend = _CACHE.get(key)

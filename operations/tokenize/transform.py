@@ -155,9 +155,9 @@ class Tokenize(MapTransform):
         """The ids of one text, with BOS/EOS and the length limit applied (``int32``)."""
         backend = self.backend
         ids = list(backend.encode(_text(text, "the text")))
-        if self.add_bos:
+        if self.add_bos and backend.bos_id is not None:  # checked when loaded
             ids.insert(0, backend.bos_id)
-        if self.add_eos:
+        if self.add_eos and backend.eos_id is not None:
             ids.append(backend.eos_id)
         if self.max_length is not None:
             ids = ids[: self.max_length]

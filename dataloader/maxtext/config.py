@@ -213,6 +213,10 @@ def parse_maxtext_config(
     if eval_files is not None and eval_files != "":
         check.string("grain_eval_files", eval_files)
     segments = check.integer("max_segments_per_seq", v["max_segments_per_seq"])
+    for key in ("grain_worker_count", "grain_worker_count_eval"):
+        if v[key] == -1:
+            raise check.fail(key, "-1 (MaxText's auto-tuning) is not supported; give a number of "
+                                  "worker processes (the batches do not depend on it)")
     return MaxTextConfig(
         train_files=check.string("grain_train_files", v["grain_train_files"]),
         eval_files=eval_files or None,

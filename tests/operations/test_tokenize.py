@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import dataloader as dl
-from dataloader.operations.tokenize import backends
+from dataloader.operations import tokenizer_backends as backends
 from tests import tokenizer_files as tf
 
 

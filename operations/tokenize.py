@@ -2,7 +2,7 @@
 
 The operation travels to the worker processes as its settings alone (the tokenizer's
 file or name, the options); the loaded tokenizer is never pickled. Each process loads
-it on its first element and keeps it (:func:`~.backends.load`), so a pool of workers
+it on its first element and keeps it (:func:`~.tokenizer_backends.load`), so a pool of workers
 reads the model file once per worker.
 
 Input elements are text: ``bytes`` (UTF-8, e.g. an ArrayRecord record), ``str``, or a
@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from ..transforms import MapTransform
-from .backends import KINDS, Backend, check_spec, infer_kind, load
+from .tokenizer_backends import KINDS, Backend, check_spec, infer_kind, load
+from .transforms import MapTransform
 
 
 def _text(value: Any, where: str) -> str:

@@ -20,6 +20,7 @@ from dataloader.maxtext.pipeline import (
     train_dataset,
     train_iterator,
 )
+from dataloader.maxtext.records import encode_example, parse_example
 
 __all__ = [
     "KEYS",
@@ -27,11 +28,13 @@ __all__ = [
     "MaxTextConfig",
     "MaxTextFormat",
     "PadToLength",
+    "encode_example",
     "eval_dataset",
     "load_maxtext_config",
     "maxtext_layout",
     "mixture_parts",
     "padding_batch",
+    "parse_example",
     "parse_maxtext_config",
     "tokenizer",
     "train_dataset",

@@ -33,7 +33,9 @@ key                            default         meaning
 ``eval_data_columns``          ``['text']``
 ``dataset_type``               ``grain``       must be ``grain`` when given
 ``record_format``              ``text``        granary's own: ArrayRecord records as UTF-8
-                                               ``text`` or ``json`` objects
+                                               ``text``, ``json`` objects, or
+                                               ``tf_example`` (serialized ``tf.train.Example``,
+                                               what MaxText's own data sets hold)
 =============================  ==============  ============================================
 
 Any other key is an error naming it (with the nearest known key), unless the caller
@@ -88,7 +90,7 @@ DEFAULTS: dict[str, Any] = {
 FILE_TYPES = ("arrayrecord", "parquet")
 PACKING_TYPES = ("first_fit", "best_fit", "concat_then_split")
 TOKENIZER_TYPES = ("sentencepiece", "huggingface", "tiktoken")
-RECORD_FORMATS = ("text", "json")
+RECORD_FORMATS = ("text", "json", "tf_example")
 
 
 @dataclasses.dataclass(frozen=True)

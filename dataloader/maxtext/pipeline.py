@@ -5,7 +5,8 @@ with the differences noted)::
 
     records   ArrayRecord files (one pattern, or a weighted mixture) or Parquet rows,
               globally shuffled with data_shuffle_seed, num_epoch passes
-    text      each record's text (UTF-8, or a JSON object's column; a Parquet row's column)
+    text      each record's text (UTF-8, a JSON object's or a tf.train.Example's column;
+              a Parquet row's column)
     tokens    Tokenize (tokenizer_path, add_bos, add_eos, trimmed under use_truncation)
     shard     this host's share: ShardByJaxProcess, interleaved after the global shuffle
     rows      packed (first_fit | best_fit | concat_then_split) into max_target_length,
@@ -40,6 +41,7 @@ from dataloader.dataset.transformations.packing import (
 )
 from dataloader.maxtext.config import MaxTextConfig
 from dataloader.maxtext.format import MaxTextFormat, PadToLength
+from dataloader.maxtext.records import parse_example
 from dataloader.operations import MapTransform, Tokenize
 from dataloader.operations.packing import BOSHandling
 from dataloader.operations.padding import batch_and_pad
@@ -61,7 +63,8 @@ def mixture_parts(spec: str) -> list[tuple[str, float]]:
 
 class TextOf(MapTransform):
     """A record -> the text to tokenize: UTF-8 bytes as they are, a JSON object's column,
-    or a row dict's column (Parquet)."""
+    a ``tf.train.Example``'s column (its first value, as MaxText reads it), or a row
+    dict's column (Parquet)."""
 
     def __init__(self, record_format: str, column: str) -> None:
         super().__init__()
@@ -72,12 +75,19 @@ class TextOf(MapTransform):
             row = record
         elif self.record_format == "json":
             row = json.loads(record)
+        elif self.record_format == "tf_example":
+            row = parse_example(record)
         else:
             return record
         if self.column not in row:
             raise KeyError(f"the record has no column {self.column!r} (it has {sorted(row)}); "
                            f"set train_data_columns / eval_data_columns")
-        return row[self.column]
+        value = row[self.column]
+        if self.record_format == "tf_example" and isinstance(value, list):
+            if not value:
+                raise ValueError(f"the record's feature {self.column!r} holds no value")
+            return value[0]
+        return value
 
     @property
     def name(self) -> str:

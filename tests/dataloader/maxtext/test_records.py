@@ -9,6 +9,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 import dataloader as dl
 from dataloader.maxtext import encode_example, eval_dataset, parse_example, parse_maxtext_config
 
+
 def _example_class():
     """tf.train.Example's messages, declared to protobuf here (as example.proto and
     feature.proto declare them), so protobuf's codec is the reference."""
@@ -60,7 +61,7 @@ def _reference(Example, features):
     return example
 
 
-FEATURES = {"text": [b"the loader", "packs".encode()], "ids": np.array([0, 1, -7, 300, 2**40]),
+FEATURES = {"text": [b"the loader", b"packs"], "ids": np.array([0, 1, -7, 300, 2**40]),
             "scores": np.array([0.5, -1.25], np.float32), "empty": []}
 
 

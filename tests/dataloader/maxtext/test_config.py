@@ -71,7 +71,9 @@ def test_the_yaml_file_in_configs_builds(tmp_path, text_data):
         f"grain_train_files={text_data['train']}", f"grain_eval_files={text_data['eval']}",
         f"tokenizer_path={text_data['sentencepiece']}", "max_target_length=32"])
     assert config.tokenizer_type == "sentencepiece" and config.record_format == "text"
-    batch = next(iter(dl.maxtext.train_dataset(config, global_batch_size=2)))
+    it = iter(dl.maxtext.train_dataset(config, global_batch_size=2))
+    batch = next(it)
+    it.close()
     assert batch["inputs"].shape == (2, 32)
 
 

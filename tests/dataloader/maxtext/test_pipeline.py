@@ -10,6 +10,19 @@ from dataloader.maxtext import KEYS, eval_dataset, parse_maxtext_config, train_d
 from tests.helpers import assert_restores_everywhere, assert_streams_equal, take
 
 
+def _take(ds, n):
+    """The first ``n`` outputs of a fresh iterator of ``ds``, which is then closed."""
+    it = iter(ds)
+    try:
+        return take(it, n)
+    finally:
+        it.close()
+
+
+def _all(ds):
+    return _take(ds, None)
+
+
 def _tokens_of(lines, text_data, **options):
     op = dl.Tokenize(text_data["huggingface"], **options)
     return [op.map(line)["tokens"].tolist() for line in lines]
@@ -27,7 +40,7 @@ def _segments(batch):
 @pytest.mark.parametrize("packing_type", ["first_fit", "best_fit", "concat_then_split"])
 def test_batches_have_maxtexts_keys_and_shift(base_keys, packing_type):
     config = parse_maxtext_config({**base_keys, "grain_packing_type": packing_type})
-    batch = next(iter(train_dataset(config)))
+    batch = _take(train_dataset(config, global_batch_size=4), 1)[0]
     assert sorted(batch) == sorted(KEYS)
     assert all(v.shape == (4, 24) and v.dtype == np.int32 for v in batch.values())
     assert np.array_equal(batch["targets"][:, :-1], batch["inputs"][:, 1:])
@@ -38,7 +51,7 @@ def test_batches_have_maxtexts_keys_and_shift(base_keys, packing_type):
 
 def test_first_fit_rows_hold_whole_tokenized_lines_with_bos_and_eos(base_keys, text_data):
     config = parse_maxtext_config({**base_keys, "enable_data_shuffling": False, "max_target_length": 64})
-    segments = [s for batch in take(iter(train_dataset(config)), 3) for s in _segments(batch)]
+    segments = [s for batch in _take(train_dataset(config, global_batch_size=4), 3) for s in _segments(batch)]
     known = {tuple(t) for t in _tokens_of(_all_train_lines(text_data), text_data, add_bos=True, add_eos=True)}
     assert segments and all(tuple(s) in known for s in segments)
     assert all(s[0] == 1 and s[-1] == 2 for s in segments)  # <s> ... </s>
@@ -53,7 +66,7 @@ def _all_train_lines(text_data):
 def test_concat_then_split_loses_no_token(base_keys, text_data):
     config = parse_maxtext_config({**base_keys, "grain_packing_type": "concat_then_split",
                                    "enable_data_shuffling": False, "add_bos": False})
-    batches = list(train_dataset(config, global_batch_size=2))
+    batches = _all(train_dataset(config, global_batch_size=2))
     stream = np.concatenate([b["inputs"][b["inputs_segmentation"] > 0] for b in batches]).tolist()
     source = dl.ArrayRecordDataSource(text_data["train"])
     expected = [t for i in range(len(source)) for t in _tokens_of([source[i]], text_data, add_eos=True)[0]]
@@ -63,8 +76,8 @@ def test_concat_then_split_loses_no_token(base_keys, text_data):
 @pytest.mark.multiprocess
 @pytest.mark.timeout(240)
 def test_zero_one_and_two_workers_give_the_same_batches(base_keys):
-    streams = [take(iter(train_dataset(parse_maxtext_config({**base_keys, "grain_worker_count": w}))), 12)
-               for w in (0, 1, 2)]
+    streams = [_take(train_dataset(parse_maxtext_config({**base_keys, "grain_worker_count": w}),
+                                   global_batch_size=4), 12) for w in (0, 1, 2)]
     assert len(streams[0]) == 12
     assert_streams_equal(streams[0], streams[1])
     assert_streams_equal(streams[0], streams[2])
@@ -83,20 +96,22 @@ def test_restores_at_every_step(base_keys, packing_type):
 @pytest.mark.timeout(240)
 def test_restores_with_workers_into_another_worker_count(base_keys):
     config = parse_maxtext_config({**base_keys, "grain_worker_count": 2})
-    it = iter(train_dataset(config))
+    it = iter(train_dataset(config, global_batch_size=4))
     take(it, 5)
     state = it.get_state()
     expected = take(it, 5)
     it.close()
-    other = iter(train_dataset(parse_maxtext_config({**base_keys, "grain_worker_count": 0})))
+    other = iter(train_dataset(parse_maxtext_config({**base_keys, "grain_worker_count": 0}), global_batch_size=4))
     other.set_state(state)
-    assert_streams_equal(take(other, 5), expected)
+    rest = take(other, 5)
+    other.close()
+    assert_streams_equal(rest, expected)
 
 
 @pytest.mark.parametrize("packing", [True, False])
 def test_eval_keeps_every_sequence_once_and_pads_the_last_batch(base_keys, text_data, packing):
-    config = parse_maxtext_config({**base_keys, "packing": packing, "per_device_batch_size": 3})
-    batches = list(eval_dataset(config))
+    config = parse_maxtext_config({**base_keys, "packing": packing})
+    batches = _all(eval_dataset(config, global_batch_size=3))
     assert all(b["inputs"].shape == (3, 24) and b["mask"].shape == (3,) for b in batches)
     assert all(b["mask"].all() for b in batches[:-1]) and batches[-1]["mask"][0]
     if not packing:  # one row per line: 40 lines are 13 full batches and one of 1 row
@@ -114,7 +129,7 @@ def test_eval_reads_json_records_and_parquet_rows(base_keys, text_data):
                   "eval_data_columns": ["body"]},
                  {"grain_eval_files": str(text_data["folder"] / "eval.parquet"), "grain_file_type": "parquet",
                   "grain_train_files": str(text_data["folder"] / "eval.parquet")}):
-        batches = list(eval_dataset(parse_maxtext_config({**base_keys, **keys})))
+        batches = _all(eval_dataset(parse_maxtext_config({**base_keys, **keys}), global_batch_size=4))
         real = [s for b in batches for s in _segments({k: v[b["mask"]] for k, v in b.items()})]
         assert sorted(real) == expected
 
@@ -123,7 +138,7 @@ def test_a_mixture_draws_from_both_patterns(base_keys, text_data):
     folder = text_data["folder"]
     spec = f"{folder}/train-0.array_record,0.25;{folder}/train-1.array_record,0.75"
     config = parse_maxtext_config({**base_keys, "grain_train_files": spec, "packing": False, "num_epoch": None})
-    batches = take(iter(train_dataset(config, global_batch_size=4)), 10)
+    batches = _take(train_dataset(config, global_batch_size=4), 10)
     source0 = {tuple(t) for t in _tokens_of([r for r in dl.ArrayRecordDataSource(f"{folder}/train-0.array_record")],
                                             text_data, add_bos=True, add_eos=True)}
     rows = [tuple(s) for b in batches for s in _segments(b)]

@@ -90,5 +90,5 @@ def test_maxtexts_tf_example_records_feed_the_pipeline(Example, base_keys, text_
                                  for t in text_data["held_out"]])
     config = parse_maxtext_config({**base_keys, "grain_eval_files": str(path), "record_format": "tf_example"})
     plain = parse_maxtext_config(base_keys)
-    ours = [b["inputs"].tolist() for b in eval_dataset(config)]
-    assert ours == [b["inputs"].tolist() for b in eval_dataset(plain)]
+    ours = [b["inputs"].tolist() for b in eval_dataset(config, global_batch_size=4)]
+    assert ours == [b["inputs"].tolist() for b in eval_dataset(plain, global_batch_size=4)]

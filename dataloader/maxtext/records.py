@@ -45,10 +45,12 @@ def _varint(data: bytes, i: int) -> tuple[int, int]:
 
 def _fields(data: bytes) -> list[tuple[int, int, Any]]:
     """(field number, wire type, value) of a message; LEN values as bytes."""
-    out, i = [], 0
+    out: list[tuple[int, int, Any]] = []
+    i = 0
     while i < len(data):
         key, i = _varint(data, i)
         number, wire = key >> 3, key & 7
+        value: int | bytes
         if wire == _VARINT:
             value, i = _varint(data, i)
         elif wire == _LEN:

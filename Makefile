@@ -29,13 +29,17 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/run.py
 
-# The demo extra (scikit-learn, for its shipped digits) on top of the base install.
+# The demo extra (tokenizers for the language model's BPE, scikit-learn for its shipped
+# digits) on top of the base install.
 $(VENV)/.demo-stamp: $(STAMP)
 	$(PY) -m pip install -q -e '.[demo]'
 	touch $@
 
+# The language model (the main job), then the digits demo, whose files the configs/
+# examples read.
 demo: $(VENV)/.demo-stamp
 	$(PY) -m dataloader demo
+	$(PY) -m dataloader demo --demo=digits
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis

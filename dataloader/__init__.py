@@ -17,6 +17,7 @@ Where each name lives (the rooms of the package):
 * ``dataloader.dataset``: ``MapDataset`` / ``IterDataset``, compiled onto the engine.
 * ``dataloader.device``: the device feed (JAX); ``dataloader.checkpoint``: Orbax.
 * ``dataloader.config``: YAML pipeline configs; ``dataloader.cli``: the command line.
+* ``dataloader.maxtext``: MaxText's data keys, batch layout and eval pass (``dl.maxtext``).
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ _EXPORTS: dict[str, str] = {
     "BestFitPack": "dataloader.operations",
     "ConcatThenSplit": "dataloader.operations",
     "FirstFitPack": "dataloader.operations",
+    "Tokenize": "dataloader.operations",
     # the dataset API
     "DatasetIterator": "dataloader.dataset",
     "IterDataset": "dataloader.dataset",
@@ -115,7 +117,7 @@ _EXPORTS: dict[str, str] = {
 # Subpackages reachable as attributes (``dl.samplers``) before anything imported them.
 _SUBPACKAGES = (
     "checkpoint", "cli", "config", "dataset", "device", "engine", "errors", "experimental", "iterator",
-    "loader", "operations", "options", "samplers", "sharding", "sources", "transforms",
+    "loader", "maxtext", "operations", "options", "samplers", "sharding", "sources", "transforms",
 )
 
 __all__ = sorted(_EXPORTS)

@@ -1,13 +1,15 @@
 """Operations a pipeline applies to elements: map, random map, flat map, filter, batch,
-padding and packing.
+padding, packing and tokenization.
 
-Depends on numpy only; knows nothing of samplers, sources or the loader.
+Depends on numpy only (a tokenizer library is imported when a ``Tokenize`` is used);
+knows nothing of samplers, sources or the loader.
 """
 
 
 from .batch import Batch, stack_elements
 from .packing import BestFitPack, BOSHandling, ConcatThenSplit, FirstFitPack
 from .padding import BatchAndPad, batch_and_pad, batch_and_pad_with_mask
+from .tokenize import Tokenize
 from .transforms import (
     FilterTransform,
     FlatMapTransform,
@@ -30,6 +32,7 @@ __all__ = [
     "MapWithIndexTransform",
     "Operation",
     "RandomMapTransform",
+    "Tokenize",
     "batch_and_pad",
     "batch_and_pad_with_mask",
     "stack_elements",

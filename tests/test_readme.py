@@ -2,7 +2,8 @@
 
 * ``python`` blocks run as scripts, each in a fresh process, in a folder holding the data
   the README says how to make (the first example's ArrayRecord files, the files of the
-  mixture example, the data ``make demo`` writes and a copy of ``configs/``). A line
+  mixture example, the language-model example's text and tokenizer, the data
+  ``make demo`` writes and a copy of ``configs/``). A line
   ``print(...)  # text`` must print exactly ``text``.
 * ``bash`` blocks run line by line in such a folder; ``make`` lines are checked with
   ``make -n`` (the target exists and expands), since running them would recurse.
@@ -26,6 +27,7 @@ import dataloader as dl
 from dataloader.config import parse_config
 from dataloader.demo.data import synthetic_digits, write_digits
 from tests.helpers import REPO_ROOT
+from tests.tokenizer_files import corpus, huggingface_json
 
 README = pathlib.Path(REPO_ROOT) / "README.md"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
@@ -58,6 +60,9 @@ def prepare(folder: pathlib.Path) -> dict[str, str]:
     for name in ("a", "b"):  # the mixture example's spec files
         for shard in range(2):
             dl.write_array_record(data / f"{name}-{shard}.array_record", [b"r%d" % i for i in range(4)])
+    # what the language-model section's first example writes: text records and a tokenizer
+    dl.write_array_record(data / "text-00000-of-00001.array_record", [t.encode() for t in corpus(300)])
+    huggingface_json(str(data))
     images, labels = synthetic_digits(400)  # what make demo writes
     write_digits(folder / "demo_out" / "data", images, labels, test_size=40)
     shutil.copytree(pathlib.Path(REPO_ROOT) / "configs", folder / "configs")

@@ -6,7 +6,7 @@
     python -m dataloader inspect PATH_OR_GLOB ... [--index=I]
     python -m dataloader convert INPUT ... --output=PREFIX [--num_shards=N] [--group_size=1]
                                            [--format=jsonl|parquet|npy|npz]
-    python -m dataloader demo [key.sub=value ...] [--out_dir=demo_out] [--config=...]
+    python -m dataloader demo [key=value ...] [--demo=lm|digits] [--out_dir=demo_out] [--config=...]
 
 ``run`` iterates a pipeline config with a progress bar on stderr, then reports
 records/s, the time to the first batch and where the time went (reading, batching,
@@ -44,7 +44,11 @@ _GROUP_SIZE = flags.DEFINE_integer(
     "group_size", 1, "convert: ArrayRecord group size (1 gives fast random access)", lower_bound=1)
 _FORMAT = flags.DEFINE_enum("format", None, FORMATS, "convert: input format (default: by extension)")
 _OUT_DIR = flags.DEFINE_string("out_dir", "demo_out", "demo: where data and checkpoints go")
-_CONFIG = flags.DEFINE_string("config", None, "demo: the pipeline config (default: configs/demo.yaml)")
+_CONFIG = flags.DEFINE_string(
+    "config", None, "demo: the config (default: configs/lm_demo.yaml, or configs/demo.yaml for digits)")
+_DEMO = flags.DEFINE_enum(
+    "demo", "lm", ["lm", "digits"], "demo: the language model on the standard library's text (lm), "
+    "or the MLP on scikit-learn's digits (digits)")
 
 
 def _count_records(batch: Any) -> int:
@@ -159,10 +163,14 @@ def main(argv: Sequence[str]) -> int:
             paths = convert(args, _OUTPUT.value, num_shards=_NUM_SHARDS.value,
                             group_size=_GROUP_SIZE.value, fmt=_FORMAT.value)
             print("\n".join(["wrote", *(f"  {p}" for p in paths)]))
-        else:
-            from dataloader.demo.main import main as demo_main
+        elif _DEMO.value == "digits":
+            from dataloader.demo.main import main as digits_main
 
-            return demo_main(_OUT_DIR.value, _CONFIG.value, args)
+            return digits_main(_OUT_DIR.value, _CONFIG.value, args)
+        else:
+            from dataloader.demo.lm import main as lm_main
+
+            return lm_main(_OUT_DIR.value, _CONFIG.value, args)
     except ConfigError as error:
         print(f"config error: {error}", file=sys.stderr)
         return 2

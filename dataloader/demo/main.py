@@ -30,14 +30,12 @@ from typing import Any
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 
-from dataloader.checkpoint import CheckpointRestore, CheckpointSave
 from dataloader.config import checks as check
 from dataloader.config.pipeline import PipelineConfig, load_config
+from dataloader.demo import loop
 from dataloader.demo.data import load_digits, write_digits
-from dataloader.demo.model import accuracy, fingerprint, init_params, train_step
-from dataloader.engine.stats import sorted_stages
+from dataloader.demo.model import accuracy, init_params, train_step
 
 # checkpoint_every and preempt_at default to steps // 4 and steps - steps // 8, so that
 # overriding steps alone (train.steps=200) gives a consistent run.
@@ -91,100 +89,13 @@ class TrainOptions:
         return options
 
 
-@dataclasses.dataclass
-class Run:
-    """What one stretch of training saw, step by step."""
-
-    fingerprints: dict[int, str] = dataclasses.field(default_factory=dict)
-    losses: dict[int, Any] = dataclasses.field(default_factory=dict)
-    wait_s: float = 0.0  # blocked in next(), first batch excluded
-    first_batch_s: float = 0.0  # from making the iterator to the first batch
-    first_wait_s: float = 0.0  # of which blocked in the first next()
-    loop_s: float = 0.0
-    records: int = 0
-
-
-def _train(it: Any, params: Any, opts: TrainOptions, first: int, stop: int, mngr: ocp.CheckpointManager,
-           out: Callable[[str], None], created: float) -> tuple[Any, Run]:
-    """Trains steps ``[first, stop)``; ``created`` is when the iterator was made."""
-    run, began = Run(), time.perf_counter()
-    for step in range(first, stop):
-        t = time.perf_counter()
-        batch = next(it)
-        waited = time.perf_counter() - t
-        if step == first:
-            run.first_batch_s = time.perf_counter() - created
-            run.first_wait_s = waited
-        else:
-            run.wait_s += waited
-        run.fingerprints[step] = fingerprint(batch)
-        run.records += len(batch["label"])
-        params, run.losses[step] = train_step(params, batch, opts.learning_rate)
-        done = step + 1
-        if done % opts.checkpoint_every == 0:
-            mngr.save(done, args=ocp.args.Composite(params=ocp.args.StandardSave(params),
-                                                    data=CheckpointSave(it)))
-        if done % opts.log_every == 0:
-            out(f"  step {done:4d}  loss {float(run.losses[step]):.4f}")
-    jax.block_until_ready(params)
-    run.loop_s = time.perf_counter() - began
-    return params, run
-
-
-def _manager(directory: str) -> ocp.CheckpointManager:
-    options = ocp.CheckpointManagerOptions(max_to_keep=3, enable_async_checkpointing=True)
-    return ocp.CheckpointManager(os.path.abspath(directory), options=options)
-
-
-def _where_time_went(stats: dict[str, Any]) -> str:
-    return ", ".join(f"{name} {secs:.2f} s" for name, secs in sorted_stages(stats))
-
-
-def _preempted_run(config: PipelineConfig, opts: TrainOptions, ckpt_dir: str, template: Any,
-                   out: Callable[[str], None]) -> tuple[Run, list[int], dict[str, Any]]:
-    """Trains to ``preempt_at`` with checkpoints, then drops everything."""
-    out(f"[3/4] training steps 0..{opts.preempt_at}, async Orbax checkpoint every "
-        f"{opts.checkpoint_every} steps into {ckpt_dir}")
-    created = time.perf_counter()
-    base = config.build_loader().iterator()
-    it = config.on_device(base)
-    with _manager(ckpt_dir) as mngr:
-        _, run = _train(it, template, opts, 0, opts.preempt_at, mngr, out, created)
-        mngr.wait_until_finished()
-        saved = list(mngr.all_steps())
-    stats = base.stats()
-    it.close()
-    out(f"  checkpoints at steps {saved}; preempted at step {opts.preempt_at}: iterator, model "
-        f"and checkpoint manager dropped")
-    return run, saved, stats
-
-
-def _resumed_run(config: PipelineConfig, opts: TrainOptions, ckpt_dir: str, template: Any,
-                 out: Callable[[str], None]) -> tuple[Any, Run, int, dict[str, Any]]:
-    """A new loader and manager restore the latest checkpoint and train to ``steps``."""
-    base = config.build_loader().iterator()
-    with _manager(ckpt_dir) as mngr:
-        step = mngr.latest_step()
-        restored = mngr.restore(step, args=ocp.args.Composite(
-            params=ocp.args.StandardRestore(template), data=CheckpointRestore(base)))
-        out(f"[4/4] resumed from step {step} (parameters + loader state "
-            f"{os.path.join(ckpt_dir, str(step), 'data', 'process_0-of-1.json')})")
-        created = time.perf_counter()
-        it = config.on_device(base)
-        params, run = _train(it, restored.params, opts, step, opts.steps, mngr, out, created)
-        mngr.wait_until_finished()
-    stats = base.stats()
-    it.close()
-    return params, run, step, stats
-
-
 def run_demo(out_dir: str = "demo_out", config_path: str | None = None, overrides: Sequence[str] = (),
              images: np.ndarray | None = None, labels: np.ndarray | None = None,
              out: Callable[[str], None] = print) -> dict[str, Any]:
     """Runs the whole demo; returns its figures (``resume_ok`` among them).
 
     Args:
-        out_dir: where data and checkpoints go (emptied first).
+        out_dir: where data and checkpoints go (its data/ and checkpoints/ emptied first).
         config_path: the pipeline config (default: the packaged ``configs/demo.yaml``).
         overrides: ``key.sub=value`` strings applied to the config.
         images, labels: the data set (default: scikit-learn's digits).
@@ -198,7 +109,8 @@ def run_demo(out_dir: str = "demo_out", config_path: str | None = None, override
     overrides = [f"source.paths={shard_glob}", *overrides]
     # Everything is checked before any data is written (the files come next).
     opts = TrainOptions.from_config(load_config(config_path, overrides, check_files=False).train)
-    shutil.rmtree(out_dir, ignore_errors=True)
+    for folder in ("data", "checkpoints"):  # the language model's files stay
+        shutil.rmtree(os.path.join(out_dir, folder), ignore_errors=True)
     data = write_digits(os.path.join(out_dir, "data"), images, labels)
     out(f"[1/4] data: {data['num_train']} training images in {len(data['train'])} ArrayRecord shards "
         f"(group size 1) and {data['parquet']}; {len(images) - data['num_train']} held out for testing")
@@ -208,25 +120,25 @@ def run_demo(out_dir: str = "demo_out", config_path: str | None = None, override
         f"{'on' if config.device.enabled else 'off'}")
     ckpt_dir = os.path.join(out_dir, "checkpoints")
     template = init_params(jax.random.key(opts.seed), opts.hidden)
-    first, saved, stats_first = _preempted_run(config, opts, ckpt_dir, template, out)
-    params, second, step, stats_second = _resumed_run(config, opts, ckpt_dir, template, out)
-
-    overlap = range(step, opts.preempt_at)
-    same_batches = all(first.fingerprints[s] == second.fingerprints[s] for s in overlap)
-    loss_gap = max(abs(float(first.losses[s]) - float(second.losses[s])) for s in overlap)
-    out(f"  resume check: the {len(overlap)} batches after step {step} are "
-        f"{'identical' if same_batches else 'DIFFERENT'} to those of the uninterrupted run "
-        f"(fingerprints {first.fingerprints[step]}... = {second.fingerprints[step]}...); losses "
-        + ("identical" if loss_gap == 0 else f"differ by up to {loss_gap:.2g} (device arithmetic)"))
+    job = loop.Job(
+        base_iterator=lambda: config.build_loader().iterator(), on_device=config.on_device,
+        step=lambda params, batch: train_step(params, batch, opts.learning_rate),
+        count=lambda batch: (len(batch["label"]), len(batch["label"])),
+        checkpoint_every=opts.checkpoint_every, log_every=opts.log_every,
+        preempt_at=opts.preempt_at, steps=opts.steps)
+    out(f"[3/4] training steps 0..{opts.preempt_at}, async Orbax checkpoint every "
+        f"{opts.checkpoint_every} steps into {ckpt_dir}")
+    first, saved, stats_first = loop.preempted_run(job, ckpt_dir, template, out)
+    params, second, step, stats_second = loop.resumed_run(job, ckpt_dir, template, out, "[4/4]")
+    same_batches, loss_gap = loop.compare(first, second, step, opts.preempt_at, out)
     test = np.load(data["test"])
-    loop_s = first.loop_s + second.loop_s - first.first_wait_s - second.first_wait_s
-    wait = (first.wait_s + second.wait_s) / loop_s if loop_s > 0 else 0.0
+    wait, loop_s = loop.wait_share(first, second)
     result: dict[str, Any] = {
         "resume_ok": same_batches,
         "losses_identical": loss_gap == 0,
         "final_loss": float(second.losses[opts.steps - 1]),
         "test_accuracy": accuracy(params, test["images"], test["labels"]),
-        "records_per_s": (first.records + second.records) / (first.loop_s + second.loop_s),
+        "records_per_s": (first.items + second.items) / (first.loop_s + second.loop_s),
         "first_batch_s": first.first_batch_s,
         "wait_fraction": wait,
         "checkpoints": saved,
@@ -235,8 +147,8 @@ def run_demo(out_dir: str = "demo_out", config_path: str | None = None, override
     out(f"summary: final loss {result['final_loss']:.4f}, test accuracy {result['test_accuracy']:.1%}; "
         f"{result['records_per_s']:,.0f} records/s; first batch after {result['first_batch_s'] * 1e3:.0f} ms; "
         f"waiting for data {wait:.1%} of the training loop")
-    out(f"  pipeline time (all processes): {_where_time_went(stats_first)} before the preemption; "
-        f"{_where_time_went(stats_second)} after")
+    out(f"  pipeline time (all processes): {loop.where_time_went(stats_first)} before the preemption; "
+        f"{loop.where_time_went(stats_second)} after")
     if wait > 0.2:
         step_ms = 1e3 * (loop_s - first.wait_s - second.wait_s) / (len(first.losses) + len(second.losses))
         batch_ms = 1e3 * sum(stats_first["stage_seconds"].values()) / max(stats_first["units"], 1)

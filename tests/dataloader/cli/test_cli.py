@@ -170,3 +170,21 @@ def test_progress_writes_a_final_line_with_count_and_rate():
         bar.update(4)
     assert stream.getvalue().startswith("writing [" + "#" * Progress.WIDTH + "] 4/4 records ")
     assert stream.getvalue().endswith(" records/s\n")
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_python_m_dataloader_demo_picks_the_digits_or_the_language_model(tmp_path):
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    digits = subprocess.run(
+        [sys.executable, "-m", "dataloader", "demo", "--demo=digits", f"--out_dir={tmp_path}", "train.steps=12",
+         "train.checkpoint_every=4", "train.preempt_at=10", "train.log_every=4", "loader.worker_count=0"],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=240)
+    assert digits.returncode == 0, digits.stderr[-2000:]
+    assert "resume OK" in digits.stdout and os.path.isdir(tmp_path / "data")
+    bad = subprocess.run([sys.executable, "-m", "dataloader", "demo", f"--out_dir={tmp_path}", "stpes=3"],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert bad.returncode == 2
+    assert bad.stderr.strip().startswith("config error: stpes: unknown key; did you mean steps?")
+    assert os.path.isdir(tmp_path / "data")  # nothing removed before the config was checked

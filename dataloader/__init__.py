@@ -33,10 +33,12 @@ _EXPORTS: dict[str, str] = {
     "ReadOptions": "dataloader.options",
     "ConfigError": "dataloader.errors",
     "GranaryError": "dataloader.errors",
+    "LoaderClosedError": "dataloader.errors",
     "PipelineError": "dataloader.errors",
     "StateMismatchError": "dataloader.errors",
     "WorkerCrashError": "dataloader.errors",
     "WorkerError": "dataloader.errors",
+    "WorkerTimeoutError": "dataloader.errors",
     # samplers
     "IndexSampler": "dataloader.samplers",
     "NoSharding": "dataloader.samplers",

@@ -7,9 +7,16 @@ from typing import Any
 
 from dataloader.engine.executor import Executor, InProcessExecutor
 from dataloader.engine.plan import Plan, make_plan
-from dataloader.engine.pool.executor import PoolExecutor, pickle_plan
+from dataloader.engine.pool.executor import PoolExecutor
+from dataloader.engine.pool.messages import pickle_plan
 from dataloader.iterator import DataLoaderIterator
-from dataloader.options import ReadOptions, check_bool, check_int
+from dataloader.options import (
+    DEFAULT_STALL_WARNING_S,
+    ReadOptions,
+    check_bool,
+    check_int,
+    check_seconds,
+)
 from dataloader.samplers import Sampler, ShardOptions
 from dataloader.samplers.protocol import missing_members
 
@@ -57,6 +64,20 @@ class DataLoader:
             workers start, so the first batch comes as fast as in-process. Set it to
             False when a record may crash the process (a segfaulting decoder): then
             every unit runs in a worker, where a crash is survived.
+        stall_warning_s: with workers, log a warning (logger ``"dataloader"``, once per
+            unit) naming the worker, the unit, its record indices and the operation,
+            when a worker has been computing one unit for this many seconds. None: never.
+        unit_timeout_s: with workers, a unit computed for this many seconds becomes a
+            :class:`~dataloader.WorkerTimeoutError` at its place in the stream; its
+            worker is killed and replaced, and the unit is not computed again. Every
+            unit then runs in a worker (no warm start: a unit computed in this process
+            cannot be stopped). None (the default): never. Needs ``worker_count > 0``.
+
+    User code's exceptions, whatever their type (``SystemExit`` and other
+    ``BaseException`` subclasses too), arrive as :class:`~dataloader.PipelineError` at
+    their record, in workers and in this process alike, except a ``KeyboardInterrupt``
+    in this process (``worker_count=0``), which passes through so that Ctrl-C still
+    interrupts the job.
 
     Example:
         >>> import dataloader as dl
@@ -80,6 +101,8 @@ class DataLoader:
         read_options: ReadOptions | None = None,
         worker_init_fn: Callable[[int, int], Any] | None = None,
         warm_start: bool = True,
+        stall_warning_s: float | None = DEFAULT_STALL_WARNING_S,
+        unit_timeout_s: float | None = None,
     ) -> None:
         if not (hasattr(data_source, "__len__") and hasattr(data_source, "__getitem__")):
             raise TypeError(
@@ -93,8 +116,12 @@ class DataLoader:
                 f"{data_source!r} holds only {len(data_source)} records; build the sampler "
                 f"with num_records=len(source)"
             )
-        if isinstance(operations, (str, bytes)) or not isinstance(operations, Sequence):
-            operations = list(operations)
+        if not isinstance(operations, (list, tuple)):
+            raise TypeError(
+                f"operations must be a list of operations, got {operations!r} of type "
+                f"{type(operations).__name__}; pass a list, e.g. operations=[dl.MapTransform(f), "
+                f"dl.Batch(32)] (or [] for none)"
+            )
         read_options = read_options or ReadOptions()
         if not isinstance(read_options, ReadOptions):
             raise TypeError(f"read_options must be a ReadOptions, got {read_options!r}")
@@ -105,6 +132,14 @@ class DataLoader:
         self.read_options = read_options
         self.worker_init_fn = worker_init_fn
         self.warm_start = check_bool("warm_start", warm_start)
+        self.stall_warning_s = check_seconds("stall_warning_s", stall_warning_s)
+        self.unit_timeout_s = check_seconds("unit_timeout_s", unit_timeout_s)
+        if self.unit_timeout_s is not None and not self.worker_count:
+            raise ValueError(
+                f"unit_timeout_s={unit_timeout_s!r} needs worker_count > 0: a unit computed "
+                f"in this process cannot be stopped; use worker processes or drop "
+                f"unit_timeout_s"
+            )
         self.plan: Plan = make_plan(data_source, sampler, list(operations), read_options.unit_size)
         # Pickled once, here, so an operation that cannot reach the workers fails now.
         self._plan_bytes = pickle_plan(self.plan) if self.worker_count else b""
@@ -135,6 +170,8 @@ class DataLoader:
             buffer_size=self.worker_buffer_size,
             init_fn=self.worker_init_fn,
             warm_start=self.warm_start,
+            stall_warning_s=self.stall_warning_s,
+            unit_timeout_s=self.unit_timeout_s,
         )
 
     def __repr__(self) -> str:

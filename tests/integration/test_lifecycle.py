@@ -168,6 +168,7 @@ def _resources() -> dict[str, int]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # about a minute on an idle 2-core machine; far more under load
 def test_soak_of_a_hundred_create_iterate_break_cycles_leaks_nothing():
     """100 cycles of a new 2-worker loader, a few batches, break: counts stay where they were."""
 
@@ -180,6 +181,8 @@ def test_soak_of_a_hundred_create_iterate_break_cycles_leaks_nothing():
         gc.collect()
 
     cycle(0)  # first-use costs (imports, the interpreter's own caches) are not leaks
+    assert wait_until(lambda: not child_pids())  # its workers stop in the background
+    time.sleep(0.5)
     before = _resources()
     started = time.monotonic()
     for i in range(100):

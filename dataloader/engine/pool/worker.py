@@ -48,14 +48,13 @@ def _send_result(conn: Connection, blocks: dict[str, Any], task: Task, plan: Any
     A result that does not pickle becomes a ``PipelineError`` naming the record, the
     operation and the type at fault (looked into only once pickling failed).
     """
-    from dataloader.engine.blame import unpicklable_result
     from dataloader.engine.pool.shm import attach, dumps, payload_size, write_payload
 
     if task.block is not None:
         try:
             header, buffers = dumps(result)
         except Exception as exc:
-            raise unpicklable_result(plan, result, exc) from exc
+            raise _unpicklable(plan, result, exc) from exc
         size = payload_size(header, buffers)
         target = blocks.get(task.block)
         if target is None:
@@ -68,8 +67,14 @@ def _send_result(conn: Connection, blocks: dict[str, Any], task: Task, plan: Any
     try:
         data = pickle.dumps(Done(task.generation, task.unit, None, 0, result), protocol=5)
     except Exception as exc:
-        raise unpicklable_result(plan, result, exc) from exc
+        raise _unpicklable(plan, result, exc) from exc
     conn.send_bytes(data)
+
+
+def _unpicklable(plan: Any, result: Any, exc: Exception) -> Exception:
+    from dataloader.engine.blame import unpicklable_result  # only on this failure path
+
+    return unpicklable_result(plan, result, exc)
 
 
 def serve(tasks: Connection, results: Connection) -> None:

@@ -36,10 +36,12 @@ _EXPORTS: dict[str, str] = {
     "ExecutionTrackingMode": "dataloader.options",
     "ConfigError": "dataloader.errors",
     "GranaryError": "dataloader.errors",
+    "LoaderClosedError": "dataloader.errors",
     "PipelineError": "dataloader.errors",
     "StateMismatchError": "dataloader.errors",
     "WorkerCrashError": "dataloader.errors",
     "WorkerError": "dataloader.errors",
+    "WorkerTimeoutError": "dataloader.errors",
     # samplers
     "IndexSampler": "dataloader.samplers",
     "NoSharding": "dataloader.samplers",

@@ -7,12 +7,20 @@ from typing import Any
 
 from dataloader.engine.executor import Executor, InProcessExecutor
 from dataloader.engine.plan import Plan, make_plan
-from dataloader.engine.pool.executor import PoolExecutor, pickle_plan
+from dataloader.engine.pool.executor import PoolExecutor
+from dataloader.engine.pool.messages import pickle_plan
 from dataloader.engine.stages.base import DatasetIterator
 from dataloader.engine.stages.tail import TailIterator, split_at_first_packer
 from dataloader.engine.stats import FilterWatch
 from dataloader.iterator import DataLoaderIterator
-from dataloader.options import DatasetOptions, ReadOptions, check_bool, check_int
+from dataloader.options import (
+    DEFAULT_STALL_WARNING_S,
+    DatasetOptions,
+    ReadOptions,
+    check_bool,
+    check_int,
+    check_seconds,
+)
 from dataloader.samplers import Sampler, ShardOptions
 from dataloader.samplers.protocol import missing_members
 
@@ -66,6 +74,20 @@ class DataLoader:
             every unit runs in a worker, where a crash is survived.
         options: Grain's ``DatasetOptions``: a warning (default at 90%) or an error when
             filters drop more than a share of the records read.
+        stall_warning_s: with workers, log a warning (logger ``"dataloader"``, once per
+            unit) naming the worker, the unit, its record indices and the operation,
+            when a worker has been computing one unit for this many seconds. None: never.
+        unit_timeout_s: with workers, a unit computed for this many seconds becomes a
+            :class:`~dataloader.WorkerTimeoutError` at its place in the stream; its
+            worker is killed and replaced, and the unit is not computed again. Every
+            unit then runs in a worker (no warm start: a unit computed in this process
+            cannot be stopped). None (the default): never. Needs ``worker_count > 0``.
+
+    User code's exceptions, whatever their type (``SystemExit`` and other
+    ``BaseException`` subclasses too), arrive as :class:`~dataloader.PipelineError` at
+    their record, in workers and in this process alike, except a ``KeyboardInterrupt``
+    in this process (``worker_count=0``), which passes through so that Ctrl-C still
+    interrupts the job.
 
     Example:
         >>> import dataloader as dl
@@ -90,6 +112,8 @@ class DataLoader:
         worker_init_fn: Callable[[int, int], Any] | None = None,
         warm_start: bool = True,
         options: DatasetOptions | None = None,
+        stall_warning_s: float | None = DEFAULT_STALL_WARNING_S,
+        unit_timeout_s: float | None = None,
     ) -> None:
         if not (hasattr(data_source, "__len__") and hasattr(data_source, "__getitem__")):
             raise TypeError(
@@ -103,8 +127,12 @@ class DataLoader:
                 f"{data_source!r} holds only {len(data_source)} records; build the sampler "
                 f"with num_records=len(source)"
             )
-        if isinstance(operations, (str, bytes)) or not isinstance(operations, Sequence):
-            operations = list(operations)
+        if not isinstance(operations, (list, tuple)):
+            raise TypeError(
+                f"operations must be a list of operations, got {operations!r} of type "
+                f"{type(operations).__name__}; pass a list, e.g. operations=[dl.MapTransform(f), "
+                f"dl.Batch(32)] (or [] for none)"
+            )
         read_options = read_options or ReadOptions()
         if not isinstance(read_options, ReadOptions):
             raise TypeError(f"read_options must be a ReadOptions, got {read_options!r}")
@@ -118,6 +146,14 @@ class DataLoader:
         if options is not None and not isinstance(options, DatasetOptions):
             raise TypeError(f"options must be a DatasetOptions, got {options!r}")
         self.options = options or DatasetOptions()
+        self.stall_warning_s = check_seconds("stall_warning_s", stall_warning_s)
+        self.unit_timeout_s = check_seconds("unit_timeout_s", unit_timeout_s)
+        if self.unit_timeout_s is not None and not self.worker_count:
+            raise ValueError(
+                f"unit_timeout_s={unit_timeout_s!r} needs worker_count > 0: a unit computed "
+                f"in this process cannot be stopped; use worker processes or drop "
+                f"unit_timeout_s"
+            )
         head, self._tail = split_at_first_packer(operations)
         self.plan: Plan = make_plan(data_source, sampler, head, read_options.unit_size)
         if self._tail:
@@ -170,6 +206,8 @@ class DataLoader:
             buffer_size=self.worker_buffer_size,
             init_fn=self.worker_init_fn,
             warm_start=self.warm_start,
+            stall_warning_s=self.stall_warning_s,
+            unit_timeout_s=self.unit_timeout_s,
         )
 
     def __repr__(self) -> str:

@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 from typing import Any
+
+# How long a worker may compute one unit before the loader logs it as stuck.
+DEFAULT_STALL_WARNING_S = 60.0
 
 
 def check_int(name: str, value: Any, low: int) -> int:
@@ -27,6 +31,17 @@ def check_bool(name: str, value: Any) -> bool:
             f"{name} must be True or False, got {value!r} of type {type(value).__name__}"
         )
     return value
+
+
+def check_seconds(name: str, value: Any) -> float | None:
+    """``value`` as seconds if it is a positive finite number (not a bool), or None."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+        math.isfinite(value) and value > 0
+    ):
+        raise ValueError(f"{name} must be a positive number of seconds or None, got {value!r}")
+    return float(value)
 
 
 @dataclasses.dataclass(frozen=True)

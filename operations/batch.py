@@ -118,6 +118,12 @@ class Batch:
             raise TypeError(f"batch_size must be an integer, got {batch_size!r}")
         if batch_size <= 0:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size}")
+        # A string such as "no" is truthy: refuse it rather than read it as True.
+        if not isinstance(drop_remainder, bool):
+            raise TypeError(
+                f"drop_remainder must be True or False, got {drop_remainder!r} of type "
+                f"{type(drop_remainder).__name__}"
+            )
         if batch_fn is not None and not callable(batch_fn):
             raise TypeError(
                 f"batch_fn must be a callable taking a list of elements, got {batch_fn!r}"

@@ -185,6 +185,17 @@ class ArrayRecordDataSource(PerProcessHandles):
                     self._readers[file_index] = reader
         return reader
 
+    def record_location(self, index: SupportsIndex) -> str:
+        """Where record ``index`` lives: its file and its number in that file.
+
+        Example:
+            >>> source.record_location(2)  # doctest: +SKIP
+            "file '/tmp/demo.array_record' (record 2 of its 3)"
+        """
+        file_index, position = self._index.locate(check_index(index, self._index.total))
+        count = int(self._index.counts[file_index])
+        return f"file {self._paths[file_index]!r} (record {position} of its {count})"
+
     def __len__(self) -> int:
         return self._index.total
 

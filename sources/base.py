@@ -38,6 +38,10 @@ class RandomAccessDataSource(Protocol[T_co]):
       possibly with duplicates) in the order given. Define it when reading
       many records at once is cheaper than reading them one by one; the
       loader calls it once per work unit through :func:`read_records`.
+    * **Optional record locations.** ``record_location(index) -> str`` says
+      where a record lives (for a file-backed source: the file and the
+      record's place in it). When a read fails, the loader reads the unit's
+      records one by one and names the failing record with this text.
 
     Example:
         >>> isinstance([b"a", b"b"], RandomAccessDataSource)

@@ -178,6 +178,12 @@ class ParquetDataSource(PerProcessHandles):
                 self._cache.popitem(last=False)
             return decoded
 
+    def record_location(self, index: SupportsIndex) -> str:
+        """Where row ``index`` lives: its file, row group and row in that group."""
+        group, row = self._index.locate(check_index(index, self._index.total))
+        path = self._paths[self._group_file[group]]
+        return f"file {path!r} (row group {self._group_local[group]}, row {row})"
+
     def __len__(self) -> int:
         return self._index.total
 

@@ -133,3 +133,28 @@ def open_files_under(folder: Any) -> list[str]:
         if target.startswith(str(folder)):
             found.append(target)
     return found
+
+
+def two_array_record_files(folder: Any, corrupt: int) -> str:
+    """Writes ``a.array_record`` and ``b.array_record`` (20 records each) with the real
+    ArrayRecord writer into ``folder``, then flips bytes inside the chunk of record
+    ``corrupt`` of ``b``, so the reader fails on it (global record ``20 + corrupt``)
+    with a hash mismatch. Returns the glob of both files.
+
+    Written uncompressed, so that a record's bytes can be found in the file.
+    """
+    from dataloader.sources import write_array_record
+
+    for file, name in enumerate("ab"):
+        records = [f"file{file}-record{i:03d}-".encode() * 20 for i in range(20)]
+        path = os.path.join(str(folder), f"{name}.array_record")
+        write_array_record(path, records, options="uncompressed")
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    offset = data.find(records[corrupt])
+    assert offset >= 0 and data.find(records[corrupt], offset + 1) < 0, "record not unique"
+    for i in range(offset + 4, offset + 12):
+        data[i] ^= 0xFF
+    with open(path, "wb") as f:
+        f.write(bytes(data))
+    return os.path.join(str(folder), "*.array_record")

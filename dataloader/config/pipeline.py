@@ -21,6 +21,8 @@ the returned :class:`PipelineConfig` builds the loader::
       worker_count: 2
       worker_buffer_size: 2
       warm_start: true
+      stall_warning_s: 60            # log a unit stuck this long in a worker (null: never)
+      unit_timeout_s: null           # a unit stuck this long is an error (null: never)
       read_options: {num_threads: 0, prefetch_buffer_size: 2}
     device:                          # the device queue (device_prefetch)
       enabled: false
@@ -57,7 +59,7 @@ from dataloader.config.overrides import OverrideError, apply_overrides
 from dataloader.errors import ConfigError
 from dataloader.loader import DataLoader
 from dataloader.operations import RandomMapTransform
-from dataloader.options import ReadOptions
+from dataloader.options import DEFAULT_STALL_WARNING_S, ReadOptions
 from dataloader.samplers import IndexSampler, NoSharding, ShardByJaxProcess, ShardOptions
 from dataloader.sources import expand_paths
 
@@ -116,6 +118,8 @@ class LoaderConfig:
     worker_buffer_size: int = 2
     warm_start: bool = True
     read_options: ReadOptions = dataclasses.field(default_factory=ReadOptions)
+    stall_warning_s: float | None = DEFAULT_STALL_WARNING_S
+    unit_timeout_s: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,6 +179,8 @@ class PipelineConfig:
             worker_buffer_size=self.loader.worker_buffer_size,
             read_options=self.loader.read_options,
             warm_start=self.loader.warm_start,
+            stall_warning_s=self.loader.stall_warning_s,
+            unit_timeout_s=self.loader.unit_timeout_s,
         )
 
     def build_iterator(self, loader: DataLoader | None = None, state: Any = None) -> Any:
@@ -278,10 +284,26 @@ def _sampler(section: Any) -> SamplerConfig:
 def _loader(section: Any) -> LoaderConfig:
     where = "loader"
     section = check.mapping(where, section)
-    check.known_keys(where, section, ("worker_count", "worker_buffer_size", "warm_start", "read_options"))
+    check.known_keys(
+        where,
+        section,
+        ("worker_count", "worker_buffer_size", "warm_start", "stall_warning_s", "unit_timeout_s", "read_options"),
+    )
     workers = check.integer(f"{where}.worker_count", section.get("worker_count", 0), low=0)
     buffer = check.integer(f"{where}.worker_buffer_size", section.get("worker_buffer_size", 2), low=1)
     warm = check.boolean(f"{where}.warm_start", section.get("warm_start", True))
+    stall = section.get("stall_warning_s", DEFAULT_STALL_WARNING_S)
+    if stall is not None:
+        stall = check.number(f"{where}.stall_warning_s", stall, positive=True)
+    timeout = section.get("unit_timeout_s")
+    if timeout is not None:
+        timeout = check.number(f"{where}.unit_timeout_s", timeout, positive=True)
+        if not workers:
+            raise check.fail(
+                f"{where}.unit_timeout_s",
+                "needs loader.worker_count > 0 (a unit computed in the training process "
+                "cannot be stopped)",
+            )
     read = check.mapping(f"{where}.read_options", section.get("read_options"))
     check.known_keys(f"{where}.read_options", read, ("num_threads", "prefetch_buffer_size", "unit_size"))
     for key in ("num_threads", "prefetch_buffer_size", "unit_size"):
@@ -291,7 +313,7 @@ def _loader(section: Any) -> LoaderConfig:
         read_options = ReadOptions(**read)
     except ValueError as error:
         raise check.fail(f"{where}.read_options", str(error)) from None
-    return LoaderConfig(workers, buffer, warm, read_options)
+    return LoaderConfig(workers, buffer, warm, read_options, stall, timeout)
 
 
 def _device(section: Any) -> DeviceConfig:

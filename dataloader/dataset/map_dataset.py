@@ -41,7 +41,7 @@ from dataloader.operations import (
     RandomMapTransform,
 )
 from dataloader.operations.padding import BatchAndPad
-from dataloader.options import ReadOptions
+from dataloader.options import ReadOptions, check_bool
 from dataloader.samplers import ShardOptions
 
 if TYPE_CHECKING:
@@ -191,6 +191,7 @@ class MapDataset(Generic[T]):
         """
         from dataloader.sources import ArrayRecordDataSource
 
+        check_bool("mix_from_spec shuffle", shuffle)
         if shuffle and seed is None:
             raise ValueError("mix_from_spec(shuffle=True) needs a seed; pass seed=...")
         parts = parse_mixture_spec(spec)

@@ -33,6 +33,7 @@ from collections import deque
 from typing import Any
 
 from dataloader.device.placement import Placement
+from dataloader.iterator import DataLoaderIterator
 from dataloader.options import check_int
 
 BATCH, END, ERROR = "batch", "end", "error"
@@ -183,6 +184,13 @@ class _Resources:
 
 def _shutdown(res: _Resources) -> None:
     if res.feed is not None:
+        res.feed.stopping.set()
+        if isinstance(res.source, DataLoaderIterator):
+            # A loader closes safely from any thread and ends a next() in progress at
+            # once (one waiting on a stuck worker, say), so the read thread stops now.
+            # Other sources are closed only after their thread, which might be inside
+            # them (a generator cannot be closed while it runs).
+            res.source.close()
         # Bounded, so that a source stuck in next() cannot hang close() or interpreter
         # exit; closing the source below is what ends such a call.
         res.feed.stop(timeout=CLOSE_WAIT_S)

@@ -7,16 +7,28 @@ Elements carry two tags while they flow: the local ``position`` they came from a
 ``sub``, their rank among that position's outputs (non-zero only after a flat map).
 The tags key the random generators of random maps and let the loader say exactly where
 the stream is. A batch is tagged with its first element's tags.
+
+Errors. Whatever user code raises (an operation, a source's read) becomes a
+:class:`~dataloader.errors.PipelineError` naming the operation, the record index and
+the position, chained to the original: ``SystemExit`` (``sys.exit`` in a map) and other
+``BaseException`` subclasses included, so user code never ends the training process.
+The one exception is ``KeyboardInterrupt`` in the training process itself
+(``worker_count=0``, the warm-start unit, regrouping): there it cannot be told apart
+from a real Ctrl-C, which must interrupt the job, so it passes through unchanged.
+Worker processes ignore SIGINT, so there a ``KeyboardInterrupt`` can only come from
+user code, and it becomes a ``PipelineError`` like any other (``passthrough=()``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from dataloader.engine.blame import blame_read
 from dataloader.engine.plan import BATCH, Plan, Step
 from dataloader.errors import PipelineError
 from dataloader.operations import (
@@ -57,6 +69,19 @@ class UnitResult:
         return pos, sub
 
 
+# Reports the stage a unit is in: READ, then 1 + the operation's index in the pipeline
+# (see stage_names). Called a few times per unit, never per record.
+Report = Callable[[int], None]
+READ = 0
+# In the training process a KeyboardInterrupt may be a real Ctrl-C: let it through.
+IN_PROCESS: tuple[type[BaseException], ...] = (KeyboardInterrupt,)
+
+
+def stage_names(plan: Plan) -> list[str]:
+    """The name of each stage number a :data:`Report` receives."""
+    return ["read", *plan.operation_names]
+
+
 def record_index(plan: Plan, position: int) -> int:
     """The source index of the record at a local position (for error messages)."""
     return int(plan.sampler.record_keys(np.asarray([position], dtype=np.int64))[0])
@@ -92,13 +117,19 @@ def apply_steps(
     subs: np.ndarray | None,
     start: int,
     timings: dict[str, float],
+    report: Report | None = None,
+    passthrough: tuple[type[BaseException], ...] = IN_PROCESS,
 ) -> tuple[list[Any], np.ndarray | None, np.ndarray | None]:
     """Applies element-wise operations, keeping the tags in step with the elements.
 
     Adds the seconds each operation took to ``timings`` (two clock reads per operation
-    per unit, nothing per element).
+    per unit, nothing per element). ``report`` hears each operation's stage number as
+    it starts; exceptions of the ``passthrough`` types are raised as they are, every
+    other one as a :class:`PipelineError` at its record.
     """
     for step in steps:
+        if report is not None:
+            report(1 + step.stream)
         began = time.perf_counter()
         op, fn = step.op, step.op.element_fn()
         out: list[Any] = []
@@ -122,7 +153,9 @@ def apply_steps(
                 assert isinstance(op, FlatMapTransform)
                 for x in elements:
                     append(op.checked_flat_map(x))
-        except Exception as exc:
+        except passthrough:
+            raise
+        except BaseException as exc:
             i = len(out)
             pos_i = int(positions[i]) if positions is not None else start + i
             sub_i = int(subs[i]) if subs is not None else 0
@@ -147,34 +180,52 @@ def apply_steps(
     return elements, positions, subs
 
 
-def compute_unit(plan: Plan, start: int, stop: int) -> UnitResult:
-    """Reads and transforms the records at local positions ``[start, stop)``."""
+def compute_unit(
+    plan: Plan,
+    start: int,
+    stop: int,
+    report: Report | None = None,
+    passthrough: tuple[type[BaseException], ...] = IN_PROCESS,
+) -> UnitResult:
+    """Reads and transforms the records at local positions ``[start, stop)``.
+
+    ``report`` and ``passthrough`` are as in :func:`apply_steps`; a worker passes its
+    progress slot and ``passthrough=()``.
+    """
+    if report is not None:
+        report(READ)
     began = time.perf_counter()
     keys = plan.sampler.record_keys(np.arange(start, stop, dtype=np.int64))
     try:
         records = read_records(plan.source, keys)
-    except Exception as exc:
-        shown = keys[:8].tolist()
-        raise PipelineError(
-            f"reading records {shown}{'...' if len(keys) > 8 else ''} from {plan.source!r} "
-            f"failed: {type(exc).__name__}: {exc}",
-            operation="read",
-            record_index=int(keys[0]),
-            position=start,
-        ) from exc
+    except passthrough:
+        raise
+    except BaseException as exc:
+        # Which record is unreadable? The batched call cannot say; reading the unit's
+        # records one by one can (only on this failure path).
+        error, cause = blame_read(plan.source, keys, start, exc, passthrough)
+        raise error from cause
     timings = {"read": time.perf_counter() - began}
     elements, positions, subs = apply_steps(
-        plan, plan.pre, list(records), None, None, start, timings
+        plan, plan.pre, list(records), None, None, start, timings, report, passthrough
     )
     if plan.layout != BATCH:
         return UnitResult(start, stop, elements, positions, subs, timings)
     assert plan.batch is not None
-    outputs, positions, subs = batch_and_post(plan, elements, start, 0, timings)
+    outputs, positions, subs = batch_and_post(
+        plan, elements, start, 0, timings, report, passthrough
+    )
     return UnitResult(start, stop, outputs, positions, subs, timings)
 
 
 def batch_and_post(
-    plan: Plan, elements: list[Any], position: int, sub: int, timings: dict[str, float]
+    plan: Plan,
+    elements: list[Any],
+    position: int,
+    sub: int,
+    timings: dict[str, float],
+    report: Report | None = None,
+    passthrough: tuple[type[BaseException], ...] = IN_PROCESS,
 ) -> tuple[list[Any], np.ndarray | None, np.ndarray | None]:
     """Stacks elements into one batch and applies the operations after the batch.
 
@@ -182,10 +233,14 @@ def batch_and_post(
     are no operations after the batch.
     """
     assert plan.batch is not None
+    if report is not None:
+        report(1 + len(plan.pre))
     began = time.perf_counter()
     try:
         batch = plan.batch.batch_fn(elements)
-    except Exception as exc:
+    except passthrough:
+        raise
+    except BaseException as exc:
         raise _fail(plan, plan.batch.name, position, sub, exc) from exc
     timings["batch"] = timings.get("batch", 0.0) + time.perf_counter() - began
     if not plan.post:
@@ -198,4 +253,6 @@ def batch_and_post(
         np.asarray([sub], dtype=np.int64),
         position,
         timings,
+        report,
+        passthrough,
     )

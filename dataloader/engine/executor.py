@@ -17,6 +17,7 @@ from typing import Protocol
 
 from dataloader.engine.compute import UnitResult, compute_unit
 from dataloader.engine.plan import Plan
+from dataloader.errors import LoaderClosedError
 from dataloader.options import ReadOptions
 
 
@@ -35,7 +36,18 @@ class Executor(Protocol):
         """Starts the stream again at local ``position``; work in flight is dropped."""
 
     def close(self) -> None:
-        """Stops all background work and frees its resources; idempotent."""
+        """Stops all background work and frees its resources; idempotent.
+
+        Callable from any thread, and returns in bounded time (seconds) even while a
+        ``next()`` waits in another thread; that ``next()`` then raises
+        :class:`~dataloader.errors.LoaderClosedError` (or returns a result it had).
+        """
+
+
+# How often a next() waiting on a read-ahead thread looks whether close() was called,
+# and how long close() waits for the threads' units in progress.
+_POLL_S = 0.25
+_CLOSE_WAIT_S = 1.0
 
 
 class InProcessExecutor:
@@ -45,6 +57,12 @@ class InProcessExecutor:
     creating the executor costs nothing and a restore is O(1). With threads, up to
     ``prefetch_buffer_size`` units are in flight and results are still handed out in
     unit order.
+
+    ``close()`` from another thread returns within about a second: a ``next()`` waiting
+    on a read-ahead thread then raises :class:`~dataloader.errors.LoaderClosedError`.
+    User code running in a thread cannot be stopped from outside: a ``next()`` that
+    computes in the caller's thread finishes its unit, and a stuck read-ahead thread
+    stays stuck (use worker processes and ``unit_timeout_s`` for code that may hang).
     """
 
     def __init__(self, plan: Plan, position: int, read_options: ReadOptions) -> None:
@@ -53,6 +71,7 @@ class InProcessExecutor:
         self._depth = read_options.prefetch_buffer_size
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._inflight: collections.deque[concurrent.futures.Future[UnitResult]] = collections.deque()
+        self._closed = False
         self.reset(position)
 
     def reset(self, position: int) -> None:
@@ -61,6 +80,7 @@ class InProcessExecutor:
             f.cancel()
         self._inflight.clear()
         self._units = self._plan.units(position)
+        self._closed = False
 
     def __iter__(self) -> Iterator[UnitResult]:
         return self
@@ -88,12 +108,30 @@ class InProcessExecutor:
         self._fill()
         if not self._inflight:
             raise StopIteration
-        return self._inflight.popleft().result()
+        future = self._inflight[0]
+        while True:
+            try:
+                result = future.result(_POLL_S)
+                break
+            except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError) as exc:
+                if self._closed:
+                    raise LoaderClosedError(
+                        "the loader was closed while next() waited for a read-ahead "
+                        "thread; this iterator is finished: make a new one (or set_state)"
+                    ) from None
+                if isinstance(exc, concurrent.futures.CancelledError):
+                    raise
+        self._inflight.popleft()
+        return result
 
     def close(self) -> None:
-        for f in self._inflight:
+        """Cancels queued units and stops the threads; waits at most about a second."""
+        self._closed = True
+        running = list(self._inflight)
+        for f in running:
             f.cancel()
         self._inflight.clear()
         if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
+            concurrent.futures.wait(running, _CLOSE_WAIT_S)

@@ -22,8 +22,9 @@ from __future__ import annotations
 import json
 from typing import Any, NamedTuple
 
-from dataloader.engine.plan import BATCH, Plan
+from dataloader.engine.plan import BATCH, ELEMENTS, REGROUP, Plan
 from dataloader.errors import StateMismatchError
+from dataloader.operations import FlatMapTransform
 
 STATE_VERSION = 1
 
@@ -43,6 +44,27 @@ class Cursor(NamedTuple):
     position: int
     sub_index: int = 0
     skip: int = 0
+
+
+def _optional_int(low: int) -> Any:
+    return lambda v: v is None or (_is_int(v) and v >= low)
+
+
+# made_for's fields: a check of each value, and what the check expects.
+_MADE_FOR: dict[str, tuple[Any, str]] = {
+    "num_records": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
+    "shuffle": (lambda v: isinstance(v, bool), "true or false"),
+    "seed": (lambda v: v is None or _is_int(v), "an integer or null"),
+    "num_epochs": (_optional_int(1), "an integer >= 1 or null"),
+    "shard_index": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
+    "shard_count": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+    "batch_size": (_optional_int(1), "an integer >= 1 or null"),
+    "layout": (lambda v: v in (BATCH, ELEMENTS, REGROUP), f"one of {BATCH}, {ELEMENTS}, {REGROUP}"),
+    "operations": (
+        lambda v: isinstance(v, list) and all(isinstance(o, str) for o in v),
+        "a list of operation names",
+    ),
+}
 
 # Fields that must match exactly; sharding and batch size are checked separately
 # because elastic restore may change them together.
@@ -94,25 +116,106 @@ def make_state(plan: Plan, cursor: Cursor) -> dict[str, Any]:
     }
 
 
+_KEYS = ("version", "position", "sub_index", "skip", "made_for")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _refuse(field: str, value: Any, expected: str) -> StateMismatchError:
+    return StateMismatchError(
+        f"state field {field}={value!r} is invalid: expected {expected}; pass the dict "
+        f"get_state() returned (or its JSON text), unchanged"
+    )
+
+
+def _unknown_or_missing(where: str, keys: Any, expected: tuple[str, ...], optional: tuple[str, ...] = ()) -> None:
+    unknown = sorted(map(str, set(keys) - {*expected, *optional}))
+    missing = [k for k in expected if k not in keys]
+    if unknown or missing:
+        said = []
+        if missing:
+            said.append(f"misses {', '.join(missing)}")
+        if unknown:
+            said.append(f"has unknown keys {', '.join(unknown)}")
+        raise StateMismatchError(
+            f"{where} {' and '.join(said)}; expected the keys {', '.join(expected)}"
+            f"{' (and optionally ' + ', '.join(optional) + ')' if optional else ''}, as "
+            f"get_state() makes them"
+        )
+
+
+def _check_made_for(saved: Any) -> None:
+    """Refuses a ``made_for`` that get_state() cannot have made, naming the field."""
+    if not isinstance(saved, dict):
+        raise _refuse("made_for", saved, "a dict describing the loader")
+    _unknown_or_missing("state field made_for", saved, tuple(_MADE_FOR), ("index_map",))
+    for key, (ok, expected) in _MADE_FOR.items():
+        if not ok(saved[key]):
+            raise _refuse(f"made_for.{key}", saved[key], expected)
+    if saved["shard_index"] >= saved["shard_count"]:
+        raise _refuse(
+            "made_for.shard_index", saved["shard_index"], f"< shard_count={saved['shard_count']}"
+        )
+    if "index_map" in saved and not isinstance(saved["index_map"], str):
+        raise _refuse("made_for.index_map", saved["index_map"], "a string")
+
+
 def _as_dict(state: Any) -> dict[str, Any]:
-    if isinstance(state, (bytes, str)):  # Grain's iterators hand out JSON bytes
-        state = json.loads(state)
-    if not isinstance(state, dict) or "position" not in state or "made_for" not in state:
+    """The state as a dict whose every field has the type and range get_state() gives."""
+    if isinstance(state, (bytes, bytearray, str)):  # Grain's iterators hand out JSON bytes
+        try:
+            state = json.loads(state)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            shown = bytes(state[:80]) if not isinstance(state, str) else state[:80]
+            raise StateMismatchError(
+                f"the state is not valid JSON ({exc}): {shown!r}{'...' if len(state) > 80 else ''}; "
+                f"pass the dict get_state() returned or json.dumps of it, whole"
+            ) from None
+    if not isinstance(state, dict):
         raise StateMismatchError(
             f"expected a state dict from get_state(), got {type(state).__name__}: {str(state)[:200]}"
         )
-    if state.get("version") != STATE_VERSION:
+    version = state.get("version")
+    if not _is_int(version) or version != STATE_VERSION:
         raise StateMismatchError(
-            f"state version {state.get('version')!r} is not supported (expected {STATE_VERSION})"
+            f"state version {version!r} is not supported (expected {STATE_VERSION})"
         )
+    _unknown_or_missing("the state", state, _KEYS)
+    for key in ("position", "sub_index", "skip"):
+        if not _is_int(state[key]) or state[key] < 0:
+            raise _refuse(key, state[key], "an integer >= 0")
+    _check_made_for(state["made_for"])
     return state
+
+
+def _check_cursor(plan: Plan, cursor: Cursor) -> None:
+    """Refuses a cursor outside this loader's stream, or one its pipeline cannot make."""
+    end = plan.num_positions
+    if end is not None and cursor.position > end:
+        raise _refuse(
+            "position",
+            cursor.position,
+            f"a position within this loader's stream, which ends at position {end} (a "
+            f"state from a longer stream, e.g. more epochs, does not fit)",
+        )
+    if cursor.sub_index and not any(isinstance(s.op, FlatMapTransform) for s in plan.pre):
+        raise _refuse("sub_index", cursor.sub_index, "0: no flat map comes before the batch")
+    if cursor.skip and not plan.post:
+        raise _refuse("skip", cursor.skip, "0: no operation follows the batch")
 
 
 def resolve_state(plan: Plan, state: Any) -> Cursor:
     """Checks that ``state`` fits ``plan`` and returns where its stream continues.
 
+    Every field is checked first (types, ranges, unknown or missing keys, JSON that
+    does not parse), then what the state was made for against this loader, then the
+    position against this loader's stream.
+
     Raises:
-        StateMismatchError: naming every field that differs and what to do.
+        StateMismatchError: naming the invalid field, its value and what was expected,
+            or every field that differs from this loader and what to do.
     """
     state = _as_dict(state)
     saved, now = state["made_for"], made_for(plan)
@@ -121,7 +224,7 @@ def resolve_state(plan: Plan, state: Any) -> Cursor:
         for key in (*_EXACT, "index_map")
         if saved.get(key) != now.get(key)
     ]
-    position, sub, skip = int(state["position"]), int(state["sub_index"]), int(state["skip"])
+    position, sub, skip = state["position"], state["sub_index"], state["skip"]
     same_sharding = (saved["shard_count"], saved["batch_size"]) == (now["shard_count"], now["batch_size"])
     if not problems and same_sharding and saved["shard_index"] != now["shard_index"]:
         problems.append(
@@ -136,7 +239,9 @@ def resolve_state(plan: Plan, state: Any) -> Cursor:
         raise StateMismatchError(
             "this state does not fit the loader: it was saved for " + "; ".join(problems)
         )
-    return Cursor(position, sub, skip)
+    cursor = Cursor(position, sub, skip)
+    _check_cursor(plan, cursor)
+    return cursor
 
 
 def _elastic(saved: dict, now: dict, position: int, sub: int, skip: int) -> tuple[int, str | None]:

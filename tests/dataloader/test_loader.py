@@ -7,7 +7,7 @@ import pytest
 
 import dataloader as dl
 from tests.dataloader.pipelines import make_loader
-from tests.helpers import assert_streams_equal
+from tests.helpers import assert_streams_equal, two_array_record_files
 
 
 class CountingSource:
@@ -191,6 +191,67 @@ def test_failed_read_names_the_records_and_source():
         next(iter(loader))
 
 
+def test_a_corrupt_record_is_named_exactly_with_its_file_and_the_readers_message(tmp_path):
+    # Two real ArrayRecord files; record 7 of the second (global record 27) is corrupt.
+    source = dl.ArrayRecordDataSource(two_array_record_files(tmp_path, corrupt=7))
+    loader = dl.DataLoader(source, dl.SequentialSampler(40), [dl.Batch(8)])
+    it = iter(loader)
+    assert [len(next(it)) for _ in range(3)] == [8, 8, 8]  # records 0-23 read fine
+    with pytest.raises(
+        dl.PipelineError,
+        match=r"reading record 27 \(position 27\) in file '.*b\.array_record' \(record 7 of its 20\) "
+        r"from ArrayRecordDataSource.* failed: RuntimeError: .*chunk data hash mismatch",
+    ) as info:
+        next(it)
+    assert info.value.record_index == 27 and info.value.position == 27
+    assert info.value.operation == "read"
+    assert "hash mismatch" in str(info.value.__cause__)
+
+
+def test_every_unreadable_record_of_the_unit_is_listed():
+    class Holes(CountingSource):
+        def __getitem__(self, i):
+            if i in (5, 6):
+                raise OSError(f"sector of record {i} unreadable")
+            return int(i)
+
+        def __getitems__(self, indices):
+            return [self[i] for i in indices]
+
+    loader = dl.DataLoader(Holes(8), dl.SequentialSampler(8), [dl.Batch(4)])
+    it = iter(loader)
+    next(it)
+    with pytest.raises(dl.PipelineError, match=r"reading record 5 \(position 5\) from .* failed: OSError: sector of record 5 unreadable; records \[6\] of the same unit fail too"):
+        next(it)
+
+
+@pytest.mark.parametrize("raised", [SystemExit(3), SystemExit, GeneratorExit, type("Custom", (BaseException,), {})])
+def test_base_exceptions_of_user_code_are_pipeline_errors_in_process(raised):
+    def explode(x):
+        if x == 6:
+            raise raised
+        return x
+
+    loader = dl.DataLoader(dl.RangeDataSource(12), dl.SequentialSampler(12), [dl.MapTransform(explode), dl.Batch(4)])
+    it = iter(loader)
+    next(it)
+    with pytest.raises(dl.PipelineError, match=r"MapTransform\(.*explode\) failed on record 6 \(position 6\)") as info:
+        next(it)
+    assert info.value.record_index == 6
+    assert isinstance(info.value.__cause__, raised if isinstance(raised, type) else type(raised))
+
+
+def test_keyboard_interrupt_passes_through_in_process():
+    """In the training process a KeyboardInterrupt may be a real Ctrl-C: it is not wrapped."""
+
+    def interrupted(x):
+        raise KeyboardInterrupt
+
+    loader = dl.DataLoader(dl.RangeDataSource(4), dl.SequentialSampler(4), [dl.MapTransform(interrupted)])
+    with pytest.raises(KeyboardInterrupt):
+        next(iter(loader))
+
+
 # --- bad input, refused at construction ---------------------------------------------------
 
 
@@ -228,10 +289,27 @@ def test_conflicting_shard_options_are_refused():
     ({"worker_buffer_size": 0}, r"worker_buffer_size must be an integer >= 1, got 0"),
     ({"read_options": "fast"}, r"read_options must be a ReadOptions, got 'fast'"),
     ({"worker_init_fn": 3}, r"worker_init_fn must be callable, got 3"),
+    ({"warm_start": "no"}, r"warm_start must be True or False, got 'no' of type str"),
+    ({"stall_warning_s": 0}, r"stall_warning_s must be a positive number of seconds or None, got 0"),
+    ({"stall_warning_s": "60"}, r"stall_warning_s must be a positive number of seconds or None, got '60'"),
+    ({"unit_timeout_s": True, "worker_count": 1}, r"unit_timeout_s must be a positive number of seconds or None, got True"),
+    ({"unit_timeout_s": float("inf"), "worker_count": 1}, r"unit_timeout_s must be a positive number of seconds or None, got inf"),
+    ({"unit_timeout_s": 5}, r"unit_timeout_s=5 needs worker_count > 0: a unit computed in this process cannot be stopped"),
 ])
 def test_bad_loader_options_are_refused(kwargs, message):
     with pytest.raises((ValueError, TypeError), match=message):
         dl.DataLoader(dl.RangeDataSource(10), dl.IndexSampler(10), **kwargs)
+
+
+@pytest.mark.parametrize("operations", [dl.MapTransform(abs), None, dl.Batch(4), (op for op in [dl.Batch(4)]), "Batch"])
+def test_operations_that_are_not_a_list_are_refused_naming_operations(operations):
+    with pytest.raises(TypeError, match=r"operations must be a list of operations, got .* of type \w+; pass a list, e.g. operations=\["):
+        dl.DataLoader(dl.RangeDataSource(10), dl.IndexSampler(10), operations)
+
+
+def test_operations_may_be_a_list_or_a_tuple():
+    for operations in ([dl.Batch(5)], (dl.Batch(5),), [], ()):
+        assert len(list(dl.DataLoader(dl.RangeDataSource(10), dl.SequentialSampler(10), operations))) in (2, 10)
 
 
 def test_a_source_without_getitem_is_refused():

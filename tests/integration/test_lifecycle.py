@@ -156,6 +156,46 @@ def test_script_without_main_guard_runs_with_workers(tmp_path):
     assert out.stdout.split() == ["top", "level", "ran", str(2 * sum(range(100)))]
 
 
+def _resources() -> dict[str, int]:
+    """What a loader could leak, counted from /proc and /dev/shm."""
+    return {
+        "processes": len(child_pids()),
+        "fds": len(os.listdir("/proc/self/fd")),
+        "threads": len(os.listdir("/proc/self/task")),
+        # This process's blocks only: other test runs on the machine make their own.
+        "shm": len([b for b in shm_blocks() if b.startswith(f"granary_{os.getpid()}_")]),
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # about a minute on an idle 2-core machine; far more under load
+def test_soak_of_a_hundred_create_iterate_break_cycles_leaks_nothing():
+    """100 cycles of a new 2-worker loader, a few batches, break: counts stay where they were."""
+
+    def cycle(i):
+        loader = make_loader(workers=2, n=2000)
+        for k, _ in enumerate(loader):
+            if k == i % 4:
+                break
+        del loader
+        gc.collect()
+
+    cycle(0)  # first-use costs (imports, the interpreter's own caches) are not leaks
+    assert wait_until(lambda: not child_pids())  # its workers stop in the background
+    time.sleep(0.5)
+    before = _resources()
+    started = time.monotonic()
+    for i in range(100):
+        cycle(i)
+    seconds = time.monotonic() - started
+    # No count grows (threads of earlier tests may end meanwhile, so a count may drop).
+    settled = wait_until(lambda: all(v <= before[k] for k, v in _resources().items()), 15)
+    after = _resources()
+    print(f"\nsoak: 100 cycles in {seconds:.1f} s; before {before}; after {after}; "
+          f"/dev/shm holds {len(os.listdir('/dev/shm'))} entries")
+    assert settled, f"after 100 cycles: {after}, before: {before}"
+
+
 @pytest.mark.slow
 def test_resident_memory_stays_flat_over_many_epochs():
     def rss_mb():

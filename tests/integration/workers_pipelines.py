@@ -51,3 +51,72 @@ def record_init(path):
             pass
 
     return init
+
+
+def hang_on(record, marker_dir=None, release=None):
+    """Hangs on ``record``, for good or until the file ``release`` exists.
+
+    Each start on the record leaves a file in ``marker_dir`` (to count attempts).
+    """
+
+    def fn(x):
+        if x == record:
+            if marker_dir is not None:
+                open(os.path.join(marker_dir, f"{os.getpid()}-{time.monotonic_ns()}"), "w").close()
+            deadline = time.monotonic() + 600
+            while time.monotonic() < deadline and not (release and os.path.exists(release)):
+                time.sleep(0.02)
+        return x
+
+    return fn
+
+
+def sleep_on(record, seconds):
+    def fn(x):
+        if x == record:
+            time.sleep(seconds)
+        return x
+
+    return fn
+
+
+class CustomBaseException(BaseException):
+    pass
+
+
+def raise_base_on(record, kind):
+    """Raises a BaseException of ``kind`` on ``record``, as user code might."""
+
+    def fn(x):
+        if x == record:
+            if kind == "KeyboardInterrupt":
+                raise KeyboardInterrupt("pressed inside a map")
+            if kind == "SystemExit(3)":
+                raise SystemExit(3)
+            if kind == "sys.exit(123)":
+                import sys
+
+                sys.exit(123)
+            raise CustomBaseException("a BaseException of the user's own")
+        return x
+
+    return fn
+
+
+def exit_on(record, code):
+    def fn(x):
+        if x == record:
+            os._exit(code)
+        return x
+
+    return fn
+
+
+def grow_at(record, nbytes):
+    """Small results before ``record``, results of ``nbytes`` from it on."""
+
+    def fn(x):
+        size = nbytes if x >= record else 64
+        return {"x": np.full(size, x % 256, dtype=np.uint8), "id": x}
+
+    return fn

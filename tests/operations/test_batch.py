@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import re
 
 import numpy as np
 import pytest
@@ -68,6 +69,12 @@ def test_non_integer_batch_size_is_refused():
 def test_custom_batch_fn_is_used():
     b = Batch(2, batch_fn=lambda xs: sum(xs))
     assert b.batch_fn([1, 2]) == 3
+
+
+@pytest.mark.parametrize("value", ["no", 1, None, "False"])
+def test_drop_remainder_that_is_not_a_bool_is_refused(value):
+    with pytest.raises(TypeError, match=rf"drop_remainder must be True or False, got {re.escape(repr(value))} of type"):
+        Batch(10, drop_remainder=value)
 
 
 def test_non_callable_batch_fn_is_refused():

@@ -47,6 +47,14 @@ def test_list_of_files_numbers_records_file_after_file(two_files):
     assert [source[i] for i in range(12)] == [_expected_two_files(i) for i in range(12)]
 
 
+def test_record_location_names_the_file_and_the_record_in_it(two_files):
+    source = ArrayRecordDataSource(two_files)
+    assert source.record_location(2) == f"file {str(two_files[0])!r} (record 2 of its 7)"
+    assert source.record_location(8) == f"file {str(two_files[1])!r} (record 1 of its 5)"
+    with pytest.raises(IndexError):
+        source.record_location(12)
+
+
 def test_list_order_is_kept(two_files):
     source = ArrayRecordDataSource(two_files[::-1])
     assert source[0] == record(1, 0)

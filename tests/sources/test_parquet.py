@@ -44,6 +44,12 @@ def test_rows_round_trip_across_row_groups_and_files(two_files):
         _assert_row_equal(source[i], _expected_row(i))
 
 
+def test_record_location_names_the_file_row_group_and_row(two_files):
+    source = dataloader.sources.parquet.ParquetDataSource(two_files)
+    assert source.record_location(9) == f"file {str(two_files[0])!r} (row group 2, row 1)"
+    assert source.record_location(14) == f"file {str(two_files[1])!r} (row group 1, row 0)"
+
+
 def test_source_satisfies_protocol(two_files):
     assert isinstance(ParquetDataSource(two_files), RandomAccessDataSource)
 

@@ -17,16 +17,31 @@ A thread hands out the first units as soon as workers are ready, before the firs
 A worker that dies (SIGKILL, OOM killer, segfault) closes its result pipe, which wakes
 the parent at once: it is replaced and its units are computed again, so the output is
 unchanged. A unit that killed its worker ``MAX_CRASHES`` times becomes an error at its
-place in the stream.
+place in the stream. Exceptions, whatever their type (``SystemExit`` included), are not
+deaths: they come back as the unit's error (see :mod:`~dataloader.engine.compute`).
+
+Workers report where they are in a shared progress board
+(:mod:`~dataloader.engine.pool.progress`); while the consumer waits, the pool warns
+about units past ``stall_warning_s`` and kills workers past ``unit_timeout_s``
+(:mod:`~dataloader.engine.pool.stalls`).
+
+Threads. Calls are serialised by a lock, but ``close()`` never waits on a stuck
+``next()``: the consumer polls in steps of at most 0.25 s and gives the lock up, with a
+:class:`~dataloader.errors.LoaderClosedError`, once it sees that ``close()`` was
+called. Only a ``next()`` busy in user code in this process (the warm-start unit)
+cannot give it up; ``close()`` then releases the workers and blocks without it, after
+``CLOSE_WAIT_S``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import pickle
 import select
 import threading
+import time
 import weakref
 from multiprocessing.connection import wait
 from typing import Any
@@ -43,21 +58,37 @@ from dataloader.engine.pool.messages import (
     Ready,
     Task,
     WorkerConfig,
+    remote_error,
 )
 from dataloader.engine.pool.process import WorkerProcess, stop_all
+from dataloader.engine.pool.progress import Board
+from dataloader.engine.pool.stalls import StallWatch, Stuck
 from dataloader.engine.pool.transport import Transport
 from dataloader.engine.pool.window import Outcome, Window
-from dataloader.errors import PipelineError, WorkerCrashError, WorkerError
+from dataloader.errors import (
+    LoaderClosedError,
+    PipelineError,
+    WorkerCrashError,
+    WorkerError,
+)
 
 MAX_CRASHES = 3
+CLOSE_WAIT_S = 1.0  # how long close() waits for a next() in progress to give way
+
+logger = logging.getLogger("dataloader")
 
 
 class _Resources:
-    """What must be released whatever happens: the processes and the blocks."""
+    """What must be released whatever happens: the processes, the blocks, the board."""
 
-    def __init__(self) -> None:
+    def __init__(self, worker_count: int) -> None:
         self.workers: list[WorkerProcess] = []
         self.transport = Transport()
+        try:
+            self.board: Board | None = Board(worker_count)
+        except OSError as exc:  # no memfd (not Linux, or an old kernel): no stall checks
+            logger.warning("granary: no progress board (%s); stuck workers go unnoticed", exc)
+            self.board = None
 
 
 def _release(res: _Resources) -> None:
@@ -65,45 +96,8 @@ def _release(res: _Resources) -> None:
     stop_all(res.workers)
     res.workers.clear()
     res.transport.close()
-
-
-def pickle_plan(plan: Plan) -> bytes:
-    """The plan as sent to workers; names the part that cannot be pickled."""
-    try:
-        return cloudpickle.dumps(plan)
-    except Exception as exc:
-        parts = [("data_source", plan.source), ("sampler", plan.sampler)]
-        parts += [(f"operation {s.op.name}", s.op) for s in (*plan.pre, *plan.post)]
-        if plan.batch is not None:
-            parts.append((plan.batch.name, plan.batch))
-        for label, obj in parts:
-            try:
-                cloudpickle.dumps(obj)
-            except Exception as part_exc:
-                raise TypeError(
-                    f"{label} ({obj!r}) cannot be sent to worker processes: "
-                    f"{type(part_exc).__name__}: {part_exc}; make it picklable (open files "
-                    f"and locks lazily) or use worker_count=0"
-                ) from part_exc
-        raise TypeError(f"the pipeline cannot be sent to worker processes: {exc}") from exc
-
-
-def _remote_error(data: bytes, worker: int) -> Exception:
-    """Rebuilds a worker's exception with the child's traceback in its message."""
-    exc, cause, text = cloudpickle.loads(data)
-    detail = f"\n\nTraceback in worker {worker}:\n{text}"
-    if isinstance(exc, PipelineError):
-        err: Exception = PipelineError(
-            f"{exc}{detail}",
-            operation=exc.operation,
-            record_index=exc.record_index,
-            position=exc.position,
-        )
-        err.__cause__ = cause
-    else:
-        err = WorkerError(f"worker {worker} failed: {type(exc).__name__}: {exc}{detail}")
-        err.__cause__ = exc
-    return err
+    if res.board is not None:
+        res.board.close()
 
 
 def _still_wanted(ref: weakref.ref[PoolExecutor]) -> PoolExecutor | None:
@@ -113,7 +107,7 @@ def _still_wanted(ref: weakref.ref[PoolExecutor]) -> PoolExecutor | None:
     if executor is None:
         return None
     with executor._lock:
-        if executor._consumer_started or not executor._finalizer.alive:
+        if executor._consumer_started or executor._closing or not executor._finalizer.alive:
             return None
     return executor
 
@@ -139,7 +133,7 @@ def _prestart(ref: weakref.ref[PoolExecutor]) -> None:
         with executor._lock:
             # Checked again under the lock: the consumer may have started, or the pool
             # been closed (then its pipes are closed and must not look like dead workers).
-            if executor._consumer_started or not executor._finalizer.alive:
+            if executor._consumer_started or executor._closing or not executor._finalizer.alive:
                 return
             try:
                 executor._wait(0)
@@ -161,7 +155,12 @@ class PoolExecutor:
         position: the local position to start from.
         worker_count, buffer_size: processes, and units in flight per process.
         init_fn: ``f(worker_index, worker_count)`` run in each child before work.
-        warm_start: compute the first unit in this process if no worker is ready yet.
+        warm_start: compute the first unit in this process if no worker is ready yet
+            (not with ``unit_timeout_s``: a unit computed here cannot be timed out).
+        stall_warning_s: log a unit that a worker has computed for this long (None:
+            never).
+        unit_timeout_s: make a unit computed for this long an error and replace its
+            worker (None: never).
     """
 
     def __init__(
@@ -174,14 +173,18 @@ class PoolExecutor:
         buffer_size: int,
         init_fn: Any = None,
         warm_start: bool = True,
+        stall_warning_s: float | None = None,
+        unit_timeout_s: float | None = None,
     ) -> None:
         self._plan = plan
         self._plan_bytes = plan_bytes
         self._init_fn = cloudpickle.dumps(init_fn)
-        self._warm_start = warm_start
+        self._warm_start = warm_start and unit_timeout_s is None
         self._worker_count = worker_count
         self._window = Window(worker_count * buffer_size, buffer_size)
+        self._watch = StallWatch(plan, stall_warning_s, unit_timeout_s)
         self._lock = threading.Lock()
+        self._closing = False
         self._consumer_started = False
         self._prestart_error: Exception | None = None
         self._start()
@@ -193,7 +196,9 @@ class PoolExecutor:
     # -- set-up ---------------------------------------------------------------------------
 
     def _start(self) -> None:
-        self._res = _Resources()
+        self._closing = False
+        self._next_check = 0.0  # when to look for stuck workers next (time.monotonic)
+        self._res = _Resources(self._worker_count)
         self._window.clear_workers()
         self._finalizer = weakref.finalize(self, _release, self._res)
         self._ever_ready = False
@@ -214,10 +219,15 @@ class PoolExecutor:
         self._deferred = list(range(now, self._worker_count))
 
     def _spawn_deferred(self) -> None:
-        while self._deferred:
+        while self._deferred and not self._closing:
             self._res.workers.append(self._spawn(self._deferred.pop(0)))
 
     def _spawn(self, index: int) -> WorkerProcess:
+        if self._closing:  # close() released the pool while this thread was busy
+            raise self._closed_error()
+        board = self._res.board
+        if board is not None:
+            board.clear(index)  # what the slot's previous worker wrote is not the new one's
         config = WorkerConfig(
             parent_pid=os.getpid(),
             plan=self._plan_bytes,
@@ -226,8 +236,10 @@ class PoolExecutor:
             worker_count=self._worker_count,
             cpus=tuple(sorted(os.sched_getaffinity(0))),
             block_prefix=self._res.transport.prefix,
+            progress_fd=board.fd if board is not None else -1,
         )
-        worker = WorkerProcess(index, pickle.dumps(Init(config)))
+        shared = (board.fd,) if board is not None else ()
+        worker = WorkerProcess(index, pickle.dumps(Init(config)), shared)
         fd = worker.results.fileno()
         self._by_fd[fd] = worker
         self._poller.register(fd, select.POLLIN)
@@ -256,16 +268,28 @@ class PoolExecutor:
     def __next__(self) -> UnitResult:
         with self._lock:
             self._consumer_started = True
-            return self._next_locked()
+            if self._prestart_error is not None:
+                error, self._prestart_error = self._prestart_error, None
+                raise error
+            if not self._finalizer.alive:
+                raise StopIteration
+            try:
+                return self._next_locked()
+            except (OSError, ValueError) as exc:  # pipes or blocks closed under a busy call
+                if self._closing:
+                    raise self._closed_error() from exc
+                raise
 
     def _next_locked(self) -> UnitResult:
-        if self._prestart_error is not None:
-            error, self._prestart_error = self._prestart_error, None
-            raise error
-        if not self._finalizer.alive:
-            raise StopIteration
         window = self._window
         while True:
+            # Stuck workers are looked for on every call (one clock read; a look every
+            # `interval` s), not only while waiting, so a unit stuck behind the head is
+            # found while the training step runs.
+            now = time.monotonic()
+            if now >= self._next_check:
+                self._next_check = now + self._watch.interval
+                self._check_stalls()
             outcome = window.take_head()
             if outcome is not None:
                 if outcome.error is not None:
@@ -274,13 +298,21 @@ class PoolExecutor:
                 return outcome.value
             if window.finished:
                 raise StopIteration
+            if self._closing:
+                raise self._closed_error()
             self._dispatch()
             # Nothing is dispatched before a worker is ready, so the head unit is free.
             if self._warm_pending and not self._ever_ready:
                 self._warm_pending = False
                 self._compute_inline(window.head)
-            else:
-                self._wait(1.0)
+                continue
+            self._wait(self._watch.interval)
+
+    def _closed_error(self) -> LoaderClosedError:
+        return LoaderClosedError(
+            f"the loader was closed while next() waited for unit {self._window.head}; "
+            f"this iterator is finished: make a new one (or set_state) to go on"
+        )
 
     def _compute_inline(self, unit: int) -> None:
         try:
@@ -352,14 +384,25 @@ class PoolExecutor:
             return
         if isinstance(message, Failed):
             transport.give_back(entry.token)
-            window.finish(entry.unit, Outcome(None, _remote_error(message.error, w.index)))
+            window.finish(entry.unit, Outcome(None, remote_error(message.error, w.index)))
             return
         value, size = transport.receive(entry.token, message, nbytes)
         transport.note_size(size, self._blocks_needed())
         window.finish(entry.unit, Outcome(value))
 
-    def _replace(self, w: WorkerProcess) -> None:
-        """A worker died: reap it, start another, and compute its units again."""
+    def _check_stalls(self) -> None:
+        board = self._res.board
+        if board is None:
+            return
+        self._wait(0)  # answers already in the pipes first: their units are not stuck
+        for stuck in self._watch.check(self._res.workers, self._window, board):
+            stuck.worker.proc.kill()
+            self._replace(stuck.worker, stuck)
+
+    def _replace(self, w: WorkerProcess, stuck: Stuck | None = None) -> None:
+        """A worker died, or was killed for taking too long (``stuck``): reap it, start
+        another, and compute its units again (all but the one it was stuck on, which
+        becomes ``stuck.error``)."""
         if not self._finalizer.alive:
             return  # the pool was closed: its pipes are closed, nobody died
         code = w.reap()
@@ -367,7 +410,7 @@ class PoolExecutor:
         self._poller.unregister(fd)
         del self._by_fd[fd]
         w.close_pipes()
-        if not w.ready:
+        if stuck is None and not w.ready:
             self._startup_deaths += 1
             if self._startup_deaths >= MAX_CRASHES:
                 self._finalizer()  # lock held: not close()
@@ -375,11 +418,18 @@ class PoolExecutor:
                     f"worker processes keep dying before they start (exit code {code}); "
                     f"run with worker_count=0 to see the error in this process"
                 )
-        tokens, poisoned = self._window.worker_died(w.pid, MAX_CRASHES)
+        errors: list[tuple[int, WorkerError]] = []
+        if stuck is not None:
+            tokens, unit = self._window.worker_timed_out(w.pid)
+            if unit is not None and stuck.error is not None:
+                errors.append((unit, stuck.error))
+        else:
+            tokens, poisoned = self._window.worker_died(w.pid, MAX_CRASHES)
+            errors += [(unit, self._crash_error(unit, code)) for unit in poisoned]
         for token in tokens:
             self._res.transport.give_back(token)
-        for unit in poisoned:
-            self._window.finish(unit, Outcome(None, self._crash_error(unit, code)))
+        for unit, error in errors:
+            self._window.finish(unit, Outcome(None, error))
         i = self._res.workers.index(w)
         self._res.workers[i] = self._spawn(w.index)
 
@@ -400,6 +450,17 @@ class PoolExecutor:
         return [w.pid for w in self._res.workers]
 
     def close(self) -> None:
-        """Stops every worker and unlinks every block; waits for a call in progress."""
-        with self._lock:
+        """Stops every worker and unlinks every block, from any thread, in bounded time.
+
+        A ``next()`` waiting in another thread raises
+        :class:`~dataloader.errors.LoaderClosedError` within a fraction of a second and
+        gives way; one busy in user code in this process is not waited for beyond
+        ``CLOSE_WAIT_S`` (the workers are stopped under it).
+        """
+        self._closing = True
+        locked = self._lock.acquire(timeout=CLOSE_WAIT_S)
+        try:
             self._finalizer()
+        finally:
+            if locked:
+                self._lock.release()

@@ -8,11 +8,23 @@ start-up fails.
 
 ``generation`` numbers the stream a task belongs to: a restore (``set_state``) starts a
 new one, and answers about the old one are dropped.
+
+The two payloads pickled with cloudpickle are made and read here too: the plan in
+:class:`WorkerConfig` (:func:`pickle_plan`) and the error in :class:`Failed`
+(:func:`error_payload` in the worker, :func:`remote_error` in the parent).
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+import traceback
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import cloudpickle
+
+from dataloader.errors import PipelineError, WorkerError
+
+if TYPE_CHECKING:
+    from dataloader.engine.plan import Plan
 
 
 class WorkerConfig(NamedTuple):
@@ -25,6 +37,8 @@ class WorkerConfig(NamedTuple):
         worker_index, worker_count: this worker's slot and the pool's size.
         cpus: the CPUs the worker may use once started.
         block_prefix: the names of the pool's shared-memory blocks start with it.
+        progress_fd: the inherited descriptor of the pool's progress board (slot
+            ``worker_index``), or -1 when there is none.
     """
 
     parent_pid: int
@@ -34,6 +48,7 @@ class WorkerConfig(NamedTuple):
     worker_count: int
     cpus: tuple[int, ...]
     block_prefix: str
+    progress_fd: int = -1
 
 
 class Init(NamedTuple):
@@ -86,3 +101,63 @@ class Fatal(NamedTuple):
     """Start-up failed (the plan or ``worker_init_fn`` raised); the child's traceback."""
 
     traceback: str
+
+
+def pickle_plan(plan: Plan) -> bytes:
+    """The plan as sent to workers; names the part that cannot be pickled."""
+    try:
+        return cloudpickle.dumps(plan)
+    except Exception as exc:
+        parts = [("data_source", plan.source), ("sampler", plan.sampler)]
+        parts += [(f"operation {s.op.name}", s.op) for s in (*plan.pre, *plan.post)]
+        if plan.batch is not None:
+            parts.append((plan.batch.name, plan.batch))
+        for label, obj in parts:
+            try:
+                cloudpickle.dumps(obj)
+            except Exception as part_exc:
+                raise TypeError(
+                    f"{label} ({obj!r}) cannot be sent to worker processes: "
+                    f"{type(part_exc).__name__}: {part_exc}; make it picklable (open files "
+                    f"and locks lazily) or use worker_count=0"
+                ) from part_exc
+        raise TypeError(f"the pipeline cannot be sent to worker processes: {exc}") from exc
+
+
+def remote_error(data: bytes, worker: int) -> Exception:
+    """Rebuilds a worker's exception with the child's traceback in its message.
+
+    Never re-raises the child's exception itself: a ``SystemExit`` that is not a
+    ``PipelineError`` arrives as a ``WorkerError`` chained to it.
+    """
+    exc, cause, text = cloudpickle.loads(data)
+    detail = f"\n\nTraceback in worker {worker}:\n{text}"
+    if exc is None:
+        return WorkerError(f"worker {worker} failed (its exception did not pickle){detail}")
+    if isinstance(exc, PipelineError):
+        err: Exception = PipelineError(
+            f"{exc}{detail}",
+            operation=exc.operation,
+            record_index=exc.record_index,
+            position=exc.position,
+        )
+        err.__cause__ = cause
+    else:
+        err = WorkerError(f"worker {worker} failed: {type(exc).__name__}: {exc}{detail}")
+        err.__cause__ = exc
+    return err
+
+
+def error_payload(exc: BaseException) -> bytes:
+    """The exception, its cause and the child's traceback, picklable whatever they are.
+
+    What does not pickle is left out, the error before the traceback text: a
+    ``PipelineError`` whose cause cannot be pickled still arrives as itself.
+    """
+    text = "".join(traceback.format_exception(exc))
+    for payload in ((exc, exc.__cause__, text), (exc, None, text)):
+        try:
+            return cloudpickle.dumps(payload)
+        except Exception:
+            continue
+    return cloudpickle.dumps((None, None, text))

@@ -71,9 +71,11 @@ class WorkerProcess:
         init: the pickled :class:`~dataloader.engine.pool.messages.Init` message,
             written by a thread because it may exceed the pipe's buffer while the child
             is still starting up.
+        shared_fds: more descriptors the child inherits under the same numbers (the
+            progress board).
     """
 
-    def __init__(self, index: int, init: bytes) -> None:
+    def __init__(self, index: int, init: bytes, shared_fds: tuple[int, ...] = ()) -> None:
         self.index = index
         self.ready = False
         task_r, task_w = os.pipe()
@@ -88,7 +90,7 @@ class WorkerProcess:
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", _BOOT, str(task_r), str(res_w), startup_cpus()],
-                pass_fds=(task_r, res_w),
+                pass_fds=(task_r, res_w, *shared_fds),
                 env=env,
                 stdin=subprocess.DEVNULL,
             )

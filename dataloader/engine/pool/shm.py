@@ -185,7 +185,11 @@ class BlockPool:
             self.target_size = _round_up(int(nbytes * 1.25) + ALIGN, 1 << 16)
 
     def acquire(self) -> Block | None:
-        """A free block of the target size, a new one, or ``None`` (use the pipe)."""
+        """A free block of the target size, a new one, or ``None`` (use the pipe).
+
+        Raises:
+            OSError: a new block could not be made (``/dev/shm`` is full).
+        """
         with self._lock:
             if self.closed or not self.target_size:
                 return None
@@ -196,10 +200,7 @@ class BlockPool:
                 self._discard(block)
             name = f"{self.prefix}{self._count}"
             self._count += 1
-        try:
-            block = Block(name, self.target_size)
-        except OSError:
-            return None  # /dev/shm is full: this unit travels through the pipe
+        block = Block(name, self.target_size)
         with self._lock:
             self._blocks[name] = block
         return block

@@ -6,9 +6,11 @@ the parent rebuilds the result as views of the block, without a copy. Blocks are
 from the results seen: the first result (usually the warm unit computed in the parent)
 fixes the size, with headroom, and a larger result later grows new blocks.
 
-When ``/dev/shm`` is missing or too small for the blocks the window needs, results
-travel pickled through the pipe instead (one more copy, slower), and the loader warns
-once saying why and what to change.
+When ``/dev/shm`` is missing or too small for the blocks the window needs (checked
+when the first result fixes the size), or a block cannot be made later (a larger result
+grows the blocks past what ``/dev/shm`` has left), results travel pickled through the
+pipe instead (one more copy, slower), and the loader warns once saying why and what to
+change.
 """
 
 from __future__ import annotations
@@ -50,7 +52,16 @@ class Transport:
     def lend(self, worker_pid: int) -> tuple[shm.Block | None, tuple[str, ...]]:
         """A block for one task's result (or None: use the pipe), and the names of blocks
         discarded since this worker's last task (it unmaps them)."""
-        block = self.blocks.acquire() if self.use_shm else None
+        block = None
+        if self.use_shm:
+            try:
+                block = self.blocks.acquire()
+            except OSError as exc:
+                self._fall_back(
+                    f"a result block of {self.blocks.target_size / 2**20:.1f} MiB could not be "
+                    f"made in {shm.SHM_DIR} ({exc}; "
+                    f"{shm.shm_free_bytes() / 2**20:.0f} MiB free)"
+                )
         discarded = self.blocks.discarded
         told = self._told.get(worker_pid, 0)
         self._told[worker_pid] = len(discarded)

@@ -84,6 +84,11 @@ class Window:
     def held(self, worker: int) -> int:
         return len(self._held[worker])
 
+    def current(self, worker: int) -> InFlight | None:
+        """The unit ``worker`` computes now (or starts next): its oldest, or None."""
+        held = self._held.get(worker)
+        return held[0] if held else None
+
     def pick_worker(self, ready: Iterable[int]) -> int | None:
         """The least loaded of ``ready`` workers with room for a unit, if any."""
         best, load = None, self.per_worker
@@ -158,6 +163,24 @@ class Window:
     def finished(self) -> bool:
         """Every unit of the stream was handed to the consumer."""
         return self._exhausted and self.head >= self.created and not self._redo
+
+    def worker_timed_out(self, worker: int) -> tuple[list[Any], int | None]:
+        """A worker was killed for taking too long over its current unit.
+
+        Its other units go out again. Returns the tokens of everything it held and the
+        unit it was stuck on (None if that unit belongs to an earlier stream); the
+        caller finishes that unit with an error: it is not computed again.
+        """
+        tokens, stuck = [], None
+        for i, entry in enumerate(self.remove_worker(worker)):
+            tokens.append(entry.token)
+            if entry.generation != self.generation:
+                continue
+            if i == 0:
+                stuck = entry.unit
+            else:
+                heapq.heappush(self._redo, entry.unit)
+        return tokens, stuck
 
     def worker_died(self, worker: int, max_crashes: int) -> tuple[list[Any], list[int]]:
         """A worker died: its current units go out again.

@@ -21,7 +21,7 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
-from dataloader.engine.pool.messages import Done, Failed, Fatal, Init, Ready, Task
+from dataloader.engine.pool.messages import Done, Failed, Fatal, Init, Ready, Task, error_payload
 
 WATCH_INTERVAL_S = 0.2
 _BLOCK_PREFIX = ""  # the pool's block names start with it; set from the init message
@@ -38,28 +38,23 @@ def _watch_parent(parent_pid: int, block_prefix: str) -> None:
             os._exit(0)
 
 
-def _error_payload(exc: BaseException) -> bytes:
-    """The exception, its cause and the child's traceback, picklable whatever they are."""
-    import cloudpickle
-
-    text = "".join(traceback.format_exception(exc))
-    cause = exc.__cause__
-    try:
-        return cloudpickle.dumps((exc, cause, text))
-    except Exception:
-        return cloudpickle.dumps((None, None, text))
-
-
 def _send(conn: Connection, message: Any) -> None:
     conn.send_bytes(pickle.dumps(message, protocol=5))
 
 
-def _send_result(conn: Connection, blocks: dict[str, Any], task: Task, result: Any) -> None:
-    """Writes the result into the lent block, or (no block, or too small) into the message."""
+def _send_result(conn: Connection, blocks: dict[str, Any], task: Task, plan: Any, result: Any) -> None:
+    """Writes the result into the lent block, or (no block, or too small) into the message.
+
+    A result that does not pickle becomes a ``PipelineError`` naming the record, the
+    operation and the type at fault (looked into only once pickling failed).
+    """
     from dataloader.engine.pool.shm import attach, dumps, payload_size, write_payload
 
     if task.block is not None:
-        header, buffers = dumps(result)
+        try:
+            header, buffers = dumps(result)
+        except Exception as exc:
+            raise _unpicklable(plan, result, exc) from exc
         size = payload_size(header, buffers)
         target = blocks.get(task.block)
         if target is None:
@@ -69,7 +64,17 @@ def _send_result(conn: Connection, blocks: dict[str, Any], task: Task, result: A
             _send(conn, Done(task.generation, task.unit, layout, size, None))
             return
     # Pickled once, in the message: the parent takes the size from its length.
-    _send(conn, Done(task.generation, task.unit, None, 0, result))
+    try:
+        data = pickle.dumps(Done(task.generation, task.unit, None, 0, result), protocol=5)
+    except Exception as exc:
+        raise _unpicklable(plan, result, exc) from exc
+    conn.send_bytes(data)
+
+
+def _unpicklable(plan: Any, result: Any, exc: Exception) -> Exception:
+    from dataloader.engine.blame import unpicklable_result  # only on this failure path
+
+    return unpicklable_result(plan, result, exc)
 
 
 def serve(tasks: Connection, results: Connection) -> None:
@@ -85,6 +90,7 @@ def serve(tasks: Connection, results: Connection) -> None:
     ).start()
     try:
         from dataloader.engine.compute import compute_unit
+        from dataloader.engine.pool.progress import IDLE, SENDING, Slot
 
         plan = cloudpickle.loads(config.plan)
         init_fn = cloudpickle.loads(config.init_fn)
@@ -96,6 +102,10 @@ def serve(tasks: Connection, results: Connection) -> None:
     # Start-up kept off the parent's CPU (see process.startup_cpus); work may use them all.
     with contextlib.suppress(OSError):
         os.sched_setaffinity(0, config.cpus)
+    # Where this worker is, for the parent's stall checks: a few stores per unit.
+    slot = None
+    if config.progress_fd >= 0:
+        slot = Slot(config.progress_fd, config.worker_index, config.worker_count)
     _send(results, Ready(os.getpid()))
     blocks: dict[str, Any] = {}
     while True:
@@ -108,10 +118,20 @@ def serve(tasks: Connection, results: Connection) -> None:
             if mapped is not None:
                 mapped.close()
         try:
-            result = compute_unit(plan, task.start, task.stop)
-            _send_result(results, blocks, task, result)
-        except Exception as exc:
-            _send(results, Failed(task.generation, task.unit, _error_payload(exc)))
+            if slot is not None:
+                slot.begin(task.generation, task.unit)
+            # passthrough=(): SIGINT is ignored here, so even a KeyboardInterrupt
+            # comes from user code and becomes the error at its record.
+            result = compute_unit(
+                plan, task.start, task.stop, slot.stage if slot else None, passthrough=()
+            )
+            if slot is not None:
+                slot.stage(SENDING)
+            _send_result(results, blocks, task, plan, result)
+        except BaseException as exc:  # user code's SystemExit too: it is the unit's error
+            _send(results, Failed(task.generation, task.unit, error_payload(exc)))
+        if slot is not None:
+            slot.stage(IDLE)
 
 
 def main(argv: list[str]) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dataloader.engine.compute import IN_PROCESS
 from dataloader.engine.stages.base import DatasetIterator
 from dataloader.errors import PipelineError
 from dataloader.operations import (
@@ -83,7 +84,9 @@ class ElementwiseIterator(DatasetIterator):
                         out.append((fn(index, x), sub))
                     else:
                         out.append((fn(x), sub))
-                except Exception as exc:
+                except IN_PROCESS:  # a real Ctrl-C, maybe
+                    raise
+                except BaseException as exc:  # SystemExit too: user code never ends the job
                     raise PipelineError(
                         f"{op.name} failed on element {index} of the stream of {self._parent!r}"
                         f"{f' (output {sub})' if sub else ''}: {type(exc).__name__}: {exc}",
@@ -146,7 +149,9 @@ class BatchIterator(DatasetIterator):
             raise StopIteration
         try:
             return self._batch.batch_fn(elements)
-        except Exception as exc:
+        except IN_PROCESS:
+            raise
+        except BaseException as exc:
             raise PipelineError(
                 f"{self._batch.name} failed on a batch of the stream of {self._parent!r}: "
                 f"{type(exc).__name__}: {exc}",

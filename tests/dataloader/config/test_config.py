@@ -151,6 +151,27 @@ def test_device_buffer_size_below_one_names_the_key():
         parse_config(base(), ["device.device_buffer_size=0"])
 
 
+def test_stall_warning_and_unit_timeout_reach_the_loader():
+    config = parse_config(base(), ["loader.worker_count=1", "loader.stall_warning_s=5", "loader.unit_timeout_s=30"])
+    assert (config.loader.stall_warning_s, config.loader.unit_timeout_s) == (5.0, 30.0)
+    loader = config.build_loader()
+    assert (loader.stall_warning_s, loader.unit_timeout_s) == (5.0, 30.0)
+    default = parse_config(base())
+    assert (default.loader.stall_warning_s, default.loader.unit_timeout_s) == (60.0, None)
+    assert parse_config(base(), ["loader.stall_warning_s=null"]).build_loader().stall_warning_s is None
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("loader.stall_warning_s=soon", r"^loader\.stall_warning_s: expected a number, got 'soon'$"),
+    ("loader.stall_warning_s=0", r"^loader\.stall_warning_s: expected a number > 0, got 0"),
+    ("loader.unit_timeout_s=true", r"^loader\.unit_timeout_s: expected a number, got True$"),
+    ("loader.unit_timeout_s=10", r"^loader\.unit_timeout_s: needs loader\.worker_count > 0"),
+])
+def test_bad_stall_settings_name_the_key(override, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_config(base(), [override])
+
+
 def test_unknown_key_names_the_key_and_the_known_ones():
     with pytest.raises(ConfigError, match=r"^loader\.workers: unknown key; expected one of worker_count, "):
         parse_config(base(), ["loader.workers=2"])

@@ -182,3 +182,13 @@ def test_mp_prefetch_gives_the_engine_part_worker_processes():
     engine = it._parent._parent._parent  # prefetch thread -> batch -> running sum -> loader
     assert isinstance(engine, dl.DataLoaderIterator) and len(engine._executor.pids) == 2
     it.close()
+
+
+def test_a_sys_exit_in_an_iterator_level_map_arrives_as_an_error_at_its_element():
+    import sys
+
+    ds = Squares(5).map(lambda x: sys.exit(3) if x == 4 else x)
+    it = iter(ds)
+    assert [next(it), next(it)] == [0, 1]
+    with pytest.raises(dl.PipelineError, match=r"failed on element 2 .*SystemExit: 3"):
+        next(it)

@@ -148,6 +148,11 @@ def test_spec_builds_array_record_components(tmp_path):
     assert {x for x in first if x < 1000} <= {0, 1, 2, 3, 4, 10, 11, 12, 13, 14}
 
 
+def test_spec_shuffle_that_is_not_a_bool_is_refused():
+    with pytest.raises(TypeError, match=r"mix_from_spec shuffle must be True or False, got 'yes' of type str"):
+        dl.MapDataset.mix_from_spec("a*.array_record:1", seed=3, shuffle="yes")
+
+
 def test_schedule_sent_to_a_worker_has_the_same_table():
     import pickle
 

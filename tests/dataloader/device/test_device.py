@@ -333,6 +333,24 @@ def test_close_stops_the_feed_thread():
         next(it)
 
 
+@pytest.mark.multiprocess
+def test_close_is_quick_while_the_read_thread_waits_on_a_stuck_worker(tmp_path):
+    from tests.integration import workers_pipelines as wp
+
+    loader = dl.DataLoader(
+        dl.RangeDataSource(400), dl.SequentialSampler(400),
+        [dl.MapTransform(wp.hang_on(13, release=str(tmp_path / "never"))), dl.Batch(4)], worker_count=2,
+    )
+    it = dl.device_prefetch(loader, cpu_buffer_size=1, device_buffer_size=1)
+    assert [next(it).tolist() for _ in range(3)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    time.sleep(0.5)  # the read thread waits for unit 3, which never comes
+    started = time.monotonic()
+    it.close()
+    assert time.monotonic() - started < 6
+    assert wait_until(lambda: not child_pids())
+    assert not feed_threads()
+
+
 def test_close_ends_the_loaders_worker_processes():
     it = dl.device_prefetch(make_loader(n=10_000, epochs=None, workers=2))
     next(it)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -118,3 +120,92 @@ def test_restored_iterator_continues_identically_after_epoch_boundary():
     assert state["position"] == 12
     assert_streams_equal(list(ld.iterator(state)), full[3:])
     assert np.array_equal(np.sort(np.concatenate(full[:3])), np.arange(12))
+
+
+# --- tampered states: every field is checked before anything restores -------------------
+
+
+def _tampered(**changes):
+    state = state_after(loader(), 2)
+    for key, value in changes.items():
+        if key.startswith("made_for."):
+            state["made_for"][key.split(".", 1)[1]] = value
+        else:
+            state[key] = value
+    return state
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("position", "5", r"state field position='5' is invalid: expected an integer >= 0"),
+    ("position", True, r"state field position=True is invalid: expected an integer >= 0"),
+    ("position", 30.5, r"state field position=30.5 is invalid: expected an integer >= 0"),
+    ("position", "abc", r"state field position='abc' is invalid: expected an integer >= 0"),
+    ("position", -10, r"state field position=-10 is invalid: expected an integer >= 0"),
+    ("position", None, r"state field position=None is invalid"),
+    ("sub_index", -1, r"state field sub_index=-1 is invalid: expected an integer >= 0"),
+    ("skip", "0", r"state field skip='0' is invalid: expected an integer >= 0"),
+    ("version", True, r"state version True is not supported \(expected 1\)"),
+    ("made_for.shard_count", 0, r"made_for.shard_count=0 is invalid: expected an integer >= 1"),
+    ("made_for.batch_size", "4", r"made_for.batch_size='4' is invalid: expected an integer >= 1 or null"),
+    ("made_for.seed", True, r"made_for.seed=True is invalid: expected an integer or null"),
+    ("made_for.shuffle", 1, r"made_for.shuffle=1 is invalid: expected true or false"),
+    ("made_for.shard_index", 3, r"made_for.shard_index=3 is invalid: expected < shard_count=1"),
+    ("made_for.layout", "rows", r"made_for.layout='rows' is invalid: expected one of batch, elements, regroup"),
+    ("made_for.operations", "Batch(4)", r"made_for.operations='Batch\(4\)' is invalid: expected a list of operation names"),
+    ("made_for", {}, r"state field made_for misses num_records, shuffle, seed, .* operations; expected the keys"),
+    ("made_for", [1], r"state field made_for=\[1\] is invalid: expected a dict"),
+])
+def test_a_tampered_field_is_refused_naming_field_value_and_expectation(field, value, message):
+    state = _tampered(**{field: value})
+    with pytest.raises(dl.StateMismatchError, match=message):
+        iter(loader()).set_state(state)
+    with pytest.raises(dl.StateMismatchError, match=message):
+        loader().iterator(state)
+
+
+def test_unknown_and_missing_keys_are_refused_by_name():
+    state = _tampered(extra=1)
+    with pytest.raises(dl.StateMismatchError, match=r"the state has unknown keys extra; expected the keys version, position"):
+        iter(loader()).set_state(state)
+    state = state_after(loader(), 2)
+    del state["skip"]
+    with pytest.raises(dl.StateMismatchError, match=r"the state misses skip"):
+        iter(loader()).set_state(state)
+    state = state_after(loader(), 2)
+    del state["made_for"]["shard_count"]
+    with pytest.raises(dl.StateMismatchError, match=r"state field made_for misses shard_count"):
+        iter(loader()).set_state(state)
+    state = _tampered(**{"made_for.colour": "red"})
+    with pytest.raises(dl.StateMismatchError, match=r"made_for has unknown keys colour"):
+        iter(loader()).set_state(state)
+
+
+@pytest.mark.parametrize("cut", [lambda t: t[: len(t) // 2], lambda t: t.encode()[:30], lambda t: "", lambda t: b"\xff\xfe"])
+def test_malformed_json_is_refused_with_what_was_expected(cut):
+    text = json.dumps(state_after(loader(), 2))
+    with pytest.raises(dl.StateMismatchError, match=r"the state is not valid JSON \(.*\).*; pass the dict get_state\(\) returned or json.dumps of it"):
+        iter(loader()).set_state(cut(text))
+
+
+def test_json_text_and_grain_style_bytes_are_accepted():
+    state = state_after(loader(), 2)
+    expected = next(loader().iterator(state)).tolist()
+    assert next(loader().iterator(json.dumps(state))).tolist() == expected
+    assert next(loader().iterator(json.dumps(state).encode())).tolist() == expected
+
+
+def test_a_position_past_the_end_of_a_finite_stream_is_refused_at_set_state():
+    finite = dl.DataLoader(dl.RangeDataSource(10), dl.IndexSampler(10, shuffle=True, seed=3, num_epochs=3), [dl.Batch(5)])
+    one_epoch = dl.DataLoader(dl.RangeDataSource(10), dl.IndexSampler(10, shuffle=True, seed=3, num_epochs=1), [dl.Batch(5)])
+    state = state_after(finite, 4)  # position 20, in the third epoch
+    with pytest.raises(dl.StateMismatchError, match=r"position=20 is invalid: expected a position within this loader's stream, which ends at position 10"):
+        one_epoch.iterator(state)
+    at_end = state_after(one_epoch, 2)  # the end itself is a valid state: nothing follows
+    assert at_end["position"] == 10 and list(one_epoch.iterator(at_end)) == []
+
+
+def test_sub_index_and_skip_are_refused_where_the_pipeline_cannot_make_them():
+    with pytest.raises(dl.StateMismatchError, match=r"sub_index=1 is invalid: expected 0: no flat map comes before the batch"):
+        iter(loader()).set_state(_tampered(sub_index=1))
+    with pytest.raises(dl.StateMismatchError, match=r"skip=2 is invalid: expected 0: no operation follows the batch"):
+        iter(loader()).set_state(_tampered(skip=2))

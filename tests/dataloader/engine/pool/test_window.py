@@ -129,3 +129,34 @@ def test_a_unit_given_back_goes_out_before_new_ones():
     window.give_back(first)
     assert window.next_unit() == first
     assert window.next_unit() == 1
+
+
+def test_current_is_the_oldest_unit_a_worker_holds():
+    window = make()
+    assert window.current(1) is None
+    window.sent(1, window.next_unit(), "block0")
+    window.sent(1, window.next_unit(), "block1")
+    assert window.current(1).unit == 0
+    window.answered(1, window.generation, 0)
+    assert window.current(1).unit == 1
+    assert window.current(99) is None  # a worker the window does not know
+
+
+def test_a_timed_out_worker_blames_its_current_unit_and_the_rest_go_out_again():
+    window = make(size=6)
+    for unit in (window.next_unit(), window.next_unit(), window.next_unit()):
+        window.sent(1, unit, f"block{unit}")
+    tokens, stuck = window.worker_timed_out(1)
+    assert tokens == ["block0", "block1", "block2"]
+    assert stuck == 0  # not sent again: the caller finishes it with the timeout error
+    assert [window.next_unit() for _ in range(3)] == [1, 2, 3]
+
+
+def test_a_timed_out_worker_on_a_stale_unit_blames_nothing():
+    window = make()
+    window.sent(1, window.next_unit(), "old")
+    window.reset(units(3))
+    window.sent(1, window.next_unit(), "new")
+    tokens, stuck = window.worker_timed_out(1)
+    assert tokens == ["old", "new"] and stuck is None
+    assert window.next_unit() == 0  # the new stream's unit goes out again

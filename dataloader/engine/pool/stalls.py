@@ -1,0 +1,130 @@
+"""Stuck work: which worker has been on which unit, in which operation, for too long.
+
+While the consumer waits, the pool asks :meth:`StallWatch.check` every
+:attr:`~StallWatch.interval` seconds. It compares each worker's progress slot
+(:mod:`~dataloader.engine.pool.progress`) with the unit the scheduling window says the
+worker computes (its oldest unit: a worker computes its units in order):
+
+* past ``stall_warning_s`` the loader logs a warning, once per unit, on the
+  ``"dataloader"`` logger, naming the worker, the unit, its record indices and the
+  operation it is in;
+* past ``unit_timeout_s`` the unit becomes a
+  :class:`~dataloader.errors.WorkerTimeoutError` at its place in the stream, and the
+  pool kills and replaces the worker. The unit is not computed again: a unit that hangs
+  once would most likely hang again, and silently retrying would hide it.
+
+A unit the parent computes itself (the warm-start unit, or every unit with
+``worker_count=0``) runs in the training thread and is not watched; with
+``unit_timeout_s`` set, the pool therefore computes every unit in a worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from typing import NamedTuple
+
+import numpy as np
+
+from dataloader.engine.compute import stage_names
+from dataloader.engine.plan import Plan
+from dataloader.engine.pool.process import WorkerProcess
+from dataloader.engine.pool.progress import IDLE, SENDING, Board
+from dataloader.engine.pool.window import Window
+from dataloader.errors import WorkerTimeoutError
+
+logger = logging.getLogger("dataloader")
+_SHOWN = 16  # record indices written out in a message
+
+
+class Stuck(NamedTuple):
+    """A worker past ``unit_timeout_s``; ``error`` is None for a unit of an old stream
+    (nobody waits for it, but the units queued behind it do)."""
+
+    worker: WorkerProcess
+    error: WorkerTimeoutError | None
+
+
+class StallWatch:
+    """Checks the workers of one pool against the two thresholds (either may be None)."""
+
+    def __init__(self, plan: Plan, warning_s: float | None, timeout_s: float | None) -> None:
+        self._plan = plan
+        self._names = stage_names(plan)
+        self.warning_s = warning_s
+        self.timeout_s = timeout_s
+        limits = [s for s in (warning_s, timeout_s) if s is not None]
+        # How often the waiting consumer looks: often enough to act within a fraction
+        # of the smallest threshold, and to notice close() from another thread quickly.
+        self.interval = min([0.25, *(s / 4 for s in limits)])
+        self._warned: set[tuple[int, int]] = set()
+
+    def _operation(self, stage: int) -> str:
+        if stage == SENDING:
+            return "sending the result"
+        return self._names[stage] if 0 <= stage < len(self._names) else f"stage {stage}"
+
+    def _unit_text(self, window: Window, generation: int, unit: int) -> tuple[str, list[int], int]:
+        """How a message names a unit, its record indices and its first position."""
+        if generation != window.generation:
+            return f"unit {unit} of an earlier stream (before a set_state)", [], -1
+        start, stop = window.range(unit)
+        keys = self._plan.sampler.record_keys(np.arange(start, stop, dtype=np.int64)).tolist()
+        listed = ", ".join(map(str, keys[:_SHOWN]))
+        if len(keys) > _SHOWN:
+            listed += f", ... ({len(keys)} records)"
+        return f"unit {unit} (positions [{start}, {stop}), record indices [{listed}])", keys, start
+
+    def check(self, workers: Iterable[WorkerProcess], window: Window, board: Board) -> list[Stuck]:
+        """Logs the new stalls; returns the workers past ``unit_timeout_s``."""
+        now = time.monotonic_ns()
+        stuck = []
+        for w in workers:
+            entry = window.current(w.pid) if w.ready else None
+            if entry is None:
+                continue
+            slot = board.read(w.index)
+            if (slot.generation, slot.unit) != (entry.generation, entry.unit) or slot.stage == IDLE:
+                continue  # not started on it yet, or done with it (the answer is in the pipe)
+            seconds = (now - slot.started_ns) / 1e9
+            timed_out = self.timeout_s is not None and seconds >= self.timeout_s
+            if not timed_out and (
+                self.warning_s is None
+                or seconds < self.warning_s
+                or (entry.generation, entry.unit) in self._warned
+            ):
+                continue
+            what, keys, start = self._unit_text(window, entry.generation, entry.unit)
+            operation = self._operation(slot.stage)
+            where = f"worker {w.index} (pid {w.pid}) has been computing {what} for {seconds:.1f} s; it is in {operation}"
+            if not timed_out:
+                self._warned.add((entry.generation, entry.unit))
+                then = (
+                    "set unit_timeout_s to make it an error"
+                    if self.timeout_s is None
+                    else f"it becomes an error at unit_timeout_s={self.timeout_s:g} s"
+                )
+                logger.warning(
+                    "%s. A unit this slow is usually stuck (a lock, a read without a timeout, "
+                    "an endless loop); %s, or raise stall_warning_s (now %g s) if units are "
+                    "this slow.",
+                    where,
+                    then,
+                    self.warning_s,
+                )
+                continue
+            error = None
+            if start >= 0:
+                error = WorkerTimeoutError(
+                    f"{where}, past unit_timeout_s={self.timeout_s:g}; the worker was killed "
+                    f"and replaced, and the unit is not computed again. Find what blocks "
+                    f"(run these records with worker_count=0), or raise unit_timeout_s",
+                    operation=operation,
+                    record_indices=keys,
+                    position=start,
+                    worker=w.index,
+                )
+            logger.warning("%s; killing it (unit_timeout_s=%g s)", where, self.timeout_s)
+            stuck.append(Stuck(w, error))
+        return stuck

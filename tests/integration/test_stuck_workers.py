@@ -1,0 +1,202 @@
+"""Stuck work: warnings that name it, timeouts that end it, close() from any thread."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+import pytest
+
+import dataloader as dl
+from tests.integration import workers_pipelines as wp
+from tests.integration.conftest import child_pids, wait_until
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(120)]
+
+
+def make(op, n=40, **kwargs):
+    kwargs.setdefault("worker_count", 2)
+    return dl.DataLoader(dl.RangeDataSource(n), dl.SequentialSampler(n), [dl.MapTransform(op), dl.Batch(4)], **kwargs)
+
+
+def stall_messages(caplog):
+    return [r.getMessage() for r in caplog.records if r.name == "dataloader" and "has been computing" in r.getMessage()]
+
+
+def test_a_slow_unit_is_logged_once_naming_worker_unit_records_and_operation(caplog):
+    loader = make(wp.sleep_on(13, 1.5), stall_warning_s=0.3)
+    with caplog.at_level(logging.WARNING, logger="dataloader"):
+        got = [b.tolist() for b in loader]
+    assert got == [list(range(i, i + 4)) for i in range(0, 40, 4)]  # slow, not lost
+    messages = stall_messages(caplog)
+    assert len(messages) == 1, messages  # once per unit, though it was slow for 5 checks
+    assert_matches(
+        r"^worker [01] \(pid \d+\) has been computing unit 3 \(positions \[12, 16\), record indices "
+        r"\[12, 13, 14, 15\]\) for 0\.\d s; it is in MapTransform\(sleep_on\.<locals>\.fn\)\. .*"
+        r"set unit_timeout_s .* raise stall_warning_s \(now 0\.3 s\)",
+        messages[0],
+    )
+
+
+def test_no_warning_below_the_threshold(caplog):
+    with caplog.at_level(logging.WARNING, logger="dataloader"):
+        assert len(list(make(wp.sleep_on(13, 0.2), stall_warning_s=5))) == 10
+    assert stall_messages(caplog) == []
+
+
+def assert_matches(pattern, text):
+    import re
+
+    assert re.search(pattern, text, re.S), f"{pattern!r} does not match {text!r}"
+
+
+def test_unit_timeout_raises_at_its_place_names_it_and_does_not_retry(tmp_path, caplog):
+    loader = make(wp.hang_on(13, marker_dir=str(tmp_path)), unit_timeout_s=1.0)
+    it = iter(loader)
+    with caplog.at_level(logging.WARNING, logger="dataloader"):
+        assert [next(it).tolist() for _ in range(3)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+        started = time.monotonic()
+        with pytest.raises(
+            dl.WorkerTimeoutError,
+            match=r"worker [01] \(pid \d+\) has been computing unit 3 \(positions \[12, 16\), record indices "
+            r"\[12, 13, 14, 15\]\) for 1\.\d s; it is in MapTransform\(hang_on\.<locals>\.fn\), past "
+            r"unit_timeout_s=1; the worker was killed and replaced, and the unit is not computed again",
+        ) as info:
+            next(it)
+    assert time.monotonic() - started < 10
+    error = info.value
+    assert isinstance(error, dl.WorkerError)
+    assert (error.record_indices, error.position, error.operation) == ([12, 13, 14, 15], 12, "MapTransform(hang_on.<locals>.fn)")
+    assert error.worker in (0, 1)
+    killed = [r.getMessage() for r in caplog.records if "killing it" in r.getMessage()]
+    assert len(killed) == 1 and "unit_timeout_s=1 s" in killed[0]
+    assert len(os.listdir(tmp_path)) == 1  # record 13 was started once: no silent retry
+    # The stream can go on past the unit, from a state, with a fresh pool.
+    state = it.get_state()
+    state["position"] = 16
+    it.set_state(state)
+    assert next(it).tolist() == [16, 17, 18, 19]
+    it.close()
+
+
+def test_a_unit_stuck_behind_the_head_is_found_while_the_training_step_runs():
+    """The stuck worker is killed and replaced while the consumer is busy elsewhere."""
+    loader = make(wp.hang_on(13), unit_timeout_s=1.0)  # record 13 is in unit 3
+    it = iter(loader)
+    executor = it._executor
+    # Before the first next(), the pool hands out the window's 4 units to both workers.
+    assert wait_until(lambda: executor._window.created == 4 and all(w.ready for w in executor._res.workers), 30)
+    assert next(it).tolist() == [0, 1, 2, 3]
+    before = set(executor.pids)
+    time.sleep(1.6)  # the "training step": unit 3 has been stuck for over a second
+    assert next(it).tolist() == [4, 5, 6, 7]  # unit 1 is handed out; the check ran first
+    after = set(executor.pids)
+    assert len(after) == 2 and len(before & after) == 1  # one worker replaced
+    (victim,) = before - after
+    assert wait_until(lambda: not os.path.exists(f"/proc/{victim}"), 5)
+    assert next(it).tolist() == [8, 9, 10, 11]
+    with pytest.raises(dl.WorkerTimeoutError, match=r"unit 3 \(positions \[12, 16\), record indices \[12, 13, 14, 15\]\)"):
+        next(it)
+    it.close()
+
+
+def test_a_worker_stuck_on_a_unit_left_behind_by_set_state_is_replaced_without_an_error(caplog):
+    loader = make(wp.hang_on(13), unit_timeout_s=1.0)
+    it = iter(loader)
+    assert [next(it).tolist() for _ in range(3)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    state = it.get_state()
+    state["position"] = 20  # unit 3 (record 13) is still stuck in a worker
+    with caplog.at_level(logging.WARNING, logger="dataloader"):
+        it.set_state(state)
+        assert [b.tolist() for b in it] == [list(range(i, i + 4)) for i in range(20, 40, 4)]
+    # Whether the old unit was still stuck when it was looked at depends on timing;
+    # if it was, it was named as a unit of the earlier stream, not as an error.
+    for message in stall_messages(caplog):
+        assert "unit 3 of an earlier stream (before a set_state)" in message
+    it.close()
+
+
+def test_pickled_timeout_error_keeps_its_fields():
+    import pickle
+
+    error = dl.WorkerTimeoutError("stuck", operation="read", record_indices=[3, 4], position=8, worker=1)
+    copy = pickle.loads(pickle.dumps(error))
+    assert (str(copy), copy.operation, copy.record_indices, copy.position, copy.worker) == ("stuck", "read", [3, 4], 8, 1)
+
+
+def consume_in_thread(it):
+    """Runs ``for batch in it`` in a thread; returns the thread and what it saw."""
+    seen = []
+
+    def run():
+        try:
+            for batch in it:
+                seen.append(batch.tolist())
+            seen.append("StopIteration")
+        except Exception as exc:
+            seen.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, seen
+
+
+def test_close_from_another_thread_ends_a_next_blocked_on_a_stuck_worker():
+    it = iter(make(wp.hang_on(13)))  # no timeout: next() would wait for ever
+    thread, seen = consume_in_thread(it)
+    assert wait_until(lambda: len(seen) == 3, 30)  # now blocked on unit 3
+    time.sleep(0.5)
+    pids = it._executor.pids
+    started = time.monotonic()
+    it.close()
+    assert time.monotonic() - started < 5
+    thread.join(5)
+    assert not thread.is_alive()
+    assert seen[:3] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    assert isinstance(seen[3], dl.LoaderClosedError)
+    assert "the loader was closed while next() waited for unit 3" in str(seen[3])
+    assert not any(os.path.exists(f"/proc/{p}") for p in pids)
+    with pytest.raises(StopIteration):  # and the iterator stays finished
+        next(it)
+
+
+def test_close_from_another_thread_returns_while_next_runs_user_code_in_this_process(tmp_path):
+    """A warm-start unit stuck in the consumer's own thread cannot give the lock up:
+    close() stops the workers without it, in bounded time."""
+    release = str(tmp_path / "release")
+    it = iter(make(wp.hang_on(1, release=release), warm_start=True))
+    thread, seen = consume_in_thread(it)
+    assert wait_until(lambda: len(it._executor.pids) >= 1, 10)
+    time.sleep(0.5)  # the consumer thread is inside the warm unit (record 1 hangs)
+    assert seen == []
+    started = time.monotonic()
+    it.close()
+    assert time.monotonic() - started < 6
+    assert wait_until(lambda: not child_pids(), 5)
+    open(release, "w").close()  # let the user code return
+    thread.join(5)
+    assert not thread.is_alive()
+    # The unit it was computing may still be handed out; then the iterator is finished.
+    assert seen[-1] == "StopIteration" or isinstance(seen[-1], dl.LoaderClosedError)
+    assert len(seen) <= 2
+    assert not child_pids()
+
+
+def test_close_from_another_thread_ends_a_next_waiting_on_a_read_ahead_thread(tmp_path):
+    release = str(tmp_path / "release")
+    loader = make(wp.hang_on(13, release=release), worker_count=0, read_options=dl.ReadOptions(num_threads=1))
+    it = iter(loader)
+    thread, seen = consume_in_thread(it)
+    assert wait_until(lambda: len(seen) == 3, 10)
+    time.sleep(0.3)
+    started = time.monotonic()
+    it.close()
+    assert time.monotonic() - started < 3
+    thread.join(3)
+    assert not thread.is_alive()
+    assert isinstance(seen[3], dl.LoaderClosedError)
+    assert "closed while next() waited for a read-ahead thread" in str(seen[3])
+    open(release, "w").close()  # the read-ahead thread finishes its unit and ends
+    assert wait_until(lambda: not any(t.name.startswith("granary-read") for t in threading.enumerate()), 5)

@@ -80,6 +80,17 @@ _EXPORTS: dict[str, str] = {
     "ConcatThenSplitIterDataset": "dataloader.experimental",
     "FirstFitPackIterDataset": "dataloader.experimental",
     "multithread_prefetch": "dataloader.experimental",
+    "CacheIterDataset": "dataloader.experimental",
+    "ElasticIterator": "dataloader.experimental",
+    "LimitIterDataset": "dataloader.experimental",
+    "PackAndBatchOperation": "dataloader.experimental",
+    "RebatchIterDataset": "dataloader.experimental",
+    "RepeatIterDataset": "dataloader.experimental",
+    "ZipIterDataset": "dataloader.experimental",
+    "ZipMapDataset": "dataloader.experimental",
+    "assert_equal_output_after_checkpoint": "dataloader.experimental",
+    "index_shuffle": "dataloader.experimental",
+    "DatasetSelectionMap": "dataloader.dataset",
     "MapDataset": "dataloader.dataset",
     "MixSchedule": "dataloader.dataset",
     "device_put": "dataloader.dataset",
@@ -101,7 +112,7 @@ _EXPORTS: dict[str, str] = {
 # Subpackages reachable as attributes (``dl.samplers``) before anything imported them.
 _SUBPACKAGES = (
     "checkpoint", "cli", "config", "dataset", "device", "engine", "errors", "experimental", "iterator",
-    "loader", "operations", "options", "samplers", "sources",
+    "loader", "operations", "options", "samplers", "sources", "testing",
 )
 
 __all__ = sorted(_EXPORTS)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 from dataloader.dataset.base import DatasetIterator, IterDataset
-from dataloader.dataset.experimental.states import as_iter_dataset, expect_state
+from dataloader.dataset.experimental.checks import as_iter_dataset, expect_state
 
 T = TypeVar("T")
 

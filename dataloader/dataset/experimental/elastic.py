@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from dataloader.dataset.base import DatasetIterator, IterDataset
-from dataloader.dataset.experimental.states import expect_state, positive_int
+from dataloader.dataset.experimental.checks import expect_state, positive_int
 from dataloader.dataset.map_dataset import MapDataset
 from dataloader.errors import StateMismatchError
 from dataloader.options import MultiprocessingOptions, ReadOptions

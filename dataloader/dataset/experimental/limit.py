@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 from dataloader.dataset.base import DatasetIterator, IterDataset
-from dataloader.dataset.experimental.states import as_iter_dataset, expect_state, positive_int
+from dataloader.dataset.experimental.checks import as_iter_dataset, expect_state, positive_int
 
 T = TypeVar("T")
 

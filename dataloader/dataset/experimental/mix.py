@@ -28,7 +28,7 @@ from typing import Any
 
 from dataloader.dataset.base import DatasetIterator, IterDataset
 from dataloader.dataset.compile.mixing import MixSchedule
-from dataloader.dataset.experimental.states import as_iter_dataset, expect_state
+from dataloader.dataset.experimental.checks import as_iter_dataset, expect_state
 from dataloader.errors import StateMismatchError
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from dataloader.dataset.base import DatasetIterator, IterDataset
-from dataloader.dataset.experimental.states import as_iter_dataset, expect_state, positive_int
+from dataloader.dataset.experimental.checks import as_iter_dataset, expect_state, positive_int
 from dataloader.errors import PipelineError
 from dataloader.options import check_bool
 

@@ -1,9 +1,11 @@
-"""Checks shared by the iterators of this room: a state has the fields its iterator wrote."""
+"""Checks shared by this room: states have the fields their iterator wrote, sizes, parents."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from dataloader.errors import StateMismatchError
 
@@ -26,8 +28,6 @@ def expect_state(state: Any, keys: Sequence[str], where: str) -> dict[str, Any]:
 
 def positive_int(name: str, value: Any) -> int:
     """``value`` as an int if it is a positive integer (not a bool), else a ValueError."""
-    import numpy as np
-
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return int(value)

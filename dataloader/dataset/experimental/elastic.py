@@ -104,6 +104,10 @@ class ElasticIterator(DatasetIterator):
     def __next__(self) -> Any:
         return next(self._inner)
 
+    def start_prefetch(self) -> None:
+        """Starts the workers computing the first batches before the first ``next()``."""
+        self._inner.start_prefetch()
+
     def get_state(self) -> dict[str, Any]:
         state = self._inner.get_state()
         made_for = {k: v for k, v in state["made_for"].items() if k not in _PER_SHARD}

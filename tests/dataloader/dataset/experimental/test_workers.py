@@ -93,6 +93,7 @@ def test_an_elastic_iterator_with_workers_gives_the_in_process_batches():
     options = dl.MultiprocessingOptions(num_workers=2)
     for shard in (0, 1):
         with ElasticIterator(ds, 8, dl.ShardOptions(shard, 2), multiprocessing_options=options) as it:
+            it.start_prefetch()  # the workers start before the first next()
             parallel = take(it, 5)
         assert_streams_equal(parallel, take(ElasticIterator(ds, 8, dl.ShardOptions(shard, 2)), 5))
 

@@ -61,7 +61,7 @@ class RepeatDatasetIterator(DatasetIterator[T]):
             try:
                 value = next(self._parent)
             except StopIteration:
-                if not self._any:  # an empty epoch: every epoch is the same, so all are
+                if not self._any:  # an empty epoch; all epochs are the same, so all are empty
                     raise
                 self._epoch += 1
                 self._any = False

@@ -98,6 +98,17 @@ _EXPORTS: dict[str, str] = {
     "TFRecordIterDataset": "dataloader.experimental",
     "WindowShuffleIterDataset": "dataloader.experimental",
     "WindowShuffleMapDataset": "dataloader.experimental",
+    "CacheIterDataset": "dataloader.experimental",
+    "ElasticIterator": "dataloader.experimental",
+    "LimitIterDataset": "dataloader.experimental",
+    "PackAndBatchOperation": "dataloader.experimental",
+    "RebatchIterDataset": "dataloader.experimental",
+    "RepeatIterDataset": "dataloader.experimental",
+    "ZipIterDataset": "dataloader.experimental",
+    "ZipMapDataset": "dataloader.experimental",
+    "assert_equal_output_after_checkpoint": "dataloader.experimental",
+    "index_shuffle": "dataloader.experimental",
+    "DatasetSelectionMap": "dataloader.dataset",
     "MapDataset": "dataloader.dataset",
     "MixSchedule": "dataloader.dataset",
     "device_put": "dataloader.dataset",
@@ -119,7 +130,8 @@ _EXPORTS: dict[str, str] = {
 # Subpackages reachable as attributes (``dl.samplers``) before anything imported them.
 _SUBPACKAGES = (
     "checkpoint", "cli", "config", "dataset", "device", "engine", "errors", "experimental", "iterator",
-    "loader", "maxtext", "operations", "options", "samplers", "sharding", "sources", "transforms",
+    "loader", "maxtext", "operations", "options", "samplers", "sharding", "sources", "testing",
+    "transforms",
 )
 
 __all__ = sorted(_EXPORTS)

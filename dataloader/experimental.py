@@ -8,6 +8,12 @@ from __future__ import annotations
 
 from dataloader.dataset.context import WithOptionsIterDataset
 from dataloader.dataset.device_put import device_put
+from dataloader.dataset.experimental.cache import CacheIterDataset
+from dataloader.dataset.experimental.elastic import ElasticIterator
+from dataloader.dataset.experimental.limit import LimitIterDataset
+from dataloader.dataset.experimental.rebatch import RebatchIterDataset
+from dataloader.dataset.experimental.repeat import RepeatIterDataset
+from dataloader.dataset.experimental.zip import ZipIterDataset, ZipMapDataset
 from dataloader.dataset.sources import ParquetIterDataset, TFRecordIterDataset
 from dataloader.dataset.transformations.apply import (
     ShapeDtypeStruct,
@@ -32,20 +38,28 @@ from dataloader.dataset.transformations.window_shuffle import (
 )
 from dataloader.engine.stages.prefetch import ThreadPrefetchDatasetIterator
 from dataloader.operations import FlatMapTransform, MapWithIndexTransform, batch_and_pad
-from dataloader.operations.packing import BOSHandling
+from dataloader.operations.packing import BOSHandling, PackAndBatchOperation
 from dataloader.options import DatasetOptions, ExecutionTrackingMode
+from dataloader.samplers.index_shuffle import index_shuffle
+from dataloader.testing import assert_equal_output_after_checkpoint
 
 __all__ = [
     "BOSHandling",
     "BestFitPackIterDataset",
+    "CacheIterDataset",
     "ConcatThenSplitIterDataset",
     "DatasetOptions",
+    "ElasticIterator",
     "ExecutionTrackingMode",
     "FirstFitPackIterDataset",
     "FlatMapTransform",
     "InterleaveIterDataset",
+    "LimitIterDataset",
     "MapWithIndexTransform",
+    "PackAndBatchOperation",
     "ParquetIterDataset",
+    "RebatchIterDataset",
+    "RepeatIterDataset",
     "ShapeDtypeStruct",
     "TFRecordIterDataset",
     "ThreadPrefetchDatasetIterator",
@@ -53,11 +67,15 @@ __all__ = [
     "WindowShuffleIterDataset",
     "WindowShuffleMapDataset",
     "WithOptionsIterDataset",
+    "ZipIterDataset",
+    "ZipMapDataset",
     "apply_transformations",
+    "assert_equal_output_after_checkpoint",
     "batch_and_pad",
     "device_put",
     "get_element_spec",
     "get_next_index",
+    "index_shuffle",
     "multithread_prefetch",
     "set_next_index",
 ]

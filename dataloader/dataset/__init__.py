@@ -11,10 +11,12 @@ stages (packing, thread prefetch, a user's own ``IterDataset``) compose with it;
 from dataloader.dataset.base import DatasetIterator, IterDataset
 from dataloader.dataset.compile.mixing import MixSchedule, parse_mixture_spec
 from dataloader.dataset.device_put import device_put
+from dataloader.dataset.experimental.select import DatasetSelectionMap
 from dataloader.dataset.map_dataset import MapDataset
 
 __all__ = [
     "DatasetIterator",
+    "DatasetSelectionMap",
     "IterDataset",
     "MapDataset",
     "MixSchedule",

@@ -40,7 +40,7 @@ its engine-backed part and computes the iterator-level stages ahead in a thread.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from dataloader.dataset.arguments import as_operation, check_seed, derive_seed
@@ -180,11 +180,20 @@ class IterDataset(Generic[T], abc.ABC):
         return MultiprocessPrefetchIterDataset(self, options, worker_init_fn)
 
     @staticmethod
-    def mix(datasets: Sequence[IterDataset], weights: Sequence[float] | None = None) -> IterDataset:
-        """Interleaves streams by weight (see ``MapDataset.mix``): one engine, one state."""
-        from dataloader.dataset.iter_dataset import mix_iter_datasets
+    def mix(
+        datasets: Sequence[IterDataset] | Mapping[str, IterDataset],
+        weights: Sequence[float] | Mapping[str, float] | None = None,
+    ) -> IterDataset:
+        """Interleaves streams by weight, until one of them is exhausted.
 
-        return mix_iter_datasets(datasets, weights)
+        A list of engine-backed streams compiles to one engine (one position as state);
+        anything else, and every dict of named datasets (whose states restore by name,
+        with other weights or components), mixes at the iterator level. See
+        :mod:`dataloader.dataset.experimental.mix`.
+        """
+        from dataloader.dataset.experimental.mix import mix
+
+        return mix(datasets, weights)
 
     # -- helpers for subclasses -------------------------------------------------------
 

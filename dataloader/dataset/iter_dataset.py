@@ -208,7 +208,8 @@ def mix_iter_datasets(datasets: Sequence[Any], weights: Sequence[float] | None) 
 
     Proportions are exact over positions of the mixture; a filter inside a component
     drops elements after they were drawn. Components must not be batched or prefetched
-    yet: batch and prefetch the mixture.
+    yet: ``IterDataset.mix`` sends other mixtures to the iterator-level one
+    (:mod:`dataloader.dataset.experimental.mix`); the checks below guard direct calls.
     """
     components = []
     for i, d in enumerate(datasets):

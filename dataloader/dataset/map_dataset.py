@@ -165,6 +165,14 @@ class MapDataset(Generic[T]):
         return _combine(node, datasets)
 
     @staticmethod
+    def select_from_datasets(datasets: Sequence[MapDataset], selection_map: Any) -> MapDataset:
+        """``result[i] = datasets[c][k]`` for ``(c, k) = selection_map[i]`` (see
+        :mod:`dataloader.dataset.experimental.select`); ``len`` is the map's."""
+        from dataloader.dataset.experimental.select import select_from_datasets
+
+        return select_from_datasets(datasets, selection_map)
+
+    @staticmethod
     def concatenate(datasets: Sequence[MapDataset]) -> MapDataset:
         """The datasets one after another (each finite)."""
         datasets = _check_datasets(datasets, "concatenate")

@@ -9,6 +9,7 @@ dataset classes ``FirstFitPackIterDataset``, ``BestFitPackIterDataset`` and
 
 from .concat import BOSHandling, ConcatRow, ConcatThenSplit
 from .fit import BestFitPack, FirstFitPack, FitPack, FitRound
+from .pack_and_batch import PackAndBatchOperation
 from .spec import PackSpec
 
 __all__ = [
@@ -19,5 +20,6 @@ __all__ = [
     "FirstFitPack",
     "FitPack",
     "FitRound",
+    "PackAndBatchOperation",
     "PackSpec",
 ]

@@ -1,11 +1,12 @@
 """Index-level transformations as vectorised maps from positions to record keys.
 
-A chain of ``shuffle``, window shuffles, ``repeat``, ``slice``, ``mix`` and ``concatenate`` over sources
-compiles to a tree of the nodes below. ``node.keys(positions)`` maps an int64 array of
-positions of that node's stream to keys of the *concatenated* source (leaf ``j`` owns
-keys ``[offset_j, offset_j + n_j)``), in O(1) time and memory per position: no node
-keeps a table of its length. :class:`IndexMapSampler` puts a tree behind the sampler
-interface of the engine, with the same interleaved sharding as ``IndexSampler``.
+A chain of ``shuffle``, window shuffles, ``repeat``, ``slice``, ``mix``, ``concatenate``
+and ``select_from_datasets`` over sources compiles to a tree of the nodes below.
+``node.keys(positions)`` maps an int64 array of positions of that node's stream to
+keys of the *concatenated* source (leaf ``j`` owns keys ``[offset_j, offset_j + n_j)``),
+in O(1) time and memory per position: no node keeps a table of its length.
+:class:`IndexMapSampler` puts a tree behind the sampler interface of the engine, with
+the same interleaved sharding as ``IndexSampler``.
 
 Epochs follow Grain's convention for random access: a position past a finite node's
 ``length`` is in a later epoch of that node. A leaf repeats its records, a shuffle draws
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 from typing import Any
 
 import numpy as np
@@ -184,6 +186,65 @@ class Mix:
 
     def describe(self) -> Any:
         return ["mix", self.schedule.describe(), [c.describe() for c in self.children]]
+
+
+class Select:
+    """Position ``i`` of a pass is ``children[c]``'s position ``k`` for ``(c, k) = map[i]``.
+
+    The map (Grain's ``DatasetSelectionMap``: ``__len__`` and ``__getitem__``) is asked
+    only for indices of one pass, ``[0, length)``. Position ``i`` past the end is in
+    pass ``e = i // length``: it selects as ``map[i % length]`` does, in epoch ``e`` of
+    a finite component (its position ``k + e * len(component)``), so a repeated
+    selection moves each component on to its next epoch (its next shuffle).
+    """
+
+    def __init__(self, children: list[Any], selection_map: Any, length: int) -> None:
+        self.children, self.map, self.length = children, selection_map, length
+        self.shuffles = any(c.shuffles for c in children)
+
+    def keys(self, pos: np.ndarray) -> np.ndarray:
+        epoch, r = np.divmod(pos, self.length)
+        pairs = np.asarray([check_selection(self.map, int(i), len(self.children)) for i in r.tolist()],
+                           dtype=np.int64).reshape(-1, 2)
+        comp, k = pairs[:, 0], pairs[:, 1]
+        out = np.empty_like(pos)
+        for c in np.unique(comp).tolist():
+            where = comp == c
+            child = self.children[c]
+            inner = k[where] if child.length is None else k[where] + epoch[where] * child.length
+            out[where] = child.keys(inner)
+        return out
+
+    def describe(self) -> Any:
+        # What the map selects (its first entries), not its repr, which may hold an address.
+        head = [check_selection(self.map, i, len(self.children)) for i in range(min(self.length, 256))]
+        digest = hashlib.sha256(json.dumps(head).encode()).hexdigest()[:16]
+        name = type(self.map).__qualname__
+        return ["select", name, self.length, digest, [c.describe() for c in self.children]]
+
+
+def check_selection(selection_map: Any, index: int, count: int) -> tuple[int, int]:
+    """``selection_map[index]`` as ``(dataset, index in it)``, checked.
+
+    Raises:
+        ValueError: the entry is not a pair of integers, names no dataset, or a negative
+            index.
+    """
+    entry = selection_map[index]
+    try:
+        c, k = entry
+        c, k = operator.index(c), operator.index(k)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"selection_map[{index}] is {entry!r}; it must be a pair (dataset index, index "
+            f"within that dataset) of integers"
+        ) from None
+    if not 0 <= c < count or k < 0:
+        raise ValueError(
+            f"selection_map[{index}] is {entry!r}; the dataset index must be in [0, {count}) "
+            f"and the index within it >= 0"
+        )
+    return c, k
 
 
 def mix_length(lengths: list[int | None], schedule: MixSchedule) -> int | None:

@@ -3,7 +3,7 @@
 This is what puts the chained API on the loader's engine rather than beside it:
 
 * **Index-level calls** (``shuffle``, ``repeat``, ``slice``, ``mix``, ``concatenate``,
-  ``WindowShuffleMapDataset``)
+  ``WindowShuffleMapDataset``, ``select_from_datasets``)
   compose into one vectorised map from stream positions to keys of the concatenated
   sources (:mod:`~dataloader.dataset.compile.index_map`), behind the sampler interface. The
   plain chains ``source[.shuffle()][.repeat(k)]`` compile to an ``IndexSampler`` itself,
@@ -109,6 +109,8 @@ class _Builder:
             index = im.Slice(indices[0], node.start, node.stop, node.step)
         elif isinstance(node, nd.MixNode):
             index = im.Mix(indices, node.schedule)
+        elif isinstance(node, nd.SelectNode):
+            index = im.Select(indices, node.selection_map, node.length)
         else:
             assert isinstance(node, nd.ConcatNode), node
             index = im.Concatenate(indices)

@@ -81,6 +81,20 @@ class MixNode:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
+class SelectNode:
+    """``select_from_datasets``: position ``i`` is ``parents[c][k]`` for ``(c, k) = map[i]``."""
+
+    parents: tuple[Any, ...]
+    selection_map: Any
+    length: int
+
+    def __repr__(self) -> str:
+        inner = ", ".join(repr(p) for p in self.parents)
+        # The map's own repr may hold an address; this one is stable across processes.
+        return f"MapDataset.select_from_datasets([{inner}], {type(self.selection_map).__qualname__}(len={self.length}))"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class ConcatNode:
     parents: tuple[Any, ...]
     length: int

@@ -99,10 +99,10 @@ def test_iter_filter_then_batch_regroups_survivors():
     assert [b.tolist() for b in ds] == [[1, 2, 4], [5, 7, 8], [10, 11]]
 
 
-def test_iter_mix_of_batched_streams_is_refused():
+def test_iter_mix_of_batched_streams_mixes_the_batches_as_in_grain():
     a = dl.MapDataset.range(4).to_iter_dataset().batch(2)
-    with pytest.raises(ValueError, match=r"datasets\[0\] is batched .* batch the mixture"):
-        dl.IterDataset.mix([a, dl.MapDataset.range(4).to_iter_dataset()])
+    b = dl.MapDataset.range(10, 16).to_iter_dataset().batch(2)
+    assert [x.tolist() for x in dl.IterDataset.mix([a, b])] == [[0, 1], [10, 11], [2, 3], [12, 13]]
 
 
 def test_prefetch_threads_do_not_change_the_output():

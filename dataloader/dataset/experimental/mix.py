@@ -1,0 +1,172 @@
+"""``IterDataset.mix``: one stream drawn from several, by weight.
+
+Two ways, chosen by what is mixed:
+
+* **On the engine** (a list of engine-backed streams: ``MapDataset...to_iter_dataset()``
+  with element-wise calls, unbatched, not prefetched, sharded alike): the mixture
+  compiles to one ``DataLoader`` whose state is one position (see
+  :func:`dataloader.dataset.iter_dataset.mix_iter_datasets`). It mixes positions: a
+  filter inside a component thins that component's share.
+* **At the iterator level** (anything else: a packed stream, a user's ``IterDataset``,
+  batched or prefetched streams, and every dict of named datasets): output ``i`` is the
+  next element of the component that :class:`~dataloader.dataset.MixSchedule` puts at
+  position ``i``, so the proportions are exact over the outputs, deterministic, and
+  independent of timing and worker counts. The state is the position and each
+  component's state; a restore sets each component's state, nothing is replayed.
+
+As in Grain, the mixture ends as soon as a component it draws from is exhausted, and
+mixing a dict ``{name: dataset}`` (weights a dict with the same keys) keeps the
+components' states by name: a state restores into a mixture with other weights or other
+components (a component missing from the state starts from its beginning; a state of
+a component no longer mixed is ignored).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dataloader.dataset.base import DatasetIterator, IterDataset
+from dataloader.dataset.compile.mixing import MixSchedule
+from dataloader.dataset.experimental.checks import as_iter_dataset, expect_state
+from dataloader.errors import StateMismatchError
+
+
+def mix(datasets: Sequence[Any] | Mapping[str, Any], weights: Any = None) -> IterDataset:
+    """``IterDataset.mix(datasets, weights)`` (see the module docstring).
+
+    Raises:
+        ValueError: no datasets, weights that do not match the datasets (count or keys),
+            or weights that ``MixSchedule`` refuses.
+        TypeError: a component that is not a dataset, or dict keys that are not strings.
+    """
+    if isinstance(datasets, Mapping):
+        keys = list(datasets)
+        for key in keys:
+            if not isinstance(key, str):
+                raise TypeError(f"IterDataset.mix: dict keys must be names (str), got {key!r}")
+        keys.sort()  # Grain's order (its tree flattening sorts dict keys)
+        if weights is not None:
+            if not isinstance(weights, Mapping) or set(weights) != set(keys):
+                got = sorted(weights) if isinstance(weights, Mapping) else weights
+                raise ValueError(
+                    f"IterDataset.mix of a dict needs weights as a dict with the same keys "
+                    f"{keys}, got {got!r}"
+                )
+            weights = [weights[k] for k in keys]
+        components = [as_iter_dataset(datasets[k], f"IterDataset.mix datasets[{k!r}]") for k in keys]
+        return MixIterDataset(components, weights, keys)
+    datasets = list(datasets)
+    if not datasets:
+        raise ValueError("IterDataset.mix needs at least one dataset")
+    if isinstance(weights, Mapping):
+        raise ValueError(
+            f"IterDataset.mix got weights as a dict ({sorted(weights)}) for a list of datasets; "
+            f"pass a list of weights, or the datasets as a dict with the same keys"
+        )
+    components = [as_iter_dataset(d, f"IterDataset.mix datasets[{i}]") for i, d in enumerate(datasets)]
+    if _on_engine(components):
+        from dataloader.dataset.iter_dataset import mix_iter_datasets
+
+        return mix_iter_datasets(components, weights)
+    return MixIterDataset(components, weights, None)
+
+
+def _on_engine(datasets: list[Any]) -> bool:
+    """Whether the mixture can compile to one engine (see the module docstring)."""
+    from dataloader.dataset.iter_dataset import LoaderIterDataset
+    from dataloader.options import ReadOptions
+
+    for d in datasets:
+        if type(d) is not LoaderIterDataset or d._is_batched():
+            return False
+        if (d._mp is not None and d._mp.num_workers) or d._read_options != ReadOptions():
+            return False
+    return len({d._shard_options for d in datasets}) == 1
+
+
+class MixIterDataset(IterDataset):
+    """The iterator-level mixture (see the module docstring).
+
+    Args:
+        parents: the components.
+        weights: one non-negative weight per component (normalised), or ``None``.
+        keys: the components' names when they were given as a dict, else ``None``.
+    """
+
+    def __init__(self, parents: list[IterDataset], weights: Any, keys: list[str] | None) -> None:
+        super().__init__(parents)
+        self._schedule = MixSchedule(weights, len(parents))
+        self._keys = keys
+
+    def __iter__(self) -> MixDatasetIterator:
+        return MixDatasetIterator([iter(p) for p in self._parents], self._schedule, self._keys)
+
+    def __repr__(self) -> str:
+        if self._keys is None:
+            inner = "[" + ", ".join(repr(p) for p in self._parents) + "]"
+        else:
+            inner = "{" + ", ".join(f"{k!r}: {p!r}" for k, p in zip(self._keys, self._parents)) + "}"
+        return f"IterDataset.mix({inner}, weights={self._schedule.describe()})"
+
+
+class MixDatasetIterator(DatasetIterator):
+    """Draws output ``i`` from the component the schedule puts at position ``i``."""
+
+    def __init__(
+        self, parents: list[DatasetIterator], schedule: MixSchedule, keys: list[str] | None
+    ) -> None:
+        super().__init__(parents)
+        self._table = schedule.table.tolist()
+        self._keys = keys
+        self._starts = [p.get_state() for p in parents]  # for components a state lacks
+        self._position = 0
+        self._stopped = False
+
+    def __next__(self) -> Any:
+        if self._stopped:  # as in Grain: no draw after a component ran out
+            raise StopIteration
+        component = self._table[self._position % len(self._table)]
+        try:
+            value = next(self._parents[component])
+        except StopIteration:
+            self._stopped = True
+            raise
+        self._position += 1
+        return value
+
+    def get_state(self) -> dict[str, Any]:
+        states = [p.get_state() for p in self._parents]
+        parents: Any = states if self._keys is None else dict(zip(self._keys, states))
+        return {"position": self._position, "parents": parents}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        state = expect_state(state, ("position", "parents"), "IterDataset.mix")
+        saved = state["parents"]
+        if self._keys is None:
+            if not isinstance(saved, list) or len(saved) != len(self._parents):
+                raise StateMismatchError(
+                    f"this state holds {_describe(saved)} but the mixture has "
+                    f"{len(self._parents)} components; restore into a mixture of the same "
+                    f"datasets (mix a dict of named datasets to change them across restores)"
+                )
+            for parent, parent_state in zip(self._parents, saved):
+                parent.set_state(parent_state)
+        else:
+            if not isinstance(saved, dict):
+                raise StateMismatchError(
+                    f"this mixture is of named datasets {self._keys}, but the state holds "
+                    f"{_describe(saved)}; restore a state of a mixture of a dict"
+                )
+            for key, parent, start in zip(self._keys, self._parents, self._starts):
+                parent.set_state(saved.get(key, start))
+        self._position = int(state["position"])
+        self._stopped = False
+
+
+def _describe(saved: Any) -> str:
+    if isinstance(saved, list):
+        return f"{len(saved)} component states"
+    if isinstance(saved, dict):
+        return f"component states named {sorted(saved)}"
+    return repr(saved)[:100]

@@ -10,6 +10,7 @@ collate) applies unchanged.
 from __future__ import annotations
 
 import io
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -28,6 +29,22 @@ def decode_image(record: bytes) -> np.ndarray:
         return np.asarray(image)
 
 
+# The per-record wait of the latency-bound decoder: about what a ~1 KiB PNG costs.
+WAIT_S = 100e-6
+
+
+def decode_wait(record: bytes) -> np.ndarray:
+    """Returns the record as ``decode_none`` does, after sleeping ``WAIT_S``.
+
+    Latency-bound work that uses no CPU: with it, 14 workers fit a 2-core machine, so
+    a pool's dispatch, ordering, buffering and start-up are measured at worker counts
+    the cores could not show with real decoding (CPU contention is left out: it costs
+    every row the same).
+    """
+    time.sleep(WAIT_S)
+    return np.frombuffer(record, dtype=np.uint8)
+
+
 # PNG and JPEG decode the same way; the names stay apart so a row says what it ran.
 decode_png = decode_image
 decode_jpeg = decode_image
@@ -36,11 +53,12 @@ DECODERS: dict[str, Callable[[bytes], np.ndarray]] = {
     "none": decode_none,
     "png": decode_png,
     "jpeg": decode_jpeg,
+    "wait": decode_wait,
 }
 
 
 def get(name: str) -> Callable[[bytes], np.ndarray]:
-    """Returns the decoder called ``name``: one of ``none``, ``png``, ``jpeg``."""
+    """Returns the decoder called ``name``: one of ``none``, ``png``, ``jpeg``, ``wait``."""
     try:
         return DECODERS[name]
     except KeyError:

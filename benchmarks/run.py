@@ -84,7 +84,7 @@ def measure_one(request: dict) -> dict:
     result = loader(
         paths,
         order,
-        spec.decoder,
+        request.get("decoder") or spec.decoder,
         request["batch_size"],
         request["workers"],
         warmup_batches=request["warmup_batches"],
@@ -253,6 +253,11 @@ def main(argv: list[str]) -> int:
         help="scaling mode: ceiling, fork pool and granary at each worker count (default "
         "1..cores-2, at least 2), timed from the first batch, with CPU per record of the tree",
     )
+    parser.add_argument(
+        "--decoder", default="", choices=["", "none", "png", "jpeg", "wait"],
+        help="decode every data set with this decoder instead of its own; 'wait' sleeps "
+        "100 us per record (latency-bound: many workers on few cores, see decoders.py)",
+    )
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
@@ -295,6 +300,7 @@ def main(argv: list[str]) -> int:
             f"{data.manifest(dataset)['stats']['mean_record_bytes'] / 1024:.1f} KiB, "
             f"batch {run['batch_size']}, up to {records} records or {max_seconds:g}s per row "
             f"after {args.warmup_batches} warm-up batches, median of {args.repeat}, {os.cpu_count()} CPUs"
+            + (f", decoder {args.decoder}" if args.decoder else "")
         )
         replies: dict[tuple[str, int], list[dict]] = {row: [] for row in rows}
         # Repeats go round the rows, so slow drift of a noisy machine spreads evenly.
@@ -311,6 +317,7 @@ def main(argv: list[str]) -> int:
                     "records": records,
                     "warmup_batches": args.warmup_batches,
                     "max_seconds": max_seconds,
+                    "decoder": args.decoder,
                 }
                 started = time.perf_counter()
                 reply = run_row(request, args.timeout)

@@ -11,9 +11,10 @@ from tests.helpers import wait_until
 
 
 def child_pids(pid: int | None = None) -> set[int]:
-    """Live (non-zombie) children of ``pid`` (default: this process), from /proc."""
+    """Live (non-zombie) descendants of ``pid`` (default: this process), from /proc:
+    its children and theirs (workers are children of the pool's fork server)."""
     pid = os.getpid() if pid is None else pid
-    found = set()
+    parents: dict[int, int] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -22,8 +23,13 @@ def child_pids(pid: int | None = None) -> set[int]:
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            found.add(int(entry))
+        if fields[0] != "Z":
+            parents[int(entry)] = int(fields[1])
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {p for p, parent in parents.items() if parent in frontier} - found
+        found |= frontier
     return found
 
 

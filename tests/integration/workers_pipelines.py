@@ -120,3 +120,8 @@ def grow_at(record, nbytes):
         return {"x": np.full(size, x % 256, dtype=np.uint8), "id": x}
 
     return fn
+
+
+def numpy_draw(x):
+    """The record and one draw of numpy's global generator in this process."""
+    return {"x": x, "draw": int(np.random.randint(2**62)), "pid": os.getpid()}

@@ -50,6 +50,7 @@ import cloudpickle
 
 from dataloader.engine.compute import UnitResult, compute_unit, record_index
 from dataloader.engine.plan import Plan
+from dataloader.engine.pool import zygote as fork_server
 from dataloader.engine.pool.messages import (
     Done,
     Failed,
@@ -60,7 +61,7 @@ from dataloader.engine.pool.messages import (
     WorkerConfig,
     remote_error,
 )
-from dataloader.engine.pool.process import WorkerProcess, stop_all
+from dataloader.engine.pool.process import WorkerProcess, startup_cpus, stop_all, worker_env
 from dataloader.engine.pool.progress import Board
 from dataloader.engine.pool.stalls import StallWatch, Stuck
 from dataloader.engine.pool.transport import Transport
@@ -81,9 +82,21 @@ logger = logging.getLogger("dataloader")
 class _Resources:
     """What must be released whatever happens: the processes, the blocks, the board."""
 
-    def __init__(self, worker_count: int) -> None:
+    def __init__(self, worker_count: int, plan_bytes: bytes) -> None:
         self.workers: list[WorkerProcess] = []
         self.transport = Transport()
+        self.zygote: fork_server.Zygote | None = None
+        if fork_server.ENABLED:
+            try:
+                self.zygote = fork_server.Zygote(
+                    fork_server.preload_modules(plan_bytes),
+                    self.transport.prefix,
+                    os.sched_getaffinity(0),
+                    worker_env(),
+                    startup_cpus(),
+                )
+            except OSError as exc:  # no fork server: every worker starts an interpreter
+                logger.warning("granary: no fork server (%s); workers start one by one", exc)
         try:
             self.board: Board | None = Board(worker_count)
         except OSError as exc:  # no memfd (not Linux, or an old kernel): no stall checks
@@ -95,6 +108,8 @@ def _release(res: _Resources) -> None:
     """Stops every child within a bounded time and unlinks every block."""
     stop_all(res.workers)
     res.workers.clear()
+    if res.zygote is not None:
+        res.zygote.close()
     res.transport.close()
     if res.board is not None:
         res.board.close()
@@ -198,7 +213,7 @@ class PoolExecutor:
     def _start(self) -> None:
         self._closing = False
         self._next_check = 0.0  # when to look for stuck workers next (time.monotonic)
-        self._res = _Resources(self._worker_count)
+        self._res = _Resources(self._worker_count, self._plan_bytes)
         self._window.clear_workers()
         self._finalizer = weakref.finalize(self, _release, self._res)
         self._ever_ready = False
@@ -208,12 +223,13 @@ class PoolExecutor:
         # multiprocessing.connection.wait does) cost ~70 us of parent CPU per batch.
         self._poller = select.poll()
         self._by_fd: dict[int, WorkerProcess] = {}
-        # Start-up must not slow the first batch: while the parent computes the warm
-        # unit, start only as many workers as leave it a core of its own (their imports
-        # take ~0.2 s of CPU each); the rest start once the warm unit is done or a worker
-        # is ready. On a machine with cores to spare, every worker starts at once.
+        # Start-up must not slow the first batch. Forked workers cost next to nothing
+        # (the fork server imports once, off the parent's CPU): all are asked for at
+        # once. Without a fork server, while the parent computes the warm unit, start
+        # only as many workers as leave it a core of its own (their imports take ~0.3 s
+        # of CPU each); the rest start once the warm unit is done or a worker is ready.
         now = self._worker_count
-        if self._warm_pending:
+        if self._warm_pending and self._res.zygote is None:
             now = max(1, min(now, len(os.sched_getaffinity(0)) - 1))
         self._res.workers = [self._spawn(i) for i in range(now)]
         self._deferred = list(range(now, self._worker_count))
@@ -239,11 +255,20 @@ class PoolExecutor:
             progress_fd=board.fd if board is not None else -1,
         )
         shared = (board.fd,) if board is not None else ()
-        worker = WorkerProcess(index, pickle.dumps(Init(config)), shared)
+        init = pickle.dumps(Init(config))
+        zygote = self._res.zygote
+        worker = None
+        if zygote is not None:
+            with contextlib.suppress(OSError):  # the fork server is gone: start one as before
+                worker = WorkerProcess(index, init, shared, zygote)
+            if worker is None:
+                self._drop_zygote()
+        if worker is None:
+            worker = WorkerProcess(index, init, shared)
         fd = worker.results.fileno()
         self._by_fd[fd] = worker
         self._poller.register(fd, select.POLLIN)
-        self._window.add_worker(worker.pid)
+        self._window.add_worker(worker.key)
         return worker
 
     def _blocks_needed(self) -> int:
@@ -302,6 +327,7 @@ class PoolExecutor:
                 raise self._closed_error()
             self._dispatch()
             # Nothing is dispatched before a worker is ready, so the head unit is free.
+            # Only one unit: a record that crashes its process may be anywhere later.
             if self._warm_pending and not self._ever_ready:
                 self._warm_pending = False
                 self._compute_inline(window.head)
@@ -333,25 +359,25 @@ class PoolExecutor:
 
     def _dispatch(self) -> None:
         window, transport = self._window, self._res.transport
-        ready = {w.pid: w for w in self._res.workers if w.ready}
+        ready = {w.key: w for w in self._res.workers if w.ready}
         while ready:
-            pid = window.pick_worker(ready)
-            if pid is None:
+            key = window.pick_worker(ready)
+            if key is None:
                 return
             unit = window.next_unit()
             if unit is None:
                 return
-            block, forget = transport.lend(pid)
+            block, forget = transport.lend(key)
             start, stop = window.range(unit)
             name = block.name if block is not None else None
             task = Task(window.generation, unit, start, stop, name, forget)
             try:
-                ready[pid].send(task)
+                ready[key].send(task)
             except OSError:
                 transport.give_back(block)
                 window.give_back(unit)
                 return  # the worker is dying; _wait will notice and replace it
-            window.sent(pid, unit, block)
+            window.sent(key, unit, block)
 
     # -- receiving ------------------------------------------------------------------------
 
@@ -378,7 +404,7 @@ class PoolExecutor:
             raise WorkerError(f"worker {w.index} could not start:\n{message.traceback}")
         assert isinstance(message, (Done, Failed)), message
         window, transport = self._window, self._res.transport
-        entry = window.answered(w.pid, message.generation, message.unit)
+        entry = window.answered(w.key, message.generation, message.unit)
         if entry.generation != window.generation:
             transport.give_back(entry.token)
             return
@@ -410,7 +436,11 @@ class PoolExecutor:
         self._poller.unregister(fd)
         del self._by_fd[fd]
         w.close_pipes()
-        if stuck is None and not w.ready:
+        if isinstance(w.proc, fork_server.ForkedChild) and (w.proc.lost or code == fork_server.LOST):
+            # The fork server refused or died: not the pipeline's fault; start
+            # interpreters from now on.
+            self._drop_zygote()
+        elif stuck is None and not w.ready:
             self._startup_deaths += 1
             if self._startup_deaths >= MAX_CRASHES:
                 self._finalizer()  # lock held: not close()
@@ -420,11 +450,11 @@ class PoolExecutor:
                 )
         errors: list[tuple[int, WorkerError]] = []
         if stuck is not None:
-            tokens, unit = self._window.worker_timed_out(w.pid)
+            tokens, unit = self._window.worker_timed_out(w.key)
             if unit is not None and stuck.error is not None:
                 errors.append((unit, stuck.error))
         else:
-            tokens, poisoned = self._window.worker_died(w.pid, MAX_CRASHES)
+            tokens, poisoned = self._window.worker_died(w.key, MAX_CRASHES)
             errors += [(unit, self._crash_error(unit, code)) for unit in poisoned]
         for token in tokens:
             self._res.transport.give_back(token)
@@ -432,6 +462,11 @@ class PoolExecutor:
             self._window.finish(unit, Outcome(None, error))
         i = self._res.workers.index(w)
         self._res.workers[i] = self._spawn(w.index)
+
+    def _drop_zygote(self) -> None:
+        if self._res.zygote is not None:
+            self._res.zygote.close()
+            self._res.zygote = None
 
     def _crash_error(self, unit: int, code: int) -> WorkerCrashError:
         start, stop = self._window.range(unit)

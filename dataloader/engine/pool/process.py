@@ -1,16 +1,18 @@
 """Worker process lifecycle: start a child with its two pipes, and stop children for sure.
 
-A worker is ``python -c <boot> TASK_FD RESULT_FD CPUS``, started with ``subprocess``
-rather than ``multiprocessing`` so the user's main script is never re-run (a script
-without an ``if __name__ == "__main__":`` guard works) and nothing is forked from a
-process that may run JAX threads. It inherits exactly two pipe ends; closing the task
-pipe is its signal to stop, and its result pipe closing tells the parent it died, at
-once, whatever killed it.
+A worker is forked by the pool's fork server (:mod:`~dataloader.engine.pool.zygote`),
+or, without one, is ``python -c <boot> TASK_FD RESULT_FD CPUS`` started with
+``subprocess``. Either way it is never a fork of the training process (which may run
+JAX threads), and never ``multiprocessing``, so the user's main script is never re-run
+(a script without an ``if __name__ == "__main__":`` guard works). It holds exactly two
+pipe ends of its pool; closing the task pipe is its signal to stop, and its result pipe
+closing tells the parent it died, at once, whatever killed it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import pickle
@@ -20,9 +22,13 @@ import threading
 import time
 from collections.abc import Iterable
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dataloader.engine.pool.zygote import ForkedChild, Zygote
 
 STOP_GRACE_S = 2.0
+_KEYS = itertools.count()
 # The folder that holds the ``dataloader`` package (site-packages, or the checkout).
 _PACKAGE_HOME = os.path.dirname(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -63,6 +69,17 @@ def startup_cpus() -> str:
     return ",".join(map(str, sorted(spare))) if spare and current in allowed else ""
 
 
+def worker_env() -> dict[str, str]:
+    """The environment of a worker (or of the fork server that forks workers)."""
+    # Workers never touch accelerators; JAX, if a user operation imports it, stays on CPU.
+    return dict(
+        os.environ,
+        GRANARY_SYS_PATH=json.dumps(sys.path),
+        GRANARY_HOME=_PACKAGE_HOME,
+        JAX_PLATFORMS="cpu",
+    )
+
+
 class WorkerProcess:
     """One child process and its two pipes.
 
@@ -71,29 +88,40 @@ class WorkerProcess:
         init: the pickled :class:`~dataloader.engine.pool.messages.Init` message,
             written by a thread because it may exceed the pipe's buffer while the child
             is still starting up.
-        shared_fds: more descriptors the child inherits under the same numbers (the
-            progress board).
+        shared_fds: more descriptors the child inherits (the progress board): under the
+            same numbers when started as an interpreter, as the fifth argument of
+            ``worker.main`` when forked.
+        zygote: fork the worker from this fork server (None: start an interpreter).
+            Raises OSError if the fork server is gone.
     """
 
-    def __init__(self, index: int, init: bytes, shared_fds: tuple[int, ...] = ()) -> None:
+    def __init__(
+        self,
+        index: int,
+        init: bytes,
+        shared_fds: tuple[int, ...] = (),
+        zygote: Zygote | None = None,
+    ) -> None:
         self.index = index
+        self.key = next(_KEYS)  # unique for the life of this process (pids are not)
         self.ready = False
         task_r, task_w = os.pipe()
         res_r, res_w = os.pipe()
-        # Workers never touch accelerators; JAX, if a user operation imports it, stays on CPU.
-        env = dict(
-            os.environ,
-            GRANARY_SYS_PATH=json.dumps(sys.path),
-            GRANARY_HOME=_PACKAGE_HOME,
-            JAX_PLATFORMS="cpu",
-        )
+        self.proc: subprocess.Popen[bytes] | ForkedChild
         try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-c", _BOOT, str(task_r), str(res_w), startup_cpus()],
-                pass_fds=(task_r, res_w, *shared_fds),
-                env=env,
-                stdin=subprocess.DEVNULL,
-            )
+            if zygote is not None:
+                self.proc = zygote.fork((task_r, res_w, *shared_fds))
+            else:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-c", _BOOT, str(task_r), str(res_w), startup_cpus()],
+                    pass_fds=(task_r, res_w, *shared_fds),
+                    env=worker_env(),
+                    stdin=subprocess.DEVNULL,
+                )
+        except BaseException:
+            os.close(task_w)
+            os.close(res_r)
+            raise
         finally:
             os.close(task_r)
             os.close(res_w)

@@ -47,6 +47,12 @@ def shm_free_bytes() -> int:
 
 
 def _pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        pass
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -54,6 +60,13 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def unlink_if_orphaned(head: str, owner_pid: int) -> int:
+    """Unlinks the blocks named ``head...`` if their owner ``owner_pid`` (the training
+    process) is gone: a worker or fork server cleaning up after it. While the owner
+    runs, its blocks are its own business (a worker that stops may not take them)."""
+    return 0 if _pid_alive(owner_pid) else unlink_prefixed(head)
 
 
 def unlink_blocks_of(pid: int) -> int:

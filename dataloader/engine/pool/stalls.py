@@ -81,7 +81,7 @@ class StallWatch:
         now = time.monotonic_ns()
         stuck = []
         for w in workers:
-            entry = window.current(w.pid) if w.ready else None
+            entry = window.current(w.key) if w.ready else None
             if entry is None:
                 continue
             slot = board.read(w.index)

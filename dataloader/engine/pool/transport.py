@@ -28,7 +28,7 @@ class Transport:
     def __init__(self) -> None:
         self.blocks = shm.BlockPool()
         self.use_shm = shm.shm_available()
-        self._told: dict[int, int] = {}  # worker pid -> discarded names already told
+        self._told: dict[int, int] = {}  # worker key -> discarded names already told
         if not self.use_shm:
             self._fall_back(f"{shm.SHM_DIR} is not available")
         else:
@@ -49,7 +49,7 @@ class Transport:
             stacklevel=2,
         )
 
-    def lend(self, worker_pid: int) -> tuple[shm.Block | None, tuple[str, ...]]:
+    def lend(self, worker: int) -> tuple[shm.Block | None, tuple[str, ...]]:
         """A block for one task's result (or None: use the pipe), and the names of blocks
         discarded since this worker's last task (it unmaps them)."""
         block = None
@@ -63,8 +63,8 @@ class Transport:
                     f"{shm.shm_free_bytes() / 2**20:.0f} MiB free)"
                 )
         discarded = self.blocks.discarded
-        told = self._told.get(worker_pid, 0)
-        self._told[worker_pid] = len(discarded)
+        told = self._told.get(worker, 0)
+        self._told[worker] = len(discarded)
         return block, tuple(discarded[told:])
 
     def give_back(self, block: shm.Block | None) -> None:

@@ -25,16 +25,19 @@ from dataloader.engine.pool.messages import Done, Failed, Fatal, Init, Ready, Ta
 
 WATCH_INTERVAL_S = 0.2
 _BLOCK_PREFIX = ""  # the pool's block names start with it; set from the init message
+_OWNER_PID = 0  # the training process, which owns them
 
 
-def _watch_parent(parent_pid: int, block_prefix: str) -> None:
-    """Exits, unlinking the pool's shared memory, once the parent has died."""
-    from dataloader.engine.pool.shm import unlink_prefixed
+def _watch_parent(parent_pid: int, owner_pid: int, block_prefix: str) -> None:
+    """Exits once the parent (the training process, or the fork server a forked worker
+    came from) has died, unlinking the pool's shared memory if the training process
+    ``owner_pid`` is gone too."""
+    from dataloader.engine.pool.shm import unlink_if_orphaned
 
     while True:
         time.sleep(WATCH_INTERVAL_S)
         if os.getppid() != parent_pid:
-            unlink_prefixed(block_prefix)
+            unlink_if_orphaned(block_prefix, owner_pid)
             os._exit(0)
 
 
@@ -77,16 +80,23 @@ def _unpicklable(plan: Any, result: Any, exc: Exception) -> Exception:
     return unpicklable_result(plan, result, exc)
 
 
-def serve(tasks: Connection, results: Connection) -> None:
-    """The worker loop. Returns when the parent closes the task pipe."""
+def serve(tasks: Connection, results: Connection, progress_fd: int | None = None) -> None:
+    """The worker loop. Returns when the parent closes the task pipe.
+
+    ``progress_fd``: the progress board's descriptor in this process, when it differs
+    from the number in the config (a worker forked by the zygote received it anew).
+    """
     import cloudpickle
 
-    global _BLOCK_PREFIX
+    global _BLOCK_PREFIX, _OWNER_PID
     init: Init = pickle.loads(tasks.recv_bytes())
     config = init.config
-    _BLOCK_PREFIX = config.block_prefix
+    _BLOCK_PREFIX, _OWNER_PID = config.block_prefix, config.parent_pid
+    # A forked worker's parent is the fork server, which outlives the training process
+    # only long enough to kill its children.
+    watched = config.parent_pid if progress_fd is None else os.getppid()
     threading.Thread(
-        target=_watch_parent, args=(config.parent_pid, config.block_prefix), daemon=True
+        target=_watch_parent, args=(watched, config.parent_pid, config.block_prefix), daemon=True
     ).start()
     try:
         from dataloader.engine.compute import compute_unit
@@ -104,8 +114,9 @@ def serve(tasks: Connection, results: Connection) -> None:
         os.sched_setaffinity(0, config.cpus)
     # Where this worker is, for the parent's stall checks: a few stores per unit.
     slot = None
-    if config.progress_fd >= 0:
-        slot = Slot(config.progress_fd, config.worker_index, config.worker_count)
+    board_fd = config.progress_fd if progress_fd is None else progress_fd
+    if board_fd >= 0:
+        slot = Slot(board_fd, config.worker_index, config.worker_count)
     _send(results, Ready(os.getpid()))
     blocks: dict[str, Any] = {}
     while True:
@@ -135,21 +146,23 @@ def serve(tasks: Connection, results: Connection) -> None:
 
 
 def main(argv: list[str]) -> None:
+    """``argv``: ``[_, TASK_FD, RESULT_FD, CPUS]`` when started as an interpreter, with
+    a fifth, the progress board's descriptor (-1: none), when forked by the zygote."""
     # Ctrl-C goes to the whole process group; the parent decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     tasks = Connection(int(argv[1]), writable=False)
     results = Connection(int(argv[2]), readable=False)
+    progress_fd = int(argv[4]) if len(argv) > 4 else None
     try:
         with contextlib.suppress(BrokenPipeError, EOFError, ConnectionResetError):
-            serve(tasks, results)
+            serve(tasks, results, progress_fd)
     finally:
-        # The task pipe closes when the pool shuts down or the parent dies (even by
-        # SIGKILL). Unlinking the pool's blocks is harmless in the first case (the parent
-        # unlinks the same names) and is the only cleanup there is in the second.
+        # The task pipe closes when the pool stops this worker or the training process
+        # dies (even by SIGKILL). In the second case this is the only cleanup there is.
         if _BLOCK_PREFIX:
-            from dataloader.engine.pool.shm import unlink_prefixed
+            from dataloader.engine.pool.shm import unlink_if_orphaned
 
-            unlink_prefixed(_BLOCK_PREFIX)
+            unlink_if_orphaned(_BLOCK_PREFIX, _OWNER_PID)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ _EXPORTS: dict[str, str] = {
     "MultiprocessingOptions": "dataloader.options",
     "ReadOptions": "dataloader.options",
     "ConfigError": "dataloader.errors",
+    "ConvertError": "dataloader.errors",
     "GranaryError": "dataloader.errors",
     "PipelineError": "dataloader.errors",
     "StateMismatchError": "dataloader.errors",

@@ -57,7 +57,7 @@ def contiguous_plans(prefix: str, counts: Sequence[int], num_shards: int) -> lis
     for shard in range(num_shards):
         lo, hi = shard * total // num_shards, (shard + 1) * total // num_shards
         slices = []
-        for file_index, count in enumerate(counts):
+        for file_index in range(len(counts)):
             first, end = starts[file_index], starts[file_index + 1]
             a, b = max(lo, first), min(hi, end)
             if a < b:
@@ -72,7 +72,8 @@ def matched_plans(prefix: str, files: Sequence[str]) -> list[ShardPlan]:
     Raises:
         ValueError: two inputs would give the same shard name.
     """
-    plans, seen = [], {}
+    plans: list[ShardPlan] = []
+    seen: dict[str, str] = {}
     for index, path in enumerate(files):
         target = matched_path(prefix, path)
         if target in seen:

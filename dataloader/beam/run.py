@@ -24,7 +24,14 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from dataloader.beam.files import check_prefix, existing_outputs, expand_inputs, is_local
 from dataloader.beam.pipeline import ConvertToArrayRecord
-from dataloader.beam.sink import Checksum, ShardResult, Staging, parse_writer_options, read_summary, refusal
+from dataloader.beam.sink import (
+    Checksum,
+    ShardResult,
+    Staging,
+    parse_writer_options,
+    read_summary,
+    refusal,
+)
 from dataloader.errors import ConvertError
 
 _WORKER_ERROR = re.compile(r"ConvertError: (.+?)(?: \[while running '[^\]]*'\])?$", re.M)

@@ -58,6 +58,15 @@ def _frames(path: str, f: IO[bytes]) -> Iterator[tuple[int, int]]:
         f.seek(offset)
 
 
+def _seek_to_record(path: str, f: IO[bytes], index: int) -> bool:
+    """Moves ``f`` to record ``index`` by its framing; False when there is no such record."""
+    for i, (offset, _) in enumerate(_frames(path, f)):
+        if i == index:
+            f.seek(offset)
+            return True
+    return False
+
+
 def count(path: str, open_file: Opener = open_local) -> int:
     """The number of records of a TFRecord file (headers checked, data not read)."""
     with open_file(path) as f:
@@ -68,15 +77,8 @@ def read(path: str, open_file: Opener = open_local, start: int = 0,
          stop: int | None = None) -> Iterator[bytes]:
     """Records ``start`` to ``stop`` (exclusive) of a TFRecord file, CRCs checked."""
     with open_file(path) as f:
-        offset = 0
-        if start:
-            frames = _frames(path, f)
-            for index, (offset, _) in enumerate(frames):
-                if index == start:
-                    break
-            else:
-                return  # fewer than start + 1 records
-            f.seek(offset)
+        if start and not _seek_to_record(path, f, start):
+            return  # fewer than start + 1 records
         index = start
         while stop is None or index < stop:
             offset = f.tell()

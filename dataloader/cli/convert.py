@@ -32,6 +32,7 @@ from dataloader.options import check_int
 from dataloader.sources import expand_paths, write_array_record
 from dataloader.sources.record_files import RECORD_FORMATS, RecordFormat, input_format
 
+
 def _record_format(path: str, fmt: str | None) -> RecordFormat:
     name = input_format(path, fmt)
     if name != "tfrecord":

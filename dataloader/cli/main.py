@@ -158,22 +158,24 @@ def convert_command(args: Sequence[str]) -> str:
     """``convert INPUT ... --output=PREFIX``: runs the Beam pipeline; returns the report."""
     inputs = [a for a in args if not a.startswith("-")]
     beam_args = [a for a in args if a.startswith("-")]
-    if not inputs or not _OUTPUT.value:
+    output = _OUTPUT.value
+    if not inputs or not output:
         raise app.UsageError("convert needs input files and --output=PREFIX")
     if _MATCH_SHARDS.value and _NUM_SHARDS.value is not None:
         raise app.UsageError("pass either --num_shards or --match_shards, not both")
     try:
-        import apache_beam  # noqa: F401
-    except ImportError:
-        return _convert_without_beam(inputs, beam_args)
-    from dataloader.beam import convert, verify
+        from dataloader.beam import convert, verify
+    except ImportError as error:
+        if error.name != "apache_beam":  # Beam is there, something else is broken
+            raise
+        return _convert_without_beam(inputs, output, beam_args)
 
     # Errors come back to us as one clear ConvertError; Beam's own logging of the same
     # failure (tracebacks from each worker) would bury it.
     std_logging.getLogger("apache_beam").setLevel(std_logging.CRITICAL)
     if not any(a.startswith("--default_sdk_harness_log_level") for a in beam_args):
         beam_args.append("--default_sdk_harness_log_level=CRITICAL")
-    result = convert(inputs, _OUTPUT.value, num_shards=_NUM_SHARDS.value, match_shards=_MATCH_SHARDS.value,
+    result = convert(inputs, output, num_shards=_NUM_SHARDS.value, match_shards=_MATCH_SHARDS.value,
                      group_size=_GROUP_SIZE.value, fmt=_FORMAT.value, overwrite=_OVERWRITE.value,
                      pipeline_args=beam_args)
     rate = result.num_records / result.seconds if result.seconds else 0.0
@@ -186,7 +188,7 @@ def convert_command(args: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
-def _convert_without_beam(inputs: list[str], beam_args: list[str]) -> str:
+def _convert_without_beam(inputs: list[str], output: str, beam_args: list[str]) -> str:
     if beam_args or _MATCH_SHARDS.value or _VERIFY.value:
         wanted = " ".join(beam_args) or ("--match_shards" if _MATCH_SHARDS.value else "--verify")
         raise app.UsageError(f"{wanted} needs Apache Beam; install it with pip install 'granary[beam]'")
@@ -194,7 +196,7 @@ def _convert_without_beam(inputs: list[str], beam_args: list[str]) -> str:
 
     print("Apache Beam is not installed: converting in this process "
           "(pip install 'granary[beam]' for the pipeline)", file=sys.stderr)
-    paths = convert(inputs, _OUTPUT.value, num_shards=_NUM_SHARDS.value or 1,
+    paths = convert(inputs, output, num_shards=_NUM_SHARDS.value or 1,
                     group_size=_GROUP_SIZE.value, fmt=_FORMAT.value, overwrite=_OVERWRITE.value)
     return "\n".join(["wrote", *(f"  {p}" for p in paths)])
 

@@ -186,3 +186,22 @@ def test_read_record_files_then_write_to_array_record_keeps_order_within_each_sh
     assert outputs[0] == outputs[1]
     with pytest.raises(ConvertError, match=r"the output already exists"):
         WriteToArrayRecord(str(tmp_path / "run0" / "w"), num_shards=3)
+
+
+def test_the_readmes_cluster_commands_pass_only_flags_that_beam_or_convert_know():
+    """The Dataflow, Flink and Spark lines cannot run here; their flags are checked instead."""
+    import re
+
+    from dataloader.beam import pipeline_options
+    from tests.test_readme import README
+
+    blocks = re.findall(r"^```text\n(.*?)^```", README.read_text(), re.S | re.M)
+    lines = [line for block in blocks for line in block.splitlines() if "python -m dataloader convert" in line]
+    runners = set()
+    for line in lines:
+        flags = [word for word in line.split() if word.startswith("--")]
+        ours = {"--output", "--match_shards", "--num_shards", "--overwrite", "--verify", "--group_size", "--format"}
+        beam_flags = [f for f in flags if f.split("=")[0] not in ours]
+        options = pipeline_options(beam_flags).get_all_options()
+        runners.add(options["runner"])
+    assert runners == {"DataflowRunner", "FlinkRunner", "SparkRunner"}

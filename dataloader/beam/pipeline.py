@@ -26,7 +26,7 @@ import apache_beam as beam
 
 from dataloader.beam.files import open_input, record_format
 from dataloader.beam.plan import ShardPlan, contiguous_plans, matched_plans
-from dataloader.beam.sink import ShardResult, Staging, finalize, write_shard, write_summary
+from dataloader.beam.sink import ShardResult, Staging, finalize, report, write_shard, write_summary
 from dataloader.errors import ConvertError
 
 
@@ -66,11 +66,9 @@ def _plan(counts: list[tuple[int, int]], prefix: str, num_shards: int, staging: 
         plans = contiguous_plans(prefix, [by_file[i] for i in range(len(by_file))], num_shards)
     except ValueError as error:
         raise ConvertError(str(error)) from None
-    progress = staging.progress_file(0)
-    if progress is not None:  # the driver's progress bar learns the total here
+    if staging.total_file() is not None:  # the driver's progress bar learns the total here
         staging.create()
-        with open(progress.replace("progress-00000", "total"), "w") as f:
-            f.write(str(sum(by_file.values())))
+        report(staging.total_file(), sum(by_file.values()))
     return plans
 
 

@@ -32,6 +32,7 @@ from dataloader.beam.sink import (
     read_summary,
     refusal,
 )
+from dataloader.cli.progress import Progress
 from dataloader.errors import ConvertError
 
 _WORKER_ERROR = re.compile(r"ConvertError: (.+?)(?: \[while running '[^\]]*'\])?$", re.M)
@@ -83,7 +84,7 @@ def _worker_error(error: BaseException) -> ConvertError | None:
 class _ProgressWatcher:
     """Sums the counts local shard writers leave in the staging folder, for a progress bar."""
 
-    def __init__(self, staging: Staging, bar: object) -> None:
+    def __init__(self, staging: Staging, bar: Progress) -> None:
         self.staging, self.bar, self._stop = staging, bar, threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
@@ -92,16 +93,18 @@ class _ProgressWatcher:
         folder, done = self.staging.folder, 0
         names = os.listdir(folder) if os.path.isdir(folder) else []
         for name in names:
+            if name != "total" and not (name.startswith("progress-") and "." not in name):
+                continue  # a staged shard, or a progress file being replaced
             try:
                 with open(os.path.join(folder, name)) as f:
                     value = int(f.read() or 0)
             except (OSError, ValueError):
                 continue
             if name == "total":
-                self.bar.total = value  # type: ignore[attr-defined]
-            elif name.startswith("progress-") and "." not in name:
+                self.bar.total = value
+            else:
                 done += value
-        self.bar.update(done - self.bar.count)  # type: ignore[attr-defined]
+        self.bar.update(done - self.bar.count)
 
     def _loop(self) -> None:
         while not self._stop.wait(0.25):
@@ -169,8 +172,6 @@ def convert(
     watcher = None
     try:
         if progress and is_local(output):
-            from dataloader.cli.progress import Progress
-
             staging.create()
             watcher = _ProgressWatcher(staging, Progress(f"converting to {transform.num_shards} shard(s)"))
         pipeline = beam.Pipeline(options=options)
@@ -185,7 +186,7 @@ def convert(
         finally:
             if watcher is not None:
                 watcher.stop()
-                watcher.bar.close()  # type: ignore[attr-defined]
+                watcher.bar.close()
         shards = read_summary(staging)
     finally:
         staging.remove()

@@ -101,6 +101,10 @@ class Staging:
         """Where a local shard writer reports its count as it goes (None when remote)."""
         return os.path.join(self.folder, f"progress-{index:05d}") if is_local(self.prefix) else None
 
+    def total_file(self) -> str | None:
+        """Where the plan step leaves the number of records to write (None when remote)."""
+        return os.path.join(self.folder, "total") if is_local(self.prefix) else None
+
     def create(self) -> None:
         if is_local(self.prefix):
             os.makedirs(self.folder, exist_ok=True)
@@ -111,7 +115,8 @@ class Staging:
                 FileSystems.delete([self.folder])
 
 
-def _report(path: str | None, count: int) -> None:
+def report(path: str | None, count: int) -> None:
+    """Writes ``count`` to a progress file, atomically (the driver polls it)."""
     if path is not None:
         with open(path + ".tmp", "w") as f:
             f.write(str(count))
@@ -130,7 +135,7 @@ def write_shard(staging: Staging, index: int, final_path: str, records: Iterable
         for record in records:
             checksum.add(record)
             if progress is not None and time.monotonic() - last_report > 0.5:
-                _report(progress, checksum.count)
+                report(progress, checksum.count)
                 last_report = time.monotonic()
             yield record
 
@@ -144,7 +149,7 @@ def write_shard(staging: Staging, index: int, final_path: str, records: Iterable
             write_array_record(local_file, counted(), group_size=group_size, options=options or None)
             with open(local_file, "rb") as src, FileSystems.create(staged) as dst:
                 shutil.copyfileobj(src, dst, 1 << 22)
-    _report(progress, checksum.count)
+    report(progress, checksum.count)
     return ShardResult(index, final_path, staged, checksum.count, checksum.hexdigest())
 
 

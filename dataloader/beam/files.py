@@ -8,6 +8,7 @@ Beam extra (``apache-beam[gcp]`` for ``gs://``) on the machine that runs the pip
 
 from __future__ import annotations
 
+import glob
 import os
 import posixpath
 import re
@@ -81,9 +82,6 @@ def matched_path(prefix: str, input_path: str) -> str:
 
 def existing_outputs(prefix: str) -> list[str]:
     """The files a run with this prefix would replace: ``PREFIX-*.array_record``."""
-    pattern = f"{prefix}-*{SUFFIX}"
     if is_local(prefix):
-        import glob
-
         return sorted(glob.glob(glob.escape(prefix) + f"-*{SUFFIX}"))
-    return sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)
+    return sorted(m.path for m in FileSystems.match([f"{prefix}-*{SUFFIX}"])[0].metadata_list)

@@ -66,6 +66,17 @@ def parse_writer_options(options: str) -> tuple[int, str]:
     return group_size, ",".join(rest)
 
 
+def check_writer_options(options: str) -> None:
+    """Refuses options the ArrayRecord writer does not take, before any worker starts.
+
+    Raises:
+        ValueError: naming the options and the writer's complaint.
+    """
+    group_size, rest = parse_writer_options(options)
+    with tempfile.TemporaryDirectory() as folder:
+        write_array_record(os.path.join(folder, "check"), [], group_size=group_size, options=rest or None)
+
+
 class Checksum:
     """BLAKE2b of a record stream (each record's length, then its bytes), and its count."""
 
@@ -276,7 +287,7 @@ class WriteToArrayRecord(beam.PTransform):
         super().__init__()
         if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
             raise ValueError(f"num_shards must be a positive integer, got {num_shards!r}")
-        parse_writer_options(writer_options)
+        check_writer_options(writer_options)
         self.staging = Staging(check_prefix(prefix), os.urandom(6).hex())
         self.num_shards, self.writer_options, self.overwrite = num_shards, writer_options, overwrite
         existing = existing_outputs(prefix)

@@ -205,3 +205,11 @@ def test_the_readmes_cluster_commands_pass_only_flags_that_beam_or_convert_know(
         options = pipeline_options(beam_flags).get_all_options()
         runners.add(options["runner"])
     assert runners == {"DataflowRunner", "FlinkRunner", "SparkRunner"}
+
+
+def test_write_to_array_record_checks_its_writer_options_at_construction(tmp_path):
+    with pytest.raises(ValueError, match=r"invalid ArrayRecord writer options 'group_size:2,colour:blue'"):
+        WriteToArrayRecord(str(tmp_path / "w"), num_shards=2, writer_options="group_size:2,colour:blue")
+    with pytest.raises(ValueError, match=r"writer_options 'group_size:0': group_size must be a positive integer"):
+        WriteToArrayRecord(str(tmp_path / "w"), writer_options="group_size:0")
+    assert files_in(tmp_path) == []

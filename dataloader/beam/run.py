@@ -11,6 +11,8 @@ exception, with the worker's traceback as text).
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import threading
@@ -61,8 +63,16 @@ def pipeline_options(args: Sequence[str]) -> PipelineOptions:
         ConvertError: a flag that is not a Beam pipeline option.
     """
     options = PipelineOptions(list(args))
-    known = options.get_all_options(retain_unknown_options=False)
-    every = options.get_all_options(retain_unknown_options=True)
+    complaint = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(complaint):  # argparse prints Beam's whole usage first
+            known = options.get_all_options(retain_unknown_options=False)
+            every = options.get_all_options(retain_unknown_options=True)
+    except SystemExit:
+        reason = complaint.getvalue().strip().splitlines()[-1].split("error: ", 1)[-1]
+        raise ConvertError(
+            f"Beam pipeline options: {reason} (write them as --name=value)"
+        ) from None
     unknown = sorted(set(every) - set(known))
     if unknown:
         raise ConvertError(

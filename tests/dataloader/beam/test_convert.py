@@ -158,6 +158,8 @@ def test_unknown_beam_flag_and_more_shards_than_records_are_refused(tmp_path):
     (tmp_path / "in.jsonl").write_text('{"i": 0}\n{"i": 1}\n')
     with pytest.raises(ConvertError, match=r"unknown flag\(s\) --num_shard: neither a convert flag nor an Apache Beam"):
         convert([str(tmp_path / "in.jsonl")], str(tmp_path / "x"), pipeline_args=["--num_shard=2"])
+    with pytest.raises(ConvertError, match=r"argument --project: expected one argument \(write them as --name=value\)"):
+        convert([str(tmp_path / "in.jsonl")], str(tmp_path / "x"), pipeline_args=["--project"])
     with pytest.raises(ConvertError, match=r"2 records cannot fill 3 shards; use num_shards <= 2"):
         convert([str(tmp_path / "in.jsonl")], str(tmp_path / "x"), num_shards=3, progress=False)
     assert files_in(tmp_path) == ["in.jsonl"]

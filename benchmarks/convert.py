@@ -9,6 +9,9 @@ disturbs less than the wall time:
 
 * ``single process``: ``dataloader.cli.convert.convert``, the loop ``convert`` runs
   without Beam, one shard per input file's worth of records (``num_shards=files``).
+* ``single process, 2 halves at once``: two such processes side by side, each on half
+  of the files: what two cores of this machine give to two independent processes,
+  the ceiling for any 2-worker row.
 * ``granary beam``: ``dataloader.beam.convert`` on the DirectRunner, ``num_shards=files``
   (count, plan, write) and ``--match_shards`` (one shard per file), at 1 worker
   (in process) and 2 (``--direct_running_mode=multi_processing``).
@@ -46,8 +49,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 VENV = HERE / ".venv"
 DATA = HERE / "data" / "convert"
+HALVES = "single process, 2 halves at once"
 ROWS = [
     ("single process", 1),
+    (HALVES, 2),
     ("granary beam, num_shards", 1),
     ("granary beam, num_shards", 2),
     ("granary beam, match_shards", 1),
@@ -124,6 +129,14 @@ def measure(request: dict) -> dict:
         match = "match_shards" in name
         convert(files, prefix, num_shards=None if match else len(files), match_shards=match,
                 pipeline_args=beam_args(workers), progress=False)
+    elif name == HALVES:  # the machine's own parallel ceiling: two plain processes
+        code = ("import json, sys; from dataloader.cli.convert import convert; f = json.loads(sys.argv[1]); "
+                "convert(f, sys.argv[2], num_shards=len(f), progress=False)")
+        began = time.perf_counter()
+        halves = [subprocess.Popen([sys.executable, "-c", code, json.dumps(files[k::2]), f"{prefix}-{k}"])
+                  for k in range(2)]
+        if any(p.wait() for p in halves):
+            raise RuntimeError("a half failed")
     else:
         from dataloader.cli.convert import convert as convert_in_process
 
@@ -142,7 +155,7 @@ def check(name: str, outputs: list[str], files: list[str]) -> dict:
     readers = [ArrayRecordReader(p) for p in shards]
     count = sum(r.num_records() for r in readers)
     exact = None
-    if not name.startswith("array_record"):
+    if not name.startswith("array_record") and name != HALVES:
         expected = (record for path in files for record in read(path))
         exact = all(a == b for r in readers for a, b in zip(r.read_all(), expected, strict=False))
     for r in readers:

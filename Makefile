@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install test test-fast lint bench demo clean
+.PHONY: install test test-fast lint bench bench-convert demo clean
 
 $(STAMP): setup.cfg setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,10 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/run.py
+
+# TFRecord -> ArrayRecord: the Beam pipeline at 1 and 2 workers against its peers.
+bench-convert: $(STAMP)
+	$(PY) benchmarks/convert.py
 
 # The demo extra (tokenizers for the language model's BPE, scikit-learn for its shipped
 # digits) on top of the base install.

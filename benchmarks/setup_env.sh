@@ -7,6 +7,13 @@
 #
 # torch is pinned to the exact CPU build: any looser spec resolves to a CUDA
 # build of several GB.
+#
+# The project goes in with its beam extra (benchmarks/convert.py). The peer there is
+# array_record's own Beam pipeline, array_record.beam, which array-record itself
+# ships; its module imports google.cloud.storage, hence that peer (and TensorFlow,
+# for a demo generator only: convert.py stands a placeholder module in for it). The separate
+# array-record-beam-sdk package is not installed: it pins array-record==0.5.0 (a
+# downgrade of the reader the project uses) and pulls TensorFlow (~570 MB).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -20,9 +27,11 @@ PEERS=(
   "torch==2.13.0"
   "pillow"
   "psutil"
+  "google-cloud-storage"
 )
-# The project's extras the benchmarks need (tfrecord: streaming.py writes TFRecord files).
-EXTRAS="tfrecord"
+# The project's extras the benchmarks need (tfrecord: streaming.py writes TFRecord files;
+# beam: convert.py runs the Beam conversion).
+EXTRAS="tfrecord,beam"
 STAMP="${VENV}/.bench-stamp"
 # The stamp's content: change either list (or setup.cfg) and the install reruns.
 WANT="$(printf '%s\n' "${PEERS[@]}" "${EXTRAS}"; cat "${ROOT}/setup.cfg" "${ROOT}/setup.py")"
@@ -53,8 +62,11 @@ import numpy
 import torch  # noqa: F401
 import PIL  # noqa: F401
 import psutil  # noqa: F401
+import apache_beam  # noqa: F401
+import array_record.beam.arrayrecordio  # noqa: F401
+import google.cloud.storage  # noqa: F401
 
-for name in ("numpy", "jax", "array_record", "grain", "torch", "pillow", "psutil"):
+for name in ("numpy", "jax", "array_record", "grain", "torch", "pillow", "psutil", "apache-beam"):
     try:
         version = md.version(name)
     except md.PackageNotFoundError:

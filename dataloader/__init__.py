@@ -35,6 +35,7 @@ _EXPORTS: dict[str, str] = {
     "DatasetOptions": "dataloader.options",
     "ExecutionTrackingMode": "dataloader.options",
     "ConfigError": "dataloader.errors",
+    "ConvertError": "dataloader.errors",
     "GranaryError": "dataloader.errors",
     "LoaderClosedError": "dataloader.errors",
     "PipelineError": "dataloader.errors",

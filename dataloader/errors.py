@@ -3,6 +3,7 @@
 ```
 GranaryError
 ├── ConfigError (ValueError)          a pipeline config is invalid (message starts with the key)
+├── ConvertError (ValueError)         conversion to ArrayRecord met bad input or existing output
 ├── StateMismatchError (ValueError)   a saved state does not fit this loader
 ├── PipelineError (RuntimeError)      user code or a read failed; chained to the original
 ├── LoaderClosedError (RuntimeError)  close() ended a next() that was waiting
@@ -23,6 +24,11 @@ class GranaryError(Exception):
 
 class ConfigError(GranaryError, ValueError):
     """A pipeline config is invalid; the message starts with the offending key."""
+
+
+class ConvertError(GranaryError, ValueError):
+    """Converting files to ArrayRecord failed: a bad input (the message names the file and
+    where in it), an existing output that was not to be replaced, or a failed check."""
 
 
 class StateMismatchError(GranaryError, ValueError):

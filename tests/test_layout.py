@@ -28,7 +28,7 @@ PACKAGES = [
 # The building blocks: they import numpy and their own modules, never the engine or
 # each other (they are installed as dataloader.<name>, so only relative imports).
 BLOCKS = ["samplers", "sources", "operations"]
-HEAVY = ["jax", "orbax", "yaml", "absl", "pyarrow"]
+HEAVY = ["jax", "orbax", "yaml", "absl", "pyarrow", "apache_beam"]
 
 
 def test_all_is_sorted_and_every_name_resolves():
@@ -90,6 +90,17 @@ def test_the_engine_never_imports_jax():
     for path in sorted((ROOT / "dataloader" / "engine").rglob("*.py")):
         for module, _ in _imports(path):
             assert module.split(".")[0] != "jax", f"{path} imports {module}"
+
+
+def test_only_the_beam_room_imports_apache_beam():
+    beam_room = ROOT / "dataloader" / "beam"
+    roots = [ROOT / name for name in ("dataloader", *BLOCKS, "configs")]
+    for path in sorted(p for root in roots for p in root.rglob("*.py")):
+        if beam_room in path.parents:
+            continue
+        for module, _ in _imports(path):
+            assert module.split(".")[0] != "apache_beam", f"{path} imports {module}"
+            assert not module.startswith("dataloader.beam") or path.parent.name == "cli", f"{path} imports {module}"
 
 
 def test_no_package_folder_holds_more_than_twelve_modules():

@@ -159,9 +159,54 @@ def test_convert_npz_writes_one_row_of_each_array(tmp_path):
 
 
 def test_convert_refuses_an_unknown_extension(tmp_path):
-    (tmp_path / "data.csv").write_text("a,b\n")
-    with pytest.raises(ValueError, match=r"cannot tell the format of '.*data\.csv' from its extension"):
-        convert([str(tmp_path / "data.csv")], str(tmp_path / "out"), progress=False)
+    (tmp_path / "data.txt").write_text("a,b\n")
+    with pytest.raises(ValueError, match=r"cannot tell the format of '.*data\.txt' from its extension"):
+        convert([str(tmp_path / "data.txt")], str(tmp_path / "out"), progress=False)
+
+
+def test_convert_csv_rows_as_json_objects(tmp_path):
+    (tmp_path / "t.csv").write_text('a,b\n1,"x, y"\n2,z\n')
+    records = read_all(convert([str(tmp_path / "t.csv")], str(tmp_path / "t"), progress=False))
+    assert [json.loads(r) for r in records] == [{"a": "1", "b": "x, y"}, {"a": "2", "b": "z"}]
+
+
+def test_convert_refuses_existing_output_and_replaces_it_whole(tmp_path):
+    (tmp_path / "in.jsonl").write_text("".join(f'{{"i": {i}}}\n' for i in range(5)))
+    prefix = str(tmp_path / "out" / "rows")
+    convert([str(tmp_path / "in.jsonl")], prefix, num_shards=3, progress=False)
+    with pytest.raises(dl.ConvertError, match=r"the output already exists \(.*rows-00000-of-00003\.array_record"):
+        convert([str(tmp_path / "in.jsonl")], prefix, num_shards=2, progress=False)
+    paths = convert([str(tmp_path / "in.jsonl")], prefix, num_shards=2, overwrite=True, progress=False)
+    assert sorted(os.listdir(tmp_path / "out")) == [os.path.basename(p) for p in paths]
+
+
+def test_convert_leaves_no_shard_when_an_input_fails_midway(tmp_path):
+    (tmp_path / "a.jsonl").write_text("".join(f'{{"i": {i}}}\n' for i in range(4)))
+    (tmp_path / "b.jsonl").write_text('{"i": 4}\n{"i": \n')
+    with pytest.raises(ValueError, match=r"b\.jsonl:2 is not valid JSON"):
+        convert([str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")], str(tmp_path / "out" / "r"),
+                num_shards=2, progress=False)
+    assert os.listdir(tmp_path / "out") == []
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_convert_without_beam_falls_back_to_this_process_or_says_what_to_install(tmp_path):
+    (tmp_path / "in.jsonl").write_text('{"i": 0}\n{"i": 1}\n')
+    no_beam = "import sys; sys.modules['apache_beam'] = None; from dataloader.cli.main import run; run()"
+    env = {**os.environ, "PYTHONPATH": ROOT}
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-c", no_beam, "convert", "in.jsonl", "--output=out/r", *args],
+                              capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+
+    ok = cli("--num_shards=2")
+    assert ok.returncode == 0, ok.stderr
+    assert "Apache Beam is not installed: converting in this process" in ok.stderr
+    assert read_all(sorted(str(p) for p in (tmp_path / "out").iterdir())) == [b'{"i": 0}', b'{"i": 1}']
+    refused = cli("--overwrite", "--direct_num_workers=2")
+    assert refused.returncode == 1
+    assert "--direct_num_workers=2 needs Apache Beam; install it with pip install 'granary[beam]'" in refused.stderr
 
 
 def test_progress_writes_a_final_line_with_count_and_rate():

@@ -1,0 +1,102 @@
+"""TFRecord files read in order with Apache Beam's own TFRecord codec.
+
+A TFRecord is ``length (8 bytes) | masked CRC32C of length (4) | data | masked CRC32C
+of data (4)``. Beam's ``ReadFromTFRecord`` decodes it with ``_TFRecordUtil``; we call
+that same codec from our own loop rather than the ``ReadFromTFRecord`` transform for
+two reasons: a converter must know each record's position (the transform yields bare
+records, and their order is lost at the next shuffle), and an error must name the file
+and the byte offset (Beam's says "Not a valid TFRecord" with a hex dump of the record).
+Beam's TFRecord source is unsplittable anyway (one file is one sequential read), so
+reading a file in one ``DoFn`` loses no parallelism.
+
+Counting and skipping use the framing only: they read each 12-byte header, check the
+length's CRC and seek past the data, so cutting a file into shards does not read its
+data twice. Reading checks both CRCs of every record.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from collections.abc import Iterator
+from typing import IO
+
+from apache_beam.io.tfrecordio import _TFRecordUtil
+
+from dataloader.sources.record_files import Opener, RecordFormat, open_local
+
+_HEADER = 12  # length (8) + masked CRC of the length (4)
+_FOOTER = 4  # masked CRC of the data
+
+
+def _frames(path: str, f: IO[bytes]) -> Iterator[tuple[int, int]]:
+    """(byte offset, data length) of every record, checking only the headers."""
+    size = f.seek(0, io.SEEK_END)
+    f.seek(0)
+    offset = 0
+    while offset < size:
+        header = f.read(_HEADER)
+        if len(header) < _HEADER:
+            raise ValueError(
+                f"{path}: truncated at byte offset {offset}: {len(header)} bytes left of "
+                f"a {_HEADER}-byte record header (file size {size})"
+            )
+        length, length_crc = struct.unpack("<QI", header)
+        if _TFRecordUtil._masked_crc32c(header[:8]) != length_crc:
+            raise ValueError(
+                f"{path}: record header at byte offset {offset} fails its CRC check (a "
+                "corrupt file, or not a TFRecord file)"
+            )
+        end = offset + _HEADER + length + _FOOTER
+        if end > size:
+            raise ValueError(
+                f"{path}: truncated at byte offset {offset}: the record there needs "
+                f"{end - offset} bytes, the file has {size - offset} left (file size {size})"
+            )
+        yield offset, length
+        offset = end
+        f.seek(offset)
+
+
+def _seek_to_record(path: str, f: IO[bytes], index: int) -> bool:
+    """Moves ``f`` to record ``index`` by its framing; False when there is no such record."""
+    for i, (offset, _) in enumerate(_frames(path, f)):
+        if i == index:
+            f.seek(offset)
+            return True
+    return False
+
+
+def count(path: str, open_file: Opener = open_local) -> int:
+    """The number of records of a TFRecord file (headers checked, data not read)."""
+    with open_file(path) as f:
+        return sum(1 for _ in _frames(path, f))
+
+
+def read(path: str, open_file: Opener = open_local, start: int = 0,
+         stop: int | None = None) -> Iterator[bytes]:
+    """Records ``start`` to ``stop`` (exclusive) of a TFRecord file, CRCs checked."""
+    with open_file(path) as f:
+        if start and not _seek_to_record(path, f, start):
+            return  # fewer than start + 1 records
+        index = start
+        while stop is None or index < stop:
+            offset = f.tell()
+            try:
+                record = _TFRecordUtil.read_record(f)
+            except ValueError as error:
+                reason = str(error).split(":")[0]  # drop Beam's hex dump of the record
+                if "Fewer than" in reason:
+                    reason = f"truncated ({reason.removeprefix('Not a valid TFRecord. ')})"
+                elif "data mask" in reason:
+                    reason = "its data fails the CRC check"
+                elif "length mask" in reason:
+                    reason = "its length fails the CRC check"
+                raise ValueError(f"{path}: record {index} at byte offset {offset}: {reason}") from None
+            if record is None:
+                return
+            yield record
+            index += 1
+
+
+TFRECORD = RecordFormat("tfrecord", count, read)

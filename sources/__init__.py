@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._paths import expand_paths
+from ._files import expand_paths
 from .array_record import ArrayRecordDataSource
 from .array_record_writer import write_array_record
 from .base import RandomAccessDataSource, read_records

@@ -50,9 +50,8 @@ from typing import SupportsIndex
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader
 
+from ._files import PathArg, PerProcessHandles, expand_paths, format_paths
 from ._indexing import PartIndex, as_index_array, check_index
-from ._lazy import PerProcessHandles
-from ._paths import PathArg, expand_paths, format_paths
 
 # Documented by ArrayRecordReader as its random-access setting (see above).
 READER_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"

@@ -20,10 +20,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ._files import PathArg, PerProcessHandles, expand_paths, format_paths
 from ._indexing import PartIndex, as_index_array, check_index
-from ._lazy import PerProcessHandles
 from ._parquet_rows import DecodedRowGroup
-from ._paths import PathArg, expand_paths, format_paths
 
 
 def _read_metadata(path: str) -> pq.FileMetaData:

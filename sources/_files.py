@@ -1,19 +1,24 @@
-"""Turns the ``paths`` argument of a file-backed source into a list of files.
+"""What file-backed sources share: their paths, and their per-process file handles.
 
-``paths`` is one path (``str`` or ``os.PathLike``), one glob pattern, or a list
+Paths. ``paths`` is one path (``str`` or ``os.PathLike``), one glob pattern, or a list
 (or tuple) of those. The files matched by a glob are sorted so that the record
 order never depends on the file system's directory order; the order of the
 list itself is kept, so a caller decides how files are concatenated.
 
 An existing path is taken literally even if it contains glob characters, so a
 file really named ``data[1].parquet`` can be read.
+
+Handles (:class:`PerProcessHandles`) are opened lazily and never pickled or shared
+across a fork.
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import threading
 from collections.abc import Sequence
+from typing import Any
 
 PathArg = str | os.PathLike | Sequence[str | os.PathLike]
 
@@ -92,3 +97,54 @@ def format_paths(paths: Sequence[str]) -> str:
     if len(quoted) > 4:
         quoted = [*quoted[:2], f"... {len(quoted) - 3} more ...", quoted[-1]]
     return f"[{', '.join(quoted)}]"
+
+
+class PerProcessHandles:
+    """Mixin for sources that hold open files.
+
+    Subclasses list the attributes that belong to one process in ``_TRANSIENT`` and
+    rebuild them (closed) in ``_reset_handles``; ``_close_handles`` closes what is open.
+    Handles are dropped when the source is pickled and rebuilt in a new process, so a
+    source travels to workers as its paths alone.
+    """
+
+    _TRANSIENT: tuple[str, ...] = ()
+
+    def _reset_handles(self) -> None:
+        raise NotImplementedError
+
+    def _close_handles(self) -> None:
+        raise NotImplementedError
+
+    def _init_process_state(self) -> None:
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._reset_handles()
+
+    def _ensure_own_process(self) -> None:
+        if self._pid != os.getpid():
+            # A forked child must not share the parent's handles (or its lock, which
+            # another thread may have held at the fork).
+            self._init_process_state()
+
+    def close(self) -> None:
+        """Closes the open files; a later read opens them again."""
+        with self._lock:
+            self._close_handles()
+            self._reset_handles()
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for name in (*self._TRANSIENT, "_lock", "_pid"):
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_process_state()

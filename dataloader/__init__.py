@@ -31,6 +31,7 @@ _EXPORTS: dict[str, str] = {
     "DataLoader": "dataloader.loader",
     "DataLoaderIterator": "dataloader.iterator",
     "MultiprocessingOptions": "dataloader.options",
+    "AutoWorkers": "dataloader.options",
     "ReadOptions": "dataloader.options",
     "DatasetOptions": "dataloader.options",
     "ExecutionTrackingMode": "dataloader.options",

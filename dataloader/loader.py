@@ -15,11 +15,13 @@ from dataloader.engine.stats import FilterWatch
 from dataloader.iterator import DataLoaderIterator
 from dataloader.options import (
     DEFAULT_STALL_WARNING_S,
+    AutoWorkers,
     DatasetOptions,
     ReadOptions,
     check_bool,
     check_int,
     check_seconds,
+    check_worker_count,
 )
 from dataloader.samplers import Sampler, ShardOptions
 from dataloader.samplers.protocol import missing_members
@@ -61,8 +63,11 @@ class DataLoader:
             before the first packer run by position on the engine (in the workers); a
             packer and what follows it run in order on the engine's output, in this
             process (see :mod:`dataloader.engine.stages.tail`).
-        worker_count: child processes computing work units (0: in this process).
-            The output is the same for every worker count.
+        worker_count: child processes computing work units (0: in this process), or
+            ``"auto"`` (or an :class:`~dataloader.AutoWorkers` to tune it): the pool
+            picks the count and changes it as it runs, from how long the consumer
+            waits and how many workers sit idle, within the machine's memory and
+            ``/dev/shm``. The output is the same for every worker count, changing or not.
         worker_buffer_size: work units in flight per worker.
         shard_options: sharding, if the sampler does not carry it already (giving
             different non-trivial options in both places is an error).
@@ -105,7 +110,7 @@ class DataLoader:
         sampler: Any,
         operations: Sequence[Any] = (),
         *,
-        worker_count: int = 0,
+        worker_count: int | str | AutoWorkers = 0,
         worker_buffer_size: int = 2,
         shard_options: ShardOptions | None = None,
         read_options: ReadOptions | None = None,
@@ -138,7 +143,7 @@ class DataLoader:
             raise TypeError(f"read_options must be a ReadOptions, got {read_options!r}")
         if worker_init_fn is not None and not callable(worker_init_fn):
             raise TypeError(f"worker_init_fn must be callable, got {worker_init_fn!r}")
-        self.worker_count = check_int("worker_count", worker_count, 0)
+        self.worker_count = check_worker_count("worker_count", worker_count)
         self.worker_buffer_size = check_int("worker_buffer_size", worker_buffer_size, 1)
         self.read_options = read_options
         self.worker_init_fn = worker_init_fn

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import os
 from typing import Any
 
 # How long a worker may compute one unit before the loader logs it as stuck.
@@ -74,13 +75,96 @@ class ReadOptions:
             check_int("ReadOptions.unit_size", self.unit_size, 1)
 
 
+def _check_fraction(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise ValueError(f"{name} must be a fraction in [0, 1), got {value!r}")
+    return float(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoWorkers:
+    """``worker_count="auto"``, tuned: the pool picks its own number of workers.
+
+    It starts ``initial`` workers and, every ``interval_s`` while the consumer iterates,
+    adds workers when the consumer waited for batches (as many as the wait says are
+    missing, at most doubling) and retires idle ones (keeping one spare) when it did
+    not wait for two intervals in a row, between ``min_workers`` and ``max_workers``.
+    It adds a worker only while the machine keeps ``min_free_memory`` of its memory
+    available after it (the worker's private memory and its result blocks, measured)
+    and its result blocks fit in ``max_shm_share`` of the free ``/dev/shm``. Buffers
+    follow: ``worker_buffer_size`` units in flight per worker. The output is the same
+    whatever the count, so workers come and go mid-epoch without changing a batch.
+
+    Args:
+        min_workers: never fewer (at least 1).
+        max_workers: never more (None: the CPUs this process may use).
+        initial: workers at the start (None: half of ``max_workers``, at least 1).
+        interval_s: how often the count is reconsidered.
+        min_free_memory: share of the machine's memory left available.
+        max_shm_share: share of the free ``/dev/shm`` the added blocks may take.
+
+    ``worker_init_fn(index, count)`` receives ``max_workers`` as ``count``.
+
+    Example:
+        >>> AutoWorkers(max_workers=8).bounds(cpus=16)
+        (1, 8, 4)
+    """
+
+    min_workers: int = 1
+    max_workers: int | None = None
+    initial: int | None = None
+    interval_s: float = 0.5
+    min_free_memory: float = 0.2
+    max_shm_share: float = 0.5
+
+    def __post_init__(self) -> None:
+        check_int("AutoWorkers.min_workers", self.min_workers, 1)
+        if self.max_workers is not None:
+            check_int("AutoWorkers.max_workers", self.max_workers, self.min_workers)
+        if self.initial is not None:
+            check_int("AutoWorkers.initial", self.initial, self.min_workers)
+            if self.max_workers is not None and self.initial > self.max_workers:
+                raise ValueError(
+                    f"AutoWorkers.initial={self.initial} is above max_workers={self.max_workers}"
+                )
+        check_seconds("AutoWorkers.interval_s", self.interval_s)
+        _check_fraction("AutoWorkers.min_free_memory", self.min_free_memory)
+        _check_fraction("AutoWorkers.max_shm_share", self.max_shm_share)
+
+    def bounds(self, cpus: int) -> tuple[int, int, int]:
+        """``(low, high, initial)`` on a machine with ``cpus`` usable CPUs."""
+        high = self.max_workers if self.max_workers is not None else max(self.min_workers, cpus)
+        start = self.initial if self.initial is not None else max(self.min_workers, high // 2)
+        return self.min_workers, high, min(start, high)
+
+
+def check_worker_count(name: str, value: Any) -> int | AutoWorkers:
+    """An integer >= 0, or ``"auto"`` (then :class:`AutoWorkers`), else a ValueError."""
+    if value == "auto":
+        return AutoWorkers()
+    if isinstance(value, AutoWorkers):
+        return value
+    if isinstance(value, str):
+        raise ValueError(f'{name} must be an integer >= 0 or "auto", got {value!r}')
+    return check_int(name, value, 0)
+
+
+def most_workers(value: int | str | AutoWorkers) -> int:
+    """The most workers a ``worker_count`` may run at once (for sizing buffers)."""
+    count = check_worker_count("worker_count", value)
+    if isinstance(count, AutoWorkers):
+        return count.bounds(len(os.sched_getaffinity(0)))[1]
+    return count
+
+
 @dataclasses.dataclass(frozen=True)
 class MultiprocessingOptions:
     """How many worker processes compute the stream, and how far ahead.
 
     Args:
-        num_workers: child processes (0: compute in this process). The output is the
-            same for every value.
+        num_workers: child processes (0: compute in this process), or ``"auto"`` (or an
+            :class:`AutoWorkers`): the pool picks and changes it as it runs. The output
+            is the same for every value.
         per_worker_buffer_size: work units (a batch each, usually) in flight per worker.
 
     Example:
@@ -88,11 +172,11 @@ class MultiprocessingOptions:
         MultiprocessingOptions(num_workers=2, per_worker_buffer_size=2)
     """
 
-    num_workers: int = 0
+    num_workers: int | str | AutoWorkers = 0
     per_worker_buffer_size: int = 2
 
     def __post_init__(self) -> None:
-        check_int("MultiprocessingOptions.num_workers", self.num_workers, 0)
+        check_worker_count("MultiprocessingOptions.num_workers", self.num_workers)
         check_int("MultiprocessingOptions.per_worker_buffer_size", self.per_worker_buffer_size, 1)
 
 

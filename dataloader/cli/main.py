@@ -38,6 +38,7 @@ from dataloader.cli.progress import Progress
 from dataloader.engine.stats import sorted_stages
 from dataloader.errors import ConfigError
 from dataloader.operations import FilterTransform, FlatMapTransform
+from dataloader.options import AutoWorkers
 from dataloader.samplers.sharding import shard_length
 from dataloader.sources.record_files import FORMATS
 
@@ -106,12 +107,13 @@ def _expected_batches(loader: Any, limit: int | None) -> int | None:
 
 def report(
     stats: dict[str, Any], batches: int, records: int, elapsed: float, first_batch_s: float | None,
-    workers: int,
+    workers: int | AutoWorkers,
 ) -> str:
     """The summary ``run`` prints: throughput, first batch and where the time went."""
     share = f"{stats['wait_s'] / elapsed:.0%}" if elapsed > 0 else "0%"
+    pool = "the auto-sized pool" if isinstance(workers, AutoWorkers) else f"{workers} worker(s)"
     waited = (
-        f"waiting        {stats['wait_s']:.2f} s blocked on {workers} worker(s) ({share} of the run)"
+        f"waiting        {stats['wait_s']:.2f} s blocked on {pool} ({share} of the run)"
         if workers else f"computing      {stats['wait_s']:.2f} s in this process, no workers ({share} of the run)"
     )
     lines = [

@@ -18,7 +18,7 @@ the returned :class:`PipelineConfig` builds the loader::
       - map: mypkg.decode
       - batch: {batch_size: 64, drop_remainder: true}
     loader:
-      worker_count: 2
+      worker_count: 2                # or auto; auto_workers: {max_workers: 8} tunes it
       worker_buffer_size: 2
       warm_start: true
       stall_warning_s: 60            # log a unit stuck this long in a worker (null: never)
@@ -59,7 +59,7 @@ from dataloader.config.overrides import OverrideError, apply_overrides
 from dataloader.errors import ConfigError
 from dataloader.loader import DataLoader
 from dataloader.operations import RandomMapTransform
-from dataloader.options import DEFAULT_STALL_WARNING_S, ReadOptions
+from dataloader.options import DEFAULT_STALL_WARNING_S, AutoWorkers, ReadOptions
 from dataloader.samplers import IndexSampler, NoSharding, ShardByJaxProcess, ShardOptions
 from dataloader.sources import expand_paths
 
@@ -114,7 +114,7 @@ class SamplerConfig:
 class LoaderConfig:
     """``loader:``: worker processes and buffers (none of it changes the output)."""
 
-    worker_count: int = 0
+    worker_count: int | AutoWorkers = 0
     worker_buffer_size: int = 2
     warm_start: bool = True
     read_options: ReadOptions = dataclasses.field(default_factory=ReadOptions)
@@ -287,9 +287,10 @@ def _loader(section: Any) -> LoaderConfig:
     check.known_keys(
         where,
         section,
-        ("worker_count", "worker_buffer_size", "warm_start", "stall_warning_s", "unit_timeout_s", "read_options"),
+        ("worker_count", "auto_workers", "worker_buffer_size", "warm_start", "stall_warning_s",
+         "unit_timeout_s", "read_options"),
     )
-    workers = check.integer(f"{where}.worker_count", section.get("worker_count", 0), low=0)
+    workers = _worker_count(where, section)
     buffer = check.integer(f"{where}.worker_buffer_size", section.get("worker_buffer_size", 2), low=1)
     warm = check.boolean(f"{where}.warm_start", section.get("warm_start", True))
     stall = section.get("stall_warning_s", DEFAULT_STALL_WARNING_S)
@@ -314,6 +315,26 @@ def _loader(section: Any) -> LoaderConfig:
     except ValueError as error:
         raise check.fail(f"{where}.read_options", str(error)) from None
     return LoaderConfig(workers, buffer, warm, read_options, stall, timeout)
+
+
+def _worker_count(where: str, section: dict[str, Any]) -> int | AutoWorkers:
+    """``worker_count``: an integer >= 0, or ``auto``, tuned by an ``auto_workers:``
+    mapping of :class:`~dataloader.AutoWorkers` fields."""
+    value = section.get("worker_count", 0)
+    tuning = section.get("auto_workers")
+    if value != "auto":
+        if tuning is not None:
+            raise check.fail(f"{where}.auto_workers", "needs loader.worker_count: auto")
+        if isinstance(value, str):
+            raise check.fail(f"{where}.worker_count", f"expected an integer >= 0 or auto, got {value!r}")
+        return check.integer(f"{where}.worker_count", value, low=0)
+    fields = [f.name for f in dataclasses.fields(AutoWorkers)]
+    tuning = check.mapping(f"{where}.auto_workers", tuning)
+    check.known_keys(f"{where}.auto_workers", tuning, fields)
+    try:
+        return AutoWorkers(**tuning)
+    except (TypeError, ValueError) as error:
+        raise check.fail(f"{where}.auto_workers", str(error)) from None
 
 
 def _device(section: Any) -> DeviceConfig:

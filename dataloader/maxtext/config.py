@@ -12,7 +12,7 @@ key                            default         meaning
                                                (MaxText's ``,``; ``:`` works too)
 ``grain_eval_files``           ``""``          the same, for the eval pipeline (one pass)
 ``grain_file_type``            ``arrayrecord`` ``arrayrecord`` or ``parquet``
-``grain_worker_count``         1               worker processes (``_eval`` for eval)
+``grain_worker_count``         1               worker processes (``_eval`` for eval; -1: ``"auto"``)
 ``grain_per_worker_buffer_size``  1            work units in flight per worker
 ``grain_packing_type``         ``first_fit``   ``first_fit``, ``best_fit``, ``concat_then_split``
 ``packing``                    true            pack sequences into rows (else pad each)
@@ -108,8 +108,8 @@ class MaxTextConfig:
     train_files: str
     eval_files: str | None
     file_type: str
-    worker_count: int
-    worker_count_eval: int
+    worker_count: int | str
+    worker_count_eval: int | str
     per_worker_buffer_size: int
     per_worker_buffer_size_eval: int
     packing: bool
@@ -215,16 +215,16 @@ def parse_maxtext_config(
     if eval_files is not None and eval_files != "":
         check.string("grain_eval_files", eval_files)
     segments = check.integer("max_segments_per_seq", v["max_segments_per_seq"])
-    for key in ("grain_worker_count", "grain_worker_count_eval"):
-        if v[key] == -1:
-            raise check.fail(key, "-1 (MaxText's auto-tuning) is not supported; give a number of "
-                                  "worker processes (the batches do not depend on it)")
+    # MaxText's -1 asks for auto-tuning: here worker_count="auto" (the batches do not
+    # depend on the count).
+    workers = {key: "auto" if v[key] == -1 else check.integer(key, v[key], low=0)
+               for key in ("grain_worker_count", "grain_worker_count_eval")}
     return MaxTextConfig(
         train_files=check.string("grain_train_files", v["grain_train_files"]),
         eval_files=eval_files or None,
         file_type=check.string("grain_file_type", v["grain_file_type"], choices=FILE_TYPES),
-        worker_count=check.integer("grain_worker_count", v["grain_worker_count"], low=0),
-        worker_count_eval=check.integer("grain_worker_count_eval", v["grain_worker_count_eval"], low=0),
+        worker_count=workers["grain_worker_count"],
+        worker_count_eval=workers["grain_worker_count_eval"],
         per_worker_buffer_size=check.integer("grain_per_worker_buffer_size", v["grain_per_worker_buffer_size"], low=1),
         per_worker_buffer_size_eval=check.integer(
             "grain_per_worker_buffer_size_eval", v["grain_per_worker_buffer_size_eval"], low=1),

@@ -130,7 +130,7 @@ def _records(config: MaxTextConfig, files: str, *, shuffle: bool, num_epochs: in
 
 def _pipeline(config: MaxTextConfig, *, files: str, column: str, tokenize: bool, shuffle: bool,
               num_epochs: int | None, batch_size: int, pad_last: bool, shard_options: ShardOptions,
-              workers: int, buffer_size: int, tok: Tokenize | None) -> IterDataset:
+              workers: int | str, buffer_size: int, tok: Tokenize | None) -> IterDataset:
     ds = _records(config, files, shuffle=shuffle, num_epochs=num_epochs)
     ds = ds.map(TextOf(config.record_format, column))
     if tokenize:

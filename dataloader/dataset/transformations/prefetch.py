@@ -20,7 +20,7 @@ from typing import Any
 from dataloader.dataset.base import DatasetIterator, IterDataset
 from dataloader.dataset.context import workers
 from dataloader.engine.stages.prefetch import ThreadPrefetchDatasetIterator
-from dataloader.options import MultiprocessingOptions, check_int
+from dataloader.options import MultiprocessingOptions, check_int, most_workers
 
 
 class ThreadPrefetchIterDataset(IterDataset):
@@ -74,7 +74,7 @@ class MultiprocessPrefetchIterDataset(IterDataset):
     def __iter__(self) -> DatasetIterator:
         with workers(self.options, self.worker_init_fn):
             inner = iter(self._parent)
-        size = max(2, self.options.num_workers * self.options.per_worker_buffer_size)
+        size = max(2, most_workers(self.options.num_workers) * self.options.per_worker_buffer_size)
         return ThreadPrefetchDatasetIterator(inner, size)
 
     def __repr__(self) -> str:

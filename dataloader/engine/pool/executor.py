@@ -50,6 +50,7 @@ import cloudpickle
 
 from dataloader.engine.compute import UnitResult, compute_unit, record_index
 from dataloader.engine.plan import Plan
+from dataloader.engine.pool import autoscale
 from dataloader.engine.pool import zygote as fork_server
 from dataloader.engine.pool.messages import (
     Done,
@@ -63,6 +64,7 @@ from dataloader.engine.pool.messages import (
 )
 from dataloader.engine.pool.process import WorkerProcess, startup_cpus, stop_all, worker_env
 from dataloader.engine.pool.progress import Board
+from dataloader.engine.pool.shm import shm_free_bytes
 from dataloader.engine.pool.stalls import StallWatch, Stuck
 from dataloader.engine.pool.transport import Transport
 from dataloader.engine.pool.window import Outcome, Window
@@ -72,6 +74,7 @@ from dataloader.errors import (
     WorkerCrashError,
     WorkerError,
 )
+from dataloader.options import AutoWorkers
 
 MAX_CRASHES = 3
 CLOSE_WAIT_S = 1.0  # how long close() waits for a next() in progress to give way
@@ -84,6 +87,7 @@ class _Resources:
 
     def __init__(self, worker_count: int, plan_bytes: bytes) -> None:
         self.workers: list[WorkerProcess] = []
+        self.retired: list[WorkerProcess] = []  # stopped by the autoscaler, not yet reaped
         self.transport = Transport()
         self.zygote: fork_server.Zygote | None = None
         if fork_server.ENABLED:
@@ -106,8 +110,9 @@ class _Resources:
 
 def _release(res: _Resources) -> None:
     """Stops every child within a bounded time and unlinks every block."""
-    stop_all(res.workers)
+    stop_all([*res.workers, *res.retired])
     res.workers.clear()
+    res.retired.clear()
     if res.zygote is not None:
         res.zygote.close()
     res.transport.close()
@@ -168,7 +173,9 @@ class PoolExecutor:
         plan: the pipeline's plan; ``plan_bytes`` its pickled form (made once, at
             loader construction, so an unpicklable operation fails early).
         position: the local position to start from.
-        worker_count, buffer_size: processes, and units in flight per process.
+        worker_count, buffer_size: processes, and units in flight per process. An
+            :class:`~dataloader.options.AutoWorkers`: the count changes as the pool
+            runs (:mod:`~dataloader.engine.pool.autoscale`).
         init_fn: ``f(worker_index, worker_count)`` run in each child before work.
         warm_start: compute the first unit in this process if no worker is ready yet
             (not with ``unit_timeout_s``: a unit computed here cannot be timed out).
@@ -184,7 +191,7 @@ class PoolExecutor:
         plan_bytes: bytes,
         position: int,
         *,
-        worker_count: int,
+        worker_count: int | AutoWorkers,
         buffer_size: int,
         init_fn: Any = None,
         warm_start: bool = True,
@@ -195,8 +202,17 @@ class PoolExecutor:
         self._plan_bytes = plan_bytes
         self._init_fn = cloudpickle.dumps(init_fn)
         self._warm_start = warm_start and unit_timeout_s is None
-        self._worker_count = worker_count
-        self._window = Window(worker_count * buffer_size, buffer_size)
+        self._scaler: autoscale.Scaler | None = None
+        if isinstance(worker_count, AutoWorkers):
+            self._auto = worker_count
+            self._scaler = autoscale.Scaler(worker_count, autoscale.usable_cpus(), time.monotonic())
+            # Slots (progress board, worker indices) for the most workers there may be.
+            self._worker_count, self._initial = self._scaler.high, self._scaler.initial
+        else:
+            self._worker_count = self._initial = worker_count
+        self._buffer = buffer_size
+        self.worker_counts: list[tuple[float, int]] = []  # (time.monotonic(), count) at each change
+        self._window = Window(self._initial * buffer_size, buffer_size)
         self._watch = StallWatch(plan, stall_warning_s, unit_timeout_s)
         self._lock = threading.Lock()
         self._closing = False
@@ -228,11 +244,14 @@ class PoolExecutor:
         # once. Without a fork server, while the parent computes the warm unit, start
         # only as many workers as leave it a core of its own (their imports take ~0.3 s
         # of CPU each); the rest start once the warm unit is done or a worker is ready.
-        now = self._worker_count
+        now = self._initial
         if self._warm_pending and self._res.zygote is None:
             now = max(1, min(now, len(os.sched_getaffinity(0)) - 1))
+        self._window.size = self._initial * self._buffer
         self._res.workers = [self._spawn(i) for i in range(now)]
-        self._deferred = list(range(now, self._worker_count))
+        self._deferred = list(range(now, self._initial))
+        self.worker_counts.append((time.monotonic(), self._initial))
+        self._worker_bytes = 0  # private memory of one worker, measured once one is ready
 
     def _spawn_deferred(self) -> None:
         while self._deferred and not self._closing:
@@ -315,11 +334,19 @@ class PoolExecutor:
             if now >= self._next_check:
                 self._next_check = now + self._watch.interval
                 self._check_stalls()
+            if self._scaler is not None:
+                self._autoscale(now)
             outcome = window.take_head()
             if outcome is not None:
                 if outcome.error is not None:
                     self._finalizer()  # an error ends the stream; every child is stopped (lock held)
                     raise outcome.error
+                # Keep the workers fed while the consumer eats what is buffered: take in
+                # the answers already there and hand out the room just freed (else the
+                # room waits for the next call that finds the head missing, and the
+                # consumer of a slow training step waits for a unit sent too late).
+                self._wait(0)
+                self._dispatch()
                 return outcome.value
             if window.finished:
                 raise StopIteration
@@ -332,7 +359,12 @@ class PoolExecutor:
                 self._warm_pending = False
                 self._compute_inline(window.head)
                 continue
-            self._wait(self._watch.interval)
+            if self._scaler is None:
+                self._wait(self._watch.interval)
+            else:
+                started = time.monotonic()
+                self._wait(self._watch.interval)
+                self._scaler.waited(time.monotonic() - started)
 
     def _closed_error(self) -> LoaderClosedError:
         return LoaderClosedError(
@@ -359,7 +391,7 @@ class PoolExecutor:
 
     def _dispatch(self) -> None:
         window, transport = self._window, self._res.transport
-        ready = {w.key: w for w in self._res.workers if w.ready}
+        ready = {w.key: w for w in self._res.workers if w.ready and not w.retiring}
         while ready:
             key = window.pick_worker(ready)
             if key is None:
@@ -415,6 +447,8 @@ class PoolExecutor:
         value, size = transport.receive(entry.token, message, nbytes)
         transport.note_size(size, self._blocks_needed())
         window.finish(entry.unit, Outcome(value))
+        if w.retiring and not window.held(w.key):
+            self._stop_retired(w)
 
     def _check_stalls(self) -> None:
         board = self._res.board
@@ -461,7 +495,81 @@ class PoolExecutor:
         for unit, error in errors:
             self._window.finish(unit, Outcome(None, error))
         i = self._res.workers.index(w)
+        if w.retiring:  # it was leaving anyway: its units went back to the others
+            del self._res.workers[i]
+            return
         self._res.workers[i] = self._spawn(w.index)
+
+    # -- worker_count="auto" ---------------------------------------------------------------
+
+    def _autoscale(self, now: float) -> None:
+        """Samples the idle workers and, once per interval, adds or retires some."""
+        scaler, window = self._scaler, self._window
+        assert scaler is not None
+        live = [w for w in self._res.workers if not w.retiring]
+        starting = bool(self._deferred) or not all(w.ready for w in live)
+        if not window.exhausted:
+            scaler.sample(sum(1 for w in live if w.ready and not window.held(w.key)))
+        change = scaler.decide(now, len(live), starting, lambda: self._room(live))
+        if change > 0:
+            self._add_workers(change)
+        elif change < 0:
+            self._retire_workers(live, -change)
+        if change:
+            self.worker_counts.append((now, len(live) + change))
+            logger.info("granary: worker_count auto: %d -> %d workers", len(live), len(live) + change)
+        self._reap_retired()
+
+    def _room(self, live: list[WorkerProcess]) -> int:
+        assert self._scaler is not None
+        if not self._worker_bytes and live and live[0].ready:
+            self._worker_bytes = autoscale.private_bytes(live[0].pid)
+        transport = self._res.transport
+        use_shm = transport.use_shm
+        return autoscale.room(
+            self._auto,
+            self._worker_bytes,
+            self._buffer + 1,
+            transport.blocks.target_size if use_shm else 0,
+            shm_free_bytes() if use_shm else None,
+        )
+
+    def _add_workers(self, count: int) -> None:
+        used = {w.index for w in self._res.workers}
+        free = [i for i in range(self._worker_count) if i not in used]
+        for index in free[:count]:
+            self._res.workers.append(self._spawn(index))
+            self._window.size += self._buffer
+
+    def _retire_workers(self, live: list[WorkerProcess], count: int) -> None:
+        """Stops giving ``count`` workers units (the highest indices); each stops once
+        it has answered what it holds."""
+        for w in sorted(live, key=lambda w: -w.index)[:count]:
+            w.retiring = True
+            self._window.size -= self._buffer
+            if not self._window.held(w.key):
+                self._stop_retired(w)
+
+    def _stop_retired(self, w: WorkerProcess) -> None:
+        """A retiring worker holds no unit: close its task pipe (it exits) and forget it;
+        it is reaped later (:meth:`_reap_retired`) so that this call does not wait."""
+        fd = w.results.fileno()
+        self._poller.unregister(fd)
+        del self._by_fd[fd]
+        self._window.remove_worker(w.key)
+        self._res.workers.remove(w)
+        with contextlib.suppress(OSError):
+            w.tasks.close()
+        self._res.retired.append(w)
+
+    def _reap_retired(self) -> None:
+        for w in list(self._res.retired):
+            try:
+                w.proc.wait(0)
+            except Exception:  # still exiting (subprocess.TimeoutExpired): next time
+                continue
+            w.close_pipes()
+            self._res.retired.remove(w)
 
     def _drop_zygote(self) -> None:
         if self._res.zygote is not None:

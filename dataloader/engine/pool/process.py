@@ -105,6 +105,7 @@ class WorkerProcess:
         self.index = index
         self.key = next(_KEYS)  # unique for the life of this process (pids are not)
         self.ready = False
+        self.retiring = False  # gets no more units; stops once it has answered all it holds
         task_r, task_w = os.pipe()
         res_r, res_w = os.pipe()
         self.proc: subprocess.Popen[bytes] | ForkedChild

@@ -160,6 +160,11 @@ class Window:
         return len(self._done)
 
     @property
+    def exhausted(self) -> bool:
+        """The plan has no unit left to hand out (the end of the stream is in sight)."""
+        return self._exhausted and not self._redo
+
+    @property
     def finished(self) -> bool:
         """Every unit of the stream was handed to the consumer."""
         return self._exhausted and self.head >= self.created and not self._redo

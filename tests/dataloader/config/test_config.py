@@ -172,6 +172,26 @@ def test_bad_stall_settings_name_the_key(override, message):
         parse_config(base(), [override])
 
 
+def test_worker_count_auto_and_its_tuning_reach_the_loader():
+    config = parse_config(base(), ["loader.worker_count=auto", "loader.auto_workers.max_workers=3"])
+    assert config.loader.worker_count == dl.AutoWorkers(max_workers=3)
+    assert config.build_loader().worker_count == dl.AutoWorkers(max_workers=3)
+    assert parse_config(base(), ["loader.worker_count=auto"]).loader.worker_count == dl.AutoWorkers()
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    (["loader.worker_count=many"], r"^loader\.worker_count: expected an integer >= 0 or auto, got 'many'$"),
+    (["loader.auto_workers.max_workers=3"], r"^loader\.auto_workers: needs loader\.worker_count: auto$"),
+    (["loader.worker_count=auto", "loader.auto_workers.most=3"],
+     r"^loader\.auto_workers\.most: unknown key; expected one of min_workers, max_workers, "),
+    (["loader.worker_count=auto", "loader.auto_workers.min_workers=0"],
+     r"^loader\.auto_workers: AutoWorkers\.min_workers must be an integer >= 1, got 0$"),
+])
+def test_bad_auto_workers_name_the_key(override, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_config(base(), override)
+
+
 def test_unknown_key_names_the_key_and_the_known_ones():
     with pytest.raises(ConfigError, match=r"^loader\.workers: unknown key; expected one of worker_count, "):
         parse_config(base(), ["loader.workers=2"])

@@ -24,12 +24,16 @@ def test_overrides_are_maxtexts_key_value(base_keys):
     assert (config.packing, config.max_target_length, config.num_epoch) == (False, 64, None)
 
 
+def test_maxtexts_minus_one_worker_count_is_auto(base_keys):
+    config = parse_maxtext_config({**base_keys, "grain_worker_count": -1, "grain_worker_count_eval": 2})
+    assert (config.worker_count, config.worker_count_eval) == ("auto", 2)
+
+
 @pytest.mark.parametrize(("change", "message"), [
     ({"grain_train_fles": "x"}, r"grain_train_fles: unknown key; did you mean grain_train_files\?"),
     ({"grain_file_type": "tfrecord"}, r"grain_file_type: expected one of arrayrecord, parquet, got 'tfrecord'"),
     ({"grain_packing_type": "greedy"}, r"grain_packing_type: expected one of first_fit, best_fit, concat_then_split"),
     ({"max_target_length": "2k"}, r"max_target_length: expected an integer, got '2k'"),
-    ({"grain_worker_count": -1}, r"grain_worker_count: -1 \(MaxText's auto-tuning\) is not supported"),
     ({"grain_worker_count": -2}, r"grain_worker_count: expected an integer >= 0, got -2"),
     ({"tokenizer_path": ""}, r"tokenizer_path: missing; this key is required"),
     ({"per_device_batch_size": 0}, r"per_device_batch_size: expected a number > 0, got 0"),

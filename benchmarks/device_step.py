@@ -19,7 +19,10 @@ Feeds:
 * ``device_prefetch``: ``dl.device_prefetch(loader, device)``.
 
 It also reports the loader's throughput alone against the step's demand (batch size
-over step time): the target is under 2% waiting whenever throughput exceeds demand.
+over step time): the target is under 1% waiting whenever throughput exceeds demand;
+the time from building the loader to its first batch on the device, with and without
+the queue; and the bytes/s of ``device_prefetch`` against a bare ``jax.device_put``
+loop over the same host batches (``--transfer-mb`` each).
 
     python benchmarks/device_step.py                      # defaults below
     python benchmarks/device_step.py --map-us 150         # a loader slower than the step
@@ -177,6 +180,52 @@ def run(step, args, rounds: int, with_queue: bool) -> dict:
             "rate": args.steps * args.batch / wall, "ms_step": wall / args.steps * 1e3}
 
 
+def first_batch(args, rounds: int, with_queue: bool) -> float:
+    """Seconds from building the loader to its first batch ready on the device."""
+    device = jax.local_devices()[0]
+    start = time.perf_counter()
+    loader = make_loader(args, rounds)
+    if with_queue:
+        it = dl.device_prefetch(loader, device, cpu_buffer_size=args.cpu_buffer,
+                                device_buffer_size=args.device_buffer)
+        batch = next(it)
+    else:
+        it = iter(loader)
+        batch = jax.device_put(next(it), device)
+    jax.block_until_ready(batch)
+    seconds = time.perf_counter() - start
+    it.close()
+    return seconds
+
+
+def transfer_rates(args) -> tuple[float, float, int]:
+    """Bytes/s into the device of the same host batches: a bare ``jax.device_put`` loop
+    (all issued, then waited for) against ``device_prefetch`` consumed by a loop that
+    waits for each batch."""
+    device = jax.local_devices()[0]
+    rows = max(1, int(args.transfer_mb * 2**20 / (4 * args.dim)))
+    rng = np.random.default_rng(0)
+    batches = [{"x": rng.standard_normal((rows, args.dim), dtype=np.float32),
+                "label": np.arange(rows, dtype=np.int32)} for _ in range(8)]
+    nbytes = sum(leaf.nbytes for leaf in batches[0].values())
+    count = args.transfer_batches
+
+    def stream():
+        return (batches[i % len(batches)] for i in range(count))
+
+    jax.block_until_ready(jax.device_put(batches[0], device))  # warm the transfer path
+    start = time.perf_counter()
+    jax.block_until_ready([jax.device_put(b, device) for b in stream()])
+    bare = count * nbytes / (time.perf_counter() - start)
+    start = time.perf_counter()
+    with dl.device_prefetch(stream(), device, cpu_buffer_size=args.cpu_buffer,
+                            device_buffer_size=args.device_buffer) as it:
+        for batch in it:
+            jax.block_until_ready(batch)
+    fed = count * nbytes / (time.perf_counter() - start)
+    return bare, fed, nbytes
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", type=int, default=64)
@@ -189,6 +238,9 @@ def main() -> None:
     parser.add_argument("--cpu-buffer", type=int, default=2)
     parser.add_argument("--device-buffer", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=2, help="rounds over the rows")
+    parser.add_argument("--transfer-mb", type=float, default=12.6,
+                        help="size of the batches of the transfer rows (the issue's 12.6 MB)")
+    parser.add_argument("--transfer-batches", type=int, default=200)
     parser.add_argument("--steps-kind", default="matmul,host-free",
                         help="matmul: XLA on this CPU, sharing its cores with the loader; "
                              "host-free: a step that leaves the host idle, as on an accelerator")
@@ -210,6 +262,13 @@ def main() -> None:
     print(f"{'step':<10}{'feed':<32}{'wait %':>8}{'p50 ms':>8}{'p90 ms':>8}"
           f"{'ms/step':>9}{'records/s':>11}")
     for _ in range(args.repeat):
+        plain, queued = first_batch(args, rounds, False), first_batch(args, rounds, True)
+        print(f"first batch on the device: loader + device_put {plain:.3f} s, "
+              f"device_prefetch {queued:.3f} s ({queued / plain:.2f}x)")
+        bare, fed, nbytes = transfer_rates(args)
+        print(f"transfer of {nbytes / 2**20:.1f} MiB batches: bare jax.device_put loop "
+              f"{bare / 2**30:.2f} GiB/s, device_prefetch {fed / 2**30:.2f} GiB/s "
+              f"({fed / bare:.2f}x)")
         for kind in args.steps_kind.split(","):
             for name, with_queue in rows:
                 r = run(steps[kind], args, rounds, with_queue)

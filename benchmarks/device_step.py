@@ -200,8 +200,8 @@ def first_batch(args, rounds: int, with_queue: bool) -> float:
 
 def transfer_rates(args) -> tuple[float, float, int]:
     """Bytes/s into the device of the same host batches: a bare ``jax.device_put`` loop
-    (all issued, then waited for) against ``device_prefetch`` consumed by a loop that
-    waits for each batch."""
+    (``device_buffer`` transfers in flight) against ``device_prefetch`` consumed by a
+    loop that waits for each batch."""
     device = jax.local_devices()[0]
     rows = max(1, int(args.transfer_mb * 2**20 / (4 * args.dim)))
     rng = np.random.default_rng(0)
@@ -214,8 +214,14 @@ def transfer_rates(args) -> tuple[float, float, int]:
         return (batches[i % len(batches)] for i in range(count))
 
     jax.block_until_ready(jax.device_put(batches[0], device))  # warm the transfer path
+    depth = args.device_buffer
     start = time.perf_counter()
-    jax.block_until_ready([jax.device_put(b, device) for b in stream()])
+    in_flight: list = []
+    for batch in stream():  # as many transfers in flight as the feed's device buffer
+        in_flight.append(jax.device_put(batch, device))
+        if len(in_flight) > depth:
+            jax.block_until_ready(in_flight.pop(0))
+    jax.block_until_ready(in_flight)
     bare = count * nbytes / (time.perf_counter() - start)
     start = time.perf_counter()
     with dl.device_prefetch(stream(), device, cpu_buffer_size=args.cpu_buffer,
@@ -262,8 +268,9 @@ def main() -> None:
     print(f"{'step':<10}{'feed':<32}{'wait %':>8}{'p50 ms':>8}{'p90 ms':>8}"
           f"{'ms/step':>9}{'records/s':>11}")
     for _ in range(args.repeat):
-        plain, queued = first_batch(args, rounds, False), first_batch(args, rounds, True)
-        print(f"first batch on the device: loader + device_put {plain:.3f} s, "
+        plain = float(np.median([first_batch(args, rounds, False) for _ in range(7)]))
+        queued = float(np.median([first_batch(args, rounds, True) for _ in range(7)]))
+        print(f"first batch on the device (median of 7): loader + device_put {plain:.3f} s, "
               f"device_prefetch {queued:.3f} s ({queued / plain:.2f}x)")
         bare, fed, nbytes = transfer_rates(args)
         print(f"transfer of {nbytes / 2**20:.1f} MiB batches: bare jax.device_put loop "

@@ -28,6 +28,7 @@ import contextlib
 import copy
 import queue
 import threading
+import time
 import weakref
 from collections import deque
 from typing import Any
@@ -75,10 +76,16 @@ class _Feed:
             threading.Thread(target=self._read, name=f"{THREAD_PREFIX}-read", daemon=True),
             threading.Thread(target=self._transfer, name=f"{THREAD_PREFIX}-transfer", daemon=True),
         ]
+        # Both threads wait for `go` until both are started: a read thread computing its
+        # first batch holds the GIL, and Thread.start() (which waits for the new thread)
+        # then waited up to the interpreter's 5 ms switch interval for it, twice.
+        self._go = threading.Event()
         for thread in self.threads:
             thread.start()
+        self._go.set()
 
     def _read(self) -> None:
+        self._go.wait()
         try:
             while not self.stopping.is_set():
                 try:
@@ -89,10 +96,15 @@ class _Feed:
                 state = self._state() if self._state else None
                 if not self._put(self.host, (BATCH, self._placement.check(batch), state)):
                     return
+                # Give the GIL up now, so the transfer thread issues this batch's
+                # transfer at once rather than after up to the interpreter's 5 ms
+                # switch interval of this thread computing the next one (~1 us).
+                time.sleep(0)
         except BaseException as e:  # handed to the consumer, with its type
             self._put(self.host, (ERROR, e, None))
 
     def _transfer(self) -> None:
+        self._go.wait()
         kind = BATCH
         while kind == BATCH:
             if not self._wait_for_space():

@@ -124,7 +124,12 @@ class DataLoaderIterator(DatasetIterator[Any]):
         return totals
 
     def _stats_pipeline(self) -> dict[str, Any]:
-        return dict(self._pipeline)
+        pipeline = dict(self._pipeline)
+        if self._stats.pipe_units:  # for the advice: how much room /dev/shm has
+            from dataloader.engine.pool.shm import shm_free_bytes
+
+            pipeline["shm_free_mb"] = shm_free_bytes() / 2**20
+        return pipeline
 
     @property
     def unit_stats(self) -> Stats:

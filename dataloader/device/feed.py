@@ -384,6 +384,9 @@ class DeviceIterator:
         """The queues' depths at each of the last ``DEPTH_SAMPLES`` steps (for reports)."""
         return list(self._res.counters.depths)
 
+    def _stats_parents(self) -> list[Any]:
+        return [self._res.source]
+
     def _stats_totals(self) -> dict[str, Any]:
         source = self._res.source
         totals = source._stats_totals() if hasattr(source, "_stats_totals") else empty_totals()

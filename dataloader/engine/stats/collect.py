@@ -125,3 +125,16 @@ def stats_of(it: Any, queues: dict[str, Any] | None = None) -> dict[str, Any]:
         pipeline=it._stats_pipeline(),
         queues=queues,
     )
+
+
+def engines(it: Any) -> list[Any]:
+    """The loader iterators (with ``unit_stats``) under ``it``, ``it`` included, in order."""
+    found: list[Any] = []
+    stack = [it]
+    while stack:
+        node = stack.pop()
+        if hasattr(node, "unit_stats"):
+            found.append(node)
+        elif hasattr(node, "_stats_parents"):
+            stack.extend(reversed(list(node._stats_parents())))
+    return found

@@ -134,4 +134,6 @@ def describe_value(value: Any) -> str:
         return "[" + ", ".join(describe_value(v) for v in value[:4]) + (", ..." if len(value) > 4 else "") + "]"
     if isinstance(value, np.ndarray):
         return _array(value)
+    if isinstance(value, np.generic):
+        return f"{value.dtype} {value.item()!r}"
     return repr(value)[:200]

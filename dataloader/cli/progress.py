@@ -28,7 +28,8 @@ class Progress:
         unit: what is counted ("records", "batches").
         stream: where to draw; stderr by default.
         log_every_s: seconds between lines when ``stream`` is not a terminal.
-        detail: called at each redraw; its text ends the line (after ``|``) when not empty.
+        detail: called at each redraw; its text ends the line (after ``|``, in place of
+            the count's rate) when not empty.
     """
 
     WIDTH = 30
@@ -62,16 +63,16 @@ class Progress:
 
     def line(self) -> str:
         elapsed = max(time.perf_counter() - self.started, 1e-9)
-        rate = f"{self.count / elapsed:,.0f} {self.unit}/s"
+        extra = self.detail() if self.detail is not None else ""
+        # The detail has the rates of the last seconds; the count's own rate, since the
+        # start, is shown only without it.
+        rate = f" | {extra}" if extra else f" {self.count / elapsed:,.0f} {self.unit}/s"
         if self.total:
             done = min(self.count / self.total, 1.0)
             filled = int(done * self.WIDTH)
             bar = "#" * filled + "." * (self.WIDTH - filled)
-            text = f"{self.label} [{bar}] {self.count:,}/{self.total:,} {self.unit} {rate}"
-        else:
-            text = f"{self.label} {self.count:,} {self.unit} {rate}"
-        extra = self.detail() if self.detail is not None else ""
-        return f"{text} | {extra}" if extra else text
+            return f"{self.label} [{bar}] {self.count:,}/{self.total:,} {self.unit}{rate}"
+        return f"{self.label} {self.count:,} {self.unit}{rate}"
 
     def _draw(self, final: bool) -> None:
         if self._tty:

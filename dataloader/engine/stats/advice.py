@@ -9,7 +9,9 @@ earlier. The rules, in the order they are reported:
 * ``array_record_groups``: shuffled ArrayRecord files written with a group size above 1
   (each record decodes its group): rewrite them with ``group_size=1``.
 * ``io_wait``: the processes that compute units spend most of their time reading and
-  little of it on the CPU: they wait on I/O; read ahead in threads or add workers.
+  little of it on the CPU: they wait on I/O; read ahead in threads or add workers. Not
+  given when one of the two rules above names the reading's cause (pyarrow decodes in
+  threads of its own, so Parquet reads look like waiting).
 * ``parent_bound``: this process spends more CPU per unit handing out tasks and
   receiving results than the workers need to compute them: fewer workers, bigger units.
 * ``shm_too_small``: results came through pipes, not shared memory.
@@ -88,12 +90,14 @@ def io_wait(stats: dict[str, Any]) -> Advice | None:
     share = _read_share(stats)
     if stats["units"] < MIN_UNITS or busy <= 0 or share < 0.5 or cpu / busy > 0.5:
         return None
+    if parquet_random_access(stats) or array_record_groups(stats):
+        return None
     who = "the workers" if _pool(stats) else "this process"
     count = stats["pipeline"].get("worker_count", 0)
+    more = f"worker_count={max(2, 2 * count)}" if isinstance(count, int) else "a larger worker_count"
     remedy = (
         f"read ahead in threads: ReadOptions(num_threads=8, prefetch_buffer_size=16) "
-        f"(worker_count=0), or use more workers than cores (worker_count={max(2, 2 * count)}) so "
-        f"their waits overlap"
+        f"(worker_count=0), or use more workers than cores ({more}) so their waits overlap"
     )
     return Advice(
         "io_wait",

@@ -8,6 +8,7 @@ import pytest
 
 import dataloader as dl
 from tests.dataloader.engine.test_stats import assert_shape
+from tests.dataloader.pipelines import SlowStorage
 from tests.integration import workers_pipelines as wp
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(120)]
@@ -20,23 +21,6 @@ def slow(x):
 
 def burn(x):
     return sum(i * i for i in range(20_000)) + x
-
-
-class SlowStorage:
-    """Records behind a 5 ms latency per read call, like a remote file system."""
-
-    def __init__(self, n):
-        self.n = n
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        return self.__getitems__([i])[0]
-
-    def __getitems__(self, keys):
-        time.sleep(0.005)
-        return [int(k) for k in keys]
 
 
 def consume(loader):
@@ -113,7 +97,7 @@ def test_workers_with_enough_to_do_are_not_parent_bound():
 
 
 def test_workers_waiting_on_io_say_read_threads_or_more_workers():
-    loader = dl.DataLoader(SlowStorage(320), dl.SequentialSampler(320), [dl.Batch(8)], worker_count=2)
+    loader = dl.DataLoader(SlowStorage(320, 0.005), dl.SequentialSampler(320), [dl.Batch(8)], worker_count=2)
     _, stats = consume(loader)
     advice = [a for a in dl.advise(stats) if a.rule == "io_wait"]
     assert len(advice) == 1

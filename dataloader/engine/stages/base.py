@@ -45,7 +45,7 @@ class DatasetIterator(Iterator[T], abc.ABC):
         super().__init_subclass__(**kwargs)
         own = cls.__dict__.get("__next__")
         if own is not None and not getattr(own, "_timed", False):
-            cls.__next__ = _timed(own)  # type: ignore[method-assign]
+            cls.__next__ = _timed(own)  # type: ignore[method-assign, assignment]
 
     def __init__(self, parents: DatasetIterator | Sequence[DatasetIterator] = ()) -> None:
         if isinstance(parents, Iterator) and not isinstance(parents, Sequence):

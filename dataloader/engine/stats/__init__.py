@@ -20,13 +20,13 @@ from dataloader.engine.stats.units import Counted, Stats, UnitRecord
 flatten_stats = flatten  # the public name (dl.flatten_stats)
 
 __all__ = [
+    "WINDOW_S",
     "Advice",
     "Clock",
     "Counted",
     "FilterWatch",
     "Stats",
     "UnitRecord",
-    "WINDOW_S",
     "advise",
     "flatten",
     "flatten_stats",

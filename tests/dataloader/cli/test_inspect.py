@@ -52,7 +52,7 @@ def test_inspect_stops_at_the_last_record_and_refuses_an_index_out_of_range(tmp_
         describe_array_records([str(tmp_path / "d.array_record")], index=2)
 
 
-@pytest.mark.parametrize("array, fmt, expected", [
+@pytest.mark.parametrize(("array", "fmt", "expected"), [
     (np.zeros((5, 7, 3), np.uint8), "PNG", "PNG image: shape (5, 7, 3) uint8 (RGB)"),
     (np.zeros((5, 7), np.uint8), "PNG", "PNG image: shape (5, 7) uint8 (grey)"),
     (np.zeros((6, 4, 4), np.uint8), "PNG", "PNG image: shape (6, 4, 4) uint8 (RGBA)"),

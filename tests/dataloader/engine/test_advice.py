@@ -7,13 +7,13 @@ tests/integration/test_stats_workers.py; the starved step in tests/dataloader/de
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 import dataloader as dl
+from tests.dataloader.pipelines import SlowStorage
 
 
 def rules(stats):
@@ -73,29 +73,12 @@ def test_array_record_files_with_groups_say_rewrite_with_group_size_1(tmp_path):
     assert "array_record_groups" not in rules(run(group_loader(tmp_path, 1)))
 
 
-class SlowStorage(dl.RandomAccessDataSource if hasattr(dl, "RandomAccessDataSource") else object):
-    """Records behind a 3 ms latency per read call, like a remote file system."""
-
-    def __init__(self, n):
-        self.n = n
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        return self.__getitems__([i])[0]
-
-    def __getitems__(self, keys):
-        time.sleep(0.003)
-        return [int(k) for k in keys]
-
-
 def burn(x):
     return sum(i * i for i in range(2000)) + x
 
 
 def test_reads_that_wait_on_io_say_read_ahead_in_threads():
-    loader = dl.DataLoader(SlowStorage(400), dl.SequentialSampler(400), [dl.Batch(8)])
+    loader = dl.DataLoader(SlowStorage(400, 0.003), dl.SequentialSampler(400), [dl.Batch(8)])
     stats = run(loader)
     assert rules(stats) == ["io_wait"]
     advice = dl.advise(stats)[0]
@@ -109,6 +92,6 @@ def test_a_cpu_bound_pipeline_does_not_look_like_io():
 
 
 def test_advice_is_a_function_of_the_stats_so_a_stats_json_gives_it_back(tmp_path):
-    stats = run(dl.DataLoader(SlowStorage(200), dl.SequentialSampler(200), [dl.Batch(8)]))
+    stats = run(dl.DataLoader(SlowStorage(200, 0.003), dl.SequentialSampler(200), [dl.Batch(8)]))
     again = json.loads(json.dumps(stats))
     assert dl.advise(again) == dl.advise(stats) != []

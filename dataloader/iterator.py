@@ -56,7 +56,8 @@ class DataLoaderIterator(DatasetIterator[Any]):
         else:
             self._executor.reset(cursor.position)  # keeps worker processes up
         self._assembler = make_assembler(
-            self._plan, Counted(self._executor, self._stats, self._loader._filter_watch()),
+            self._plan,
+            Counted(self._executor, self._stats, self._loader._filter_watch(), bool(self._loader.worker_count)),
             cursor, self._stats.seconds,
         )
 

@@ -13,7 +13,8 @@ from typing import Any
 
 from dataloader.engine.stats.shape import MAIN
 
-COLORS = ["#4477aa", "#ee6677", "#228833", "#ccbb44", "#66ccee", "#aa3377", "#bbbbbb"]
+# Paul Tol's colour-blind safe set; red is kept for waiting, nothing else uses it.
+COLORS = ["#4477aa", "#228833", "#ccbb44", "#66ccee", "#aa3377", "#bbbbbb", "#332288"]
 WAIT_COLOR = "#ee6677"
 MIN_WAIT_S = 0.0005  # consumer waits shorter than this are left off the timeline
 
@@ -45,12 +46,12 @@ def throughput(samples: Sequence[Any], started: float) -> bytes:
         elements.append((after.elements_out - before.elements_out) / span)
         batches.append((after.batches_out - before.batches_out) / span)
     ax.step(times, records, where="pre", color=COLORS[0], label="records read/s")
-    ax.step(times, elements, where="pre", color=COLORS[2], label="elements out/s", linestyle="--")
+    ax.step(times, elements, where="pre", color=COLORS[1], label="elements out/s", linestyle="--")
     ax.set_xlabel("seconds")
     ax.set_ylabel("per second")
     ax.set_ylim(bottom=0)
     right = ax.twinx()
-    right.step(times, batches, where="pre", color=COLORS[1], label="batches out/s")
+    right.step(times, batches, where="pre", color=COLORS[4], label="batches out/s")
     right.set_ylabel("batches/s")
     right.set_ylim(bottom=0)
     lines = ax.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
@@ -100,7 +101,7 @@ def timeline(
     fig, ax = _figure(1.0 + 0.45 * len(bars))
     for i, row in enumerate(bars):
         waiting = i >= len(names)
-        ax.broken_barh(row, (i - 0.35, 0.7), color=WAIT_COLOR if waiting else COLORS[i % (len(COLORS) - 1)])
+        ax.broken_barh(row, (i - 0.35, 0.7), color=WAIT_COLOR if waiting else COLORS[i % len(COLORS)])
     ax.set_yticks(range(len(bars)), labels)
     ax.set_xlabel("seconds")
     ax.set_title("Units per worker: bars are units being computed, gaps are idle")
@@ -127,14 +128,14 @@ def queues(units: Sequence[tuple[int, Any]], depths: Sequence[Any], started: flo
         if unit.got > unit.ended:
             ready += [(unit.ended - started, 1), (unit.got - started, -1)]
     fig, ax = _figure()
-    for events, label, color in ((ready, "units ready, not yet taken", COLORS[2]),
+    for events, label, color in ((ready, "units ready, not yet taken", COLORS[1]),
                                  (flight, "units being computed", COLORS[0])):
         times, values = _steps(events)
         ax.step(times, values, where="post", label=label, color=color)
     if depths:
         at = [d.at - started for d in depths]
-        ax.step(at, [d.host for d in depths], where="post", label="device feed: host queue", color=COLORS[3])
-        ax.step(at, [d.device for d in depths], where="post", label="device feed: on devices", color=COLORS[5])
+        ax.step(at, [d.host for d in depths], where="post", label="device feed: host queue", color=COLORS[2])
+        ax.step(at, [d.device for d in depths], where="post", label="device feed: on devices", color=COLORS[4])
     ax.set_xlabel("seconds")
     ax.set_ylabel("depth")
     ax.set_ylim(bottom=0)

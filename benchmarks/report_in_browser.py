@@ -81,12 +81,12 @@ def browse(browser: str, page: Path, profile: Path, *extra: str) -> str:
 
 
 def shrink(png: Path, out: Path, width: int = 900) -> None:
-    """The screenshot at ``width`` pixels, in a 64-colour palette: small enough to commit."""
+    """The screenshot at ``width`` pixels, in a 128-colour palette: small enough to commit."""
     from PIL import Image
 
     image = Image.open(png).convert("RGB")
     image = image.resize((width, round(image.height * width / image.width)), Image.LANCZOS)
-    image.quantize(colors=64, method=Image.Quantize.MEDIANCUT).save(out, optimize=True)
+    image.quantize(colors=128, method=Image.Quantize.FASTOCTREE).save(out, optimize=True)
 
 
 def main(argv: list[str]) -> int:

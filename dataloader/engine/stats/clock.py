@@ -3,7 +3,8 @@
 Every iterator (the loader's, each iterator-level stage, the device feed) owns one
 :class:`Clock`, and its ``__next__`` runs inside :meth:`Clock.timed`, which measures
 
-* ``wait_s``: the seconds callers spent inside this iterator's ``next()``;
+* ``wait_s``: the seconds callers spent inside this iterator's ``next()``, but the
+  first call, which is start-up (``first_s``: workers starting, the first unit);
 * ``own_s``: the part not spent inside the ``next()`` of another timed iterator on the
   same thread (the stage's own work: a packer's packing, a map's function). Nested
   calls are subtracted with a thread-local counter, so a stage whose parent runs in a
@@ -69,8 +70,9 @@ class Clock:
 
     def __init__(self, totals: Callable[[Any], dict[str, Any]]) -> None:
         self.made = time.monotonic()
-        self.first: float | None = None  # when next() was first called
-        self.wait_s = 0.0
+        self.first: float | None = None  # when the first next() returned
+        self.first_s = 0.0  # how long the first next() took (start-up)
+        self.wait_s = 0.0  # time in next() after the first
         self.own_s = 0.0
         self.outputs = 0
         self.history = History()
@@ -88,8 +90,6 @@ class Clock:
         outer = getattr(_nested, "inner", 0.0)
         _nested.inner = 0.0
         began = time.monotonic()
-        if self.first is None:
-            self.first = began
         try:
             value = next_fn(owner)
             self.outputs += 1
@@ -97,7 +97,10 @@ class Clock:
         finally:
             now = time.monotonic()
             spent = now - began
-            self.wait_s += spent
+            if self.first is None:  # start-up: reported apart, not as waiting
+                self.first, self.first_s = now, spent
+            else:
+                self.wait_s += spent
             self.own_s += spent - _nested.inner
             _nested.inner = outer + spent
             self._active = False
@@ -126,5 +129,5 @@ class Clock:
         self._due = min(self._due, due)
 
     def active_s(self, now: float) -> float:
-        """Seconds since the first ``next()`` (0 before it)."""
+        """Seconds since the first ``next()`` returned (0 before it)."""
         return now - self.first if self.first is not None else 0.0

@@ -121,6 +121,7 @@ def stats_of(it: Any, queues: dict[str, Any] | None = None) -> dict[str, Any]:
         it._stats_totals(),
         elapsed_s=now - clock.made,
         active_s=clock.active_s(now),
+        first_next_s=clock.first_s,
         window=clock.history.window(now),
         pipeline=it._stats_pipeline(),
         queues=queues,

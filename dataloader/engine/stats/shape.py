@@ -7,7 +7,7 @@ Every iterator keeps **totals**, counters that only grow::
                    before the batch): the rows of the batches
     batches_out    batches handed out (0 when the pipeline does not batch)
     units          work units computed (a batch each, usually)
-    wait_s         seconds the consumer spent inside next()
+    wait_s         seconds the consumer spent inside next(), the first call excepted
     fetch_cpu_s    CPU seconds this process spent getting units (handing out tasks,
                    receiving results; without workers, the computing itself)
     pipe_units     units whose result came through a pipe, not shared memory
@@ -88,6 +88,7 @@ def publish(
     *,
     elapsed_s: float,
     active_s: float,
+    first_next_s: float,
     window: tuple[dict[str, Any], float] | None,
     pipeline: dict[str, Any],
     queues: dict[str, Any] | None = None,
@@ -97,7 +98,8 @@ def publish(
     Args:
         totals: the iterator's totals now.
         elapsed_s: seconds since the iterator was made.
-        active_s: seconds since its first ``next()`` (rates and shares are over it).
+        active_s: seconds since its first ``next()`` returned (rates and shares are over it).
+        first_next_s: how long the first ``next()`` took (start-up, not in ``wait_s``).
         window: the totals of about ``WINDOW_S`` seconds ago and how long ago that
             was, or None (no snapshot yet: the window is everything).
         pipeline: what the pipeline is (source, workers, batch size ...), for advice.
@@ -106,6 +108,7 @@ def publish(
     out = _rates(totals, active_s)
     out["elapsed_s"] = elapsed_s
     out["active_s"] = active_s
+    out["first_next_s"] = first_next_s
     if window is None:
         recent, span = totals, active_s
     else:

@@ -121,7 +121,7 @@ class DataLoaderIterator(DatasetIterator[Any]):
             totals["elements_out"], totals["batches_out"] = self._stats.elements, clock.outputs
         else:
             totals["elements_out"] = clock.outputs
-        totals["wait_s"] = clock.wait_s
+        totals["wait_s"] = clock.wait_s()
         return totals
 
     def _stats_pipeline(self) -> dict[str, Any]:

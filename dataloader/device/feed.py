@@ -302,7 +302,8 @@ class DeviceIterator:
         return self
 
     def __next__(self) -> Any:
-        return collect.clock_of(self).timed(self, DeviceIterator._next)
+        # Every call timed: they are the training step's, one a step.
+        return collect.clock_of(self, exact=True).call(self, DeviceIterator._next)
 
     def _next(self) -> Any:
         if self._finished or not self._finalizer.alive:
@@ -394,7 +395,7 @@ class DeviceIterator:
         stages["host_to_device"] = stages.get("host_to_device", 0.0) + self._res.counters.put_s
         clock = collect.clock_of(self)
         totals["batches_out"] = clock.outputs
-        totals["wait_s"] = clock.wait_s
+        totals["wait_s"] = clock.wait_s()
         return totals
 
     def _stats_pipeline(self) -> dict[str, Any]:

@@ -9,6 +9,7 @@ their parents' states in their own (``{"parent": ..., ...}``).
 Every subclass's ``__next__`` runs under the iterator's stats clock (wrapped once, when
 the class is made; see :mod:`dataloader.engine.stats.clock`), so each stage, a user's
 own included, reports its time and its outputs in ``stats()`` without doing anything.
+A subclass's ``__next__`` that calls its base class's is counted once.
 """
 
 from __future__ import annotations
@@ -140,10 +141,12 @@ def _timed(next_fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
     @functools.wraps(next_fn)
     def __next__(self: Any) -> Any:
+        if type(self).__next__ is not __next__:  # a subclass's __next__ calling its base's
+            return next_fn(self)
         clock = self._clock
         if clock is None:
             clock = collect.clock_of(self)
-        return clock.timed(self, next_fn)
+        return clock.call(self, next_fn)
 
     __next__._timed = True  # type: ignore[attr-defined]
     return __next__

@@ -113,6 +113,7 @@ class InterleaveDatasetIterator(DatasetIterator):
         self._turn = 0
         self._opened = 0
         self._retired = empty_totals()  # stats of the streams that ended
+        self._retired_s = 0.0  # and their seconds in next(), called from this one
         self._maker = (
             _Maker(opener, num_make_iter_threads, make_iter_buffer_size)
             if num_make_iter_threads and make_iter_buffer_size
@@ -225,12 +226,14 @@ class InterleaveDatasetIterator(DatasetIterator):
         """Keeps the stats of a stream that ended (stats() adds them up)."""
         if hasattr(it, "_stats_totals"):
             add_totals(self._retired, it._stats_totals())
+        if getattr(it, "_clock", None) is not None and it._clock.thread == collect.clock_of(self).thread:
+            self._retired_s += it._clock.inside_s()
 
     def _stats_parents(self) -> list[Any]:
         return [it for it in self._slots if it is not None]
 
     def _stats_totals(self) -> dict[str, Any]:
-        return collect.chain_totals(self, self._retired)
+        return collect.chain_totals(self, self._retired, self._retired_s)
 
     def close(self) -> None:
         if self._closed:

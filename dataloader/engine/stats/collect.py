@@ -5,7 +5,8 @@ device feed) answers ``stats()`` with the totals of the iterators under it (adde
 when there are several, e.g. a mixture of loaders; worker keys are then prefixed with
 the parent's number, ``"1/0"``), plus:
 
-* its own seconds (``Clock.own_s``) under its name in ``stage_seconds``;
+* its own seconds under its name in ``stage_seconds``: its time in ``next()`` minus
+  that of its parents called from the same thread (see :mod:`.clock`);
 * the counts of what it hands out: a stage that makes batches (``_stats_batches =
   True``, e.g. ``batch()``) counts its outputs as ``batches_out`` and its parent's
   outputs as ``elements_out``; one that makes elements (``False``, a packer) counts its
@@ -29,11 +30,11 @@ from dataloader.engine.stats.clock import Clock
 from dataloader.engine.stats.shape import add_totals, empty_totals, publish
 
 
-def clock_of(it: Any) -> Clock:
+def clock_of(it: Any, exact: bool = False) -> Clock:
     """The iterator's clock, made on first use (user iterators need not make one)."""
     clock = it._clock
     if clock is None:
-        clock = it._clock = Clock(_totals_of)
+        clock = it._clock = Clock(_totals_of, exact)
     return clock
 
 
@@ -59,10 +60,11 @@ def stage_name(it: Any) -> str | None:
     return type(it).__name__ if name == "" else name
 
 
-def chain_totals(it: Any, retired: dict[str, Any] | None = None) -> dict[str, Any]:
+def chain_totals(it: Any, retired: dict[str, Any] | None = None, retired_s: float = 0.0) -> dict[str, Any]:
     """The totals of a stage over its parents (see the module docstring).
 
-    ``retired``: the totals of parents that are gone (an interleave's ended streams).
+    ``retired``: the totals of parents that are gone (an interleave's ended streams),
+    and ``retired_s`` their seconds in ``next()``.
     """
     parents = _participants(it)
     below = [p._stats_totals() for p in parents]
@@ -74,9 +76,13 @@ def chain_totals(it: Any, retired: dict[str, Any] | None = None) -> dict[str, An
         add_totals(totals, sub, f"{i}/" if several else "")
     clock = clock_of(it)
     name = stage_name(it)
-    if name is not None and clock.own_s > 0:
+    inner = retired_s + sum(
+        p._clock.inside_s() for p in parents if p._clock is not None and p._clock.thread == clock.thread
+    )
+    own = clock.inside_s() - inner
+    if name is not None and own > 0:
         stages = totals["stage_seconds"]
-        stages[name] = stages.get(name, 0.0) + clock.own_s
+        stages[name] = stages.get(name, 0.0) + own
     outputs = clock.outputs
     if not below:
         totals["records_read"] += outputs
@@ -87,7 +93,7 @@ def chain_totals(it: Any, retired: dict[str, Any] | None = None) -> dict[str, An
             totals["elements_out"] = sum(t["elements_out"] for t in below)
     else:
         totals["elements_out"], totals["batches_out"] = outputs, 0
-    totals["wait_s"] = clock.wait_s
+    totals["wait_s"] = clock.wait_s()
     return totals
 
 

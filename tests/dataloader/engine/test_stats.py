@@ -122,7 +122,7 @@ def test_iterator_level_stages_report_their_own_seconds_and_their_outputs():
     assert stages["MapTransform(slow)"] >= 0.002 * rows_out  # the map after the packer
     assert "FirstFitPack" in " ".join(stages) and "read" in stages
     # The map's seconds are its own: the packer's and the engine's are not in them.
-    assert stages["MapTransform(slow)"] < stats["wait_s"]
+    assert stages["MapTransform(slow)"] < stats["first_next_s"] + stats["wait_s"]
     assert stats["pipeline"]["stages"][-1] == "Batch(4, drop_remainder=False)"
 
 
@@ -244,3 +244,22 @@ def test_a_restore_keeps_counting():
     list(it)
     stats = it.stats()
     assert stats["batches_out"] == 5 and stats["records_read"] == 25  # one batch read twice
+
+
+def test_a_fast_stream_is_timed_one_call_in_sixteen_and_counted_exactly():
+    engine = iter(dl.MapDataset.range(5000).to_iter_dataset())
+    it = Doubled(Doubled(engine))
+    assert sum(1 for _ in it) == 5000
+    for clock in (it._clock, it._parent._clock, engine._clock):
+        assert clock.period == stats_clock.SAMPLE_EVERY
+        assert clock.timed_calls < clock.calls / 8
+    stats = it.stats()
+    assert (stats["records_read"], stats["elements_out"]) == (5000, 5000)
+    assert 0 < stats["stage_seconds"]["Doubled"] < stats["first_next_s"] + stats["wait_s"]
+
+
+def test_slow_calls_are_all_timed():
+    it = iter(dl.DataLoader(dl.RangeDataSource(80), dl.SequentialSampler(80), [dl.MapTransform(slow), dl.Batch(1)]))
+    list(it)
+    clock = it._clock
+    assert clock.period == 1 and clock.timed_calls == clock.calls == 80  # the end (StopIteration) too

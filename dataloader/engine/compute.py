@@ -209,7 +209,8 @@ def compute_unit(
     """
     if report is not None:
         report(READ)
-    # Two more clock reads per unit: when (for timelines across processes) and how much CPU.
+    # For stats(): when (for timelines across processes) and how much CPU, four clock
+    # reads per unit.
     wall, cpu = time.monotonic(), time.thread_time()
     began = time.perf_counter()
     keys = plan.sampler.record_keys(np.arange(start, stop, dtype=np.int64))
@@ -226,14 +227,14 @@ def compute_unit(
     elements, positions, subs = apply_steps(
         plan, plan.pre, list(records), None, None, start, timings, report, passthrough
     )
-    count = len(elements)
+    outputs = elements
     if plan.layout == BATCH:
         assert plan.batch is not None
-        elements, positions, subs = batch_and_post(
+        outputs, positions, subs = batch_and_post(
             plan, elements, start, 0, timings, report, passthrough
         )
     return UnitResult(
-        start, stop, elements, positions, subs, timings, elements=count, began=wall,
+        start, stop, outputs, positions, subs, timings, elements=len(elements), began=wall,
         ended=time.monotonic(), cpu_s=time.thread_time() - cpu,
     )
 

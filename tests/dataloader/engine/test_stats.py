@@ -263,3 +263,32 @@ def test_slow_calls_are_all_timed():
     list(it)
     clock = it._clock
     assert clock.period == 1 and clock.timed_calls == clock.calls == 80  # the end (StopIteration) too
+
+
+def unit(worker, began, ended, records=8):
+    from dataloader.engine.compute import UnitResult
+
+    return UnitResult(0, records, [None], timings={"read": ended - began}, elements=records, worker=worker,
+                      began=began, ended=ended, cpu_s=(ended - began) / 2)
+
+
+def test_workers_that_appear_or_retire_keep_shares_of_their_own_time():
+    """worker_count="auto" adds and retires workers mid-stream: shares are per worker
+    index, over each worker's own time, and the window leaves out workers gone quiet."""
+    from dataloader.engine.stats.shape import publish
+
+    stats = Stats()
+    for t in range(10):  # worker 0 busy half of each second from t=0 to 10
+        stats.add(unit(0, t, t + 0.5), t + 0.5, t + 0.5, 0.0)
+    for t in range(8, 10):  # worker 1 appears at t=8, busy all the time
+        stats.add(unit(1, t, t + 1.0), t + 1, t + 1, 0.0)
+    then = stats.totals(10.0)
+    for t in range(10, 14):  # worker 0 retired at t=10; worker 1 goes on
+        stats.add(unit(1, t, t + 1.0), t + 1, t + 1, 0.0)
+    totals = stats.totals(14.0)
+    out = publish(totals, elapsed_s=14, active_s=14, first_next_s=0, window=(then, 4.0), pipeline={})
+    assert out["workers"]["0"]["busy_share"] == pytest.approx(5 / 14)  # 5 s busy since its first unit
+    assert out["workers"]["1"]["busy_share"] == pytest.approx(1.0)  # busy every second since t=8
+    assert set(out["window"]["workers"]) == {"1"}  # worker 0 did nothing in the last 4 s
+    assert out["window"]["workers"]["1"]["busy_share"] == pytest.approx(1.0)
+    assert out["units"] == 16 and out["window"]["units"] == 4

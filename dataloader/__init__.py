@@ -123,6 +123,11 @@ _EXPORTS: dict[str, str] = {
     "CheckpointRestore": "dataloader.checkpoint",
     "CheckpointSave": "dataloader.checkpoint",
     "IteratorCheckpointHandler": "dataloader.checkpoint",
+    # stats: advice, a flat view for metrics, an absl log line
+    "Advice": "dataloader.engine.stats",
+    "advise": "dataloader.engine.stats",
+    "flatten_stats": "dataloader.engine.stats",
+    "log_stats": "dataloader.engine.stats",
     # configs (imports YAML)
     "PipelineConfig": "dataloader.config",
     "load_config": "dataloader.config",

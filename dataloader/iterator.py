@@ -8,6 +8,7 @@ stages, in :mod:`dataloader.engine.stages.base`, and is re-exported here.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from dataloader.engine.assemble import make_assembler
@@ -15,7 +16,8 @@ from dataloader.engine.executor import Executor
 from dataloader.engine.plan import BATCH, ELEMENTS
 from dataloader.engine.stages.base import DatasetIterator
 from dataloader.engine.state import Cursor, make_state, resolve_state
-from dataloader.engine.stats import Counted, Stats
+from dataloader.engine.stats import Counted, Stats, collect
+from dataloader.engine.stats.pipeline import describe_pipeline
 from dataloader.operations import FilterTransform, FlatMapTransform
 
 
@@ -33,6 +35,9 @@ class DataLoaderIterator(DatasetIterator[Any]):
         >>> # next(it2) equals next(it)
     """
 
+    # stats(): the engine's stages are in its Stats; this iterator adds none of its own.
+    _stats_name = None
+
     def __init__(self, loader: Any, state: Any = None) -> None:
         super().__init__()
         self._loader = loader
@@ -41,6 +46,8 @@ class DataLoaderIterator(DatasetIterator[Any]):
         self._assembler: Any = None
         self._closed = False
         self._stats = Stats()
+        self._stats_batches = self._plan.batch is not None
+        self._pipeline = describe_pipeline(self._plan, loader)
         self._restart(resolve_state(self._plan, state) if state is not None else Cursor(0))
 
     def _restart(self, cursor: Cursor) -> None:
@@ -49,7 +56,8 @@ class DataLoaderIterator(DatasetIterator[Any]):
         else:
             self._executor.reset(cursor.position)  # keeps worker processes up
         self._assembler = make_assembler(
-            self._plan, Counted(self._executor, self._stats, self._loader._filter_watch()),
+            self._plan,
+            Counted(self._executor, self._stats, self._loader._filter_watch(), bool(self._loader.worker_count)),
             cursor, self._stats.seconds,
         )
 
@@ -105,9 +113,29 @@ class DataLoaderIterator(DatasetIterator[Any]):
         if start is not None:
             start()
 
-    def stats(self) -> dict[str, Any]:
-        """Where the time went since this iterator was made (see :class:`Stats`)."""
-        return self._stats.as_dict()
+    def _stats_totals(self) -> dict[str, Any]:
+        """The engine's totals, with what this iterator handed out and waited."""
+        totals = self._stats.totals(time.monotonic())
+        clock = collect.clock_of(self)
+        if self._stats_batches:
+            totals["elements_out"], totals["batches_out"] = self._stats.elements, clock.outputs
+        else:
+            totals["elements_out"] = clock.outputs
+        totals["wait_s"] = clock.wait_s()
+        return totals
+
+    def _stats_pipeline(self) -> dict[str, Any]:
+        pipeline = dict(self._pipeline)
+        if self._stats.pipe_units:  # for the advice: how much room /dev/shm has
+            from dataloader.engine.pool.shm import shm_free_bytes
+
+            pipeline["shm_free_mb"] = shm_free_bytes() / 2**20
+        return pipeline
+
+    @property
+    def unit_stats(self) -> Stats:
+        """The engine's per-unit counters and log (what the report's timeline reads)."""
+        return self._stats
 
     def close(self) -> None:
         """Stops all background work; safe to call more than once."""

@@ -1,43 +1,41 @@
-"""What ArrayRecord data holds: files, records, group sizes and a sample record.
+"""What ArrayRecord data holds: files, records, group sizes and a few records, decoded.
 
 Example:
-    >>> print(describe_array_records(["data/train-*.array_record"]))  # doctest: +SKIP
-    2 files, 1,500 records
-      data/train-00000-of-00002.array_record  750 records  group size 1  49.3 KB
+    >>> print(describe_array_records(["data/train-*.array_record"], records=2))  # doctest: +SKIP
+    2 file(s), 1,000 records
+      data/train-00000-of-00002.array_record  500 records  group size 1  49.3 KiB
       ...
-    record 0 (65 bytes): b'\\x03\\x00\\x00\\x05\\r\\x0f...'
+    record 0 (16 bytes): bytes b'\\x00\\x00...'
+    record 1 (16 bytes): bytes b'\\x01\\x00...'
 """
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
+from dataloader.cli.decode import describe_record, describe_value
 from dataloader.sources import ArrayRecordDataSource
 
 
 def preview(record: bytes, limit: int = 200) -> str:
-    """A readable rendering: JSON or text when the record is that, else its bytes."""
-    try:
-        text = record.decode("utf-8")
-    except UnicodeDecodeError:
-        text = None
-    if text is not None and text.isprintable():
-        try:
-            return "JSON " + json.dumps(json.loads(text))[:limit]
-        except ValueError:
-            return "text " + repr(text[:limit])
-    if record.startswith(b"\x93NUMPY"):
-        return "numpy .npy " + repr(record[:limit])
-    if record.startswith(b"PK\x03\x04"):
-        return "numpy .npz (zip) " + repr(record[:limit])
-    return repr(record[:limit]) + (" ..." if len(record) > limit else "")
+    """A readable rendering of one record (see :func:`dataloader.cli.decode.describe_record`)."""
+    return describe_record(record, limit)
 
 
-def describe_array_records(patterns: Sequence[str], index: int = 0) -> str:
-    """A report of the files ``patterns`` match and of record ``index``.
+def describe_array_records(
+    patterns: Sequence[str], index: int = 0, records: int = 1, decode: Callable[[bytes], Any] | None = None
+) -> str:
+    """A report of the files ``patterns`` match and of ``records`` records from ``index``.
+
+    Args:
+        patterns: paths or globs of ArrayRecord files.
+        index: the first record to show (negative: from the end).
+        records: how many records to show (fewer at the end).
+        decode: a function of a record (the pipeline's first map, say); its result is
+            shown (arrays as shape and dtype) beside what the bytes look like.
 
     Raises:
         FileNotFoundError: a pattern matches nothing.
@@ -52,12 +50,17 @@ def describe_array_records(patterns: Sequence[str], index: int = 0) -> str:
     files = zip(source.paths, source.num_records_per_file, source.group_sizes, strict=True)
     for path, count, group in files:
         size = os.path.getsize(path)
+        note = "  (random access decodes a whole group per record)" if group is not None and group > 1 else ""
         lines.append(
             f"  {path}  {count:,} records  group size {group if group is not None else '?'}  "
-            f"{size / 1024:,.1f} KiB"
+            f"{size / 1024:,.1f} KiB{note}"
         )
     if not -len(source) <= index < len(source):
         raise IndexError(f"record index {index} is out of range for {len(source):,} records")
-    record = source[index % len(source)]
-    lines.append(f"record {index % len(source)} ({len(record):,} bytes): {preview(record)}")
+    first = index % len(source)
+    for i in range(first, min(len(source), first + records)):
+        record = source[i]
+        lines.append(f"record {i} ({len(record):,} bytes): {describe_record(record)}")
+        if decode is not None:
+            lines.append(f"  decoded: {describe_value(decode(record))}")
     return "\n".join(lines)

@@ -2,17 +2,19 @@
 
 ::
 
-    python -m dataloader run CONFIG [key.sub=value ...] [--max_batches=N]
-    python -m dataloader inspect PATH_OR_GLOB ... [--index=I]
+    python -m dataloader run CONFIG [key.sub=value ...] [--max_batches=N] [--report=DIR] [--step_ms=MS]
+    python -m dataloader inspect PATH_OR_GLOB ... [--index=I] [--records=N]
     python -m dataloader convert INPUT ... --output=PREFIX [--num_shards=N | --match_shards]
                                            [--group_size=1] [--format=tfrecord|jsonl|csv|...]
                                            [--overwrite] [--verify] [--BEAM_OPTION=VALUE ...]
     python -m dataloader demo [key=value ...] [--demo=lm|digits] [--out_dir=demo_out] [--config=...]
 
-``run`` iterates a pipeline config with a progress bar on stderr, then reports
-records/s, the time to the first batch and where the time went (reading, batching,
-each operation, waiting on workers) from the iterator's ``stats()``. A config error
-is printed as one line naming the key, with exit status 2.
+``run`` iterates a pipeline config with a progress bar on stderr, then reports the
+records read, elements and batches out, the time to the first batch, the waiting, each
+worker's busy share, where the time went and advice, from the iterator's ``stats()``
+(:mod:`dataloader.cli.run`; ``--report=DIR`` also writes an HTML page and
+``stats.json``, :mod:`dataloader.cli.report`). A config error is printed as one line
+naming the key, with exit status 2.
 
 ``convert`` runs the Apache Beam pipeline of :mod:`dataloader.beam`. Flags it does not
 know are handed to Beam as pipeline options (``--runner=DataflowRunner
@@ -25,21 +27,14 @@ converter of :mod:`dataloader.cli.convert` (same output) unless Beam options or
 
 from __future__ import annotations
 
-import itertools
 import logging as std_logging
 import sys
-import time
 from collections.abc import Sequence
-from typing import Any
 
 from absl import app, flags, logging
 
-from dataloader.cli.progress import Progress
-from dataloader.engine.stats import sorted_stages
+from dataloader.cli.run import run_command
 from dataloader.errors import ConfigError
-from dataloader.operations import FilterTransform, FlatMapTransform
-from dataloader.options import AutoWorkers
-from dataloader.samplers.sharding import shard_length
 from dataloader.sources.record_files import FORMATS
 
 COMMANDS = ("run", "inspect", "convert", "demo")
@@ -47,7 +42,17 @@ COMMANDS = ("run", "inspect", "convert", "demo")
 _MAX_BATCHES = flags.DEFINE_integer(
     "max_batches", None, "run: stop after this many batches (default: the whole stream, "
     "or one epoch's worth when it repeats for ever)", lower_bound=1)
-_INDEX = flags.DEFINE_integer("index", 0, "inspect: which record to show")
+_REPORT = flags.DEFINE_string(
+    "report", None, "run: also write DIR/report.html (plots; needs the report extra, matplotlib) "
+    "and DIR/stats.json")
+_STEP_MS = flags.DEFINE_float(
+    "step_ms", None, "run: sleep this many ms after each batch, as a training step would, so "
+    "the waiting share says whether the loader keeps up", lower_bound=0)
+_INDEX = flags.DEFINE_integer("index", 0, "inspect: the first record to show")
+_RECORDS = flags.DEFINE_integer("records", 3, "inspect: how many records to show", lower_bound=1)
+_DECODE = flags.DEFINE_string(
+    "decode", None, "inspect: import path of a function of a record (e.g. the pipeline's first map) "
+    "whose result to show, e.g. dataloader.demo.data.decode_digit")
 _OUTPUT = flags.DEFINE_string(
     "output", None, "convert: output prefix; shards are PREFIX-0000i-of-0000N.array_record")
 _NUM_SHARDS = flags.DEFINE_integer(
@@ -67,97 +72,6 @@ _CONFIG = flags.DEFINE_string(
 _DEMO = flags.DEFINE_enum(
     "demo", "lm", ["lm", "digits"], "demo: the language model on the standard library's text (lm), "
     "or the MLP on scikit-learn's digits (digits)")
-
-
-def _count_records(batch: Any) -> int:
-    """The leading size of the first array leaf (1 for an unbatched element)."""
-    while isinstance(batch, (dict, list, tuple)) and batch:
-        batch = next(iter(batch.values())) if isinstance(batch, dict) else batch[0]
-    shape = getattr(batch, "shape", ())
-    return int(shape[0]) if shape else 1
-
-
-def _default_limit(loader: Any) -> tuple[int | None, str]:
-    """Batches to run when --max_batches is not given, and why."""
-    sampler, batch = loader.sampler, loader.plan.batch
-    per_batch = batch.batch_size if batch is not None else 1
-    if sampler.num_positions is not None:
-        return None, "the whole stream"
-    shard = sampler.shard_options
-    epoch = shard_length(sampler.num_records, shard.shard_index, shard.shard_count, shard.drop_remainder)
-    return max(1, epoch // per_batch), "one epoch's worth (the stream repeats for ever)"
-
-
-def _output_count_unknown(plan: Any) -> bool:
-    """True when a filter or flat map (before or after the batch) makes the count unknown."""
-    return any(isinstance(step.op, (FilterTransform, FlatMapTransform)) for step in (*plan.pre, *plan.post))
-
-
-def _expected_batches(loader: Any, limit: int | None) -> int | None:
-    """How many outputs the run will see, when that is known in advance."""
-    positions, batch = loader.sampler.num_positions, loader.plan.batch
-    if positions is None or _output_count_unknown(loader.plan):  # unknown until run
-        return limit
-    total = positions
-    if batch is not None:
-        full, rest = divmod(positions, batch.batch_size)
-        total = full + (1 if rest and not batch.drop_remainder else 0)
-    return total if limit is None else min(total, limit)
-
-
-def report(
-    stats: dict[str, Any], batches: int, records: int, elapsed: float, first_batch_s: float | None,
-    workers: int | AutoWorkers,
-) -> str:
-    """The summary ``run`` prints: throughput, first batch and where the time went."""
-    share = f"{stats['wait_s'] / elapsed:.0%}" if elapsed > 0 else "0%"
-    pool = "the auto-sized pool" if isinstance(workers, AutoWorkers) else f"{workers} worker(s)"
-    waited = (
-        f"waiting        {stats['wait_s']:.2f} s blocked on {pool} ({share} of the run)"
-        if workers else f"computing      {stats['wait_s']:.2f} s in this process, no workers ({share} of the run)"
-    )
-    lines = [
-        f"batches        {batches:,} ({records:,} records) in {elapsed:.2f} s",
-        f"records/s      {records / elapsed if elapsed > 0 else 0.0:,.0f}",
-        f"first batch    {first_batch_s:.3f} s" if first_batch_s is not None else "first batch    none",
-        waited,
-        "where the time went (seconds of work, added up over worker processes):",
-    ]
-    stages = sorted_stages(stats)
-    work = sum(secs for _, secs in stages) or 1.0
-    width = max((len(name) for name, _ in stages), default=4)
-    lines += [f"  {name:<{width}}  {secs:8.3f} s  {secs / work:6.1%}" for name, secs in stages]
-    return "\n".join(lines)
-
-
-def run_command(args: Sequence[str], max_batches: int | None = None) -> str:
-    """``run CONFIG [overrides]``: iterates the pipeline; returns the report."""
-    from dataloader.config.pipeline import load_config
-
-    if not args:
-        raise app.UsageError("run needs a config: python -m dataloader run CONFIG [key.sub=value ...]")
-    config = load_config(args[0], args[1:])
-    began = time.perf_counter()
-    loader = config.build_loader()
-    limit, why = (max_batches, f"--max_batches={max_batches}") if max_batches else _default_limit(loader)
-    base = loader.iterator()
-    it = config.on_device(base)
-    batches = records = 0
-    first_batch_s = None
-    try:
-        with Progress(f"run {args[0]}", total=_expected_batches(loader, limit), unit="batches") as bar:
-            for batch in itertools.islice(it, limit):
-                if first_batch_s is None:
-                    first_batch_s = time.perf_counter() - began
-                batches += 1
-                records += _count_records(batch)
-                bar.update()
-        elapsed = time.perf_counter() - began
-        stats = base.stats()
-    finally:
-        it.close()
-    header = f"ran {why} of {args[0]}" + (f" with {' '.join(args[1:])}" if args[1:] else "")
-    return header + "\n" + report(stats, batches, records, elapsed, first_batch_s, loader.worker_count)
 
 
 def convert_command(args: Sequence[str]) -> str:
@@ -219,13 +133,18 @@ def main(argv: Sequence[str]) -> int:
         raise app.UsageError(f"unknown flag(s) for {command}: {' '.join(unknown)}")
     try:
         if command == "run":
-            print(run_command(args, _MAX_BATCHES.value), flush=True)
+            print(run_command(args, _MAX_BATCHES.value, _REPORT.value, _STEP_MS.value), flush=True)
         elif command == "inspect":
             from dataloader.cli.inspect_records import describe_array_records
 
             if not args:
                 raise app.UsageError("inspect needs ArrayRecord paths or globs")
-            print(describe_array_records(args, _INDEX.value))
+            decode = None
+            if _DECODE.value:
+                from dataloader.config.import_path import resolve_import
+
+                decode = resolve_import(_DECODE.value)
+            print(describe_array_records(args, _INDEX.value, _RECORDS.value, decode))
         elif command == "convert":
             print(convert_command(args), flush=True)
         elif _DEMO.value == "digits":

@@ -20,6 +20,11 @@ nothing (``benchmarks/device_step.py`` measures both).
 Since every batch travels with the source's state, ``get_state`` describes the last
 batch handed out, however many are still buffered; ``set_state`` drops both buffers and
 restarts the source there, so nothing is lost or repeated.
+
+``stats()`` has the source's numbers plus the feed's own: ``host_to_device`` (the
+transfer thread's seconds from issuing a transfer to the batch being on the devices;
+it waits for that only after the batch is in the device queue, so the step never waits
+for the measurement), the step's own waiting in ``next()``, and the queues' depths.
 """
 
 from __future__ import annotations
@@ -31,9 +36,14 @@ import threading
 import time
 import weakref
 from collections import deque
-from typing import Any
+from typing import Any, NamedTuple
+
+import jax
 
 from dataloader.device.placement import Placement
+from dataloader.engine.stats import collect
+from dataloader.engine.stats.clock import Clock, Hook
+from dataloader.engine.stats.shape import empty_totals
 from dataloader.iterator import DataLoaderIterator
 from dataloader.options import check_int
 
@@ -43,6 +53,25 @@ _POLL_S = 0.05  # how often a blocked thread looks for a stop request
 CLOSE_WAIT_S = 10.0  # how long close() waits for a source call in progress
 
 Item = tuple[str, Any, Any]  # (kind, batch or exception, source state)
+DEPTH_SAMPLES = 4096  # queue depths kept for the report (one per step)
+
+
+class Depth(NamedTuple):
+    """The queues as one ``next()`` found them: when (``time.monotonic()``), the host
+    and device queues' depths, and how long the step then waited."""
+
+    at: float
+    host: int
+    device: int
+    waited: float
+
+
+class FeedCounters:
+    """What the feed measures, kept across restarts of its threads (``set_state``)."""
+
+    def __init__(self) -> None:
+        self.put_s = 0.0  # issuing transfers and waiting until they are done
+        self.depths: deque[Depth] = deque(maxlen=DEPTH_SAMPLES)
 
 
 def _wake(lock: threading.Lock) -> None:
@@ -62,7 +91,10 @@ class _Feed:
     ``Semaphore`` cost tens (measured on a 2-core VM right after a step).
     """
 
-    def __init__(self, source: Any, placement: Placement, cpu_size: int, device_size: int) -> None:
+    def __init__(
+        self, source: Any, placement: Placement, cpu_size: int, device_size: int, counters: FeedCounters
+    ) -> None:
+        self.counters = counters
         self.host: queue.Queue[Item] = queue.Queue(cpu_size)
         self.device: deque[Item] = deque()
         self.device_size = device_size
@@ -113,6 +145,7 @@ class _Feed:
             if item is None:
                 return
             kind, value, state = item
+            began = time.monotonic()
             if kind == BATCH:
                 try:
                     value = self._placement.put(value)
@@ -120,6 +153,13 @@ class _Feed:
                     kind, value, state = ERROR, e, None
             self.device.append((kind, value, state))
             _wake(self._ready)
+            if kind == BATCH:
+                # Measured once the batch is queued, so the step never waits for it. A
+                # step that donated the batch may have deleted it already: then the
+                # issuing time is all there is.
+                with contextlib.suppress(Exception):
+                    jax.block_until_ready(value)
+                self.counters.put_s += time.monotonic() - began
             value = state = None  # hold no batch while waiting for room
 
     def _wait_for_space(self) -> bool:
@@ -192,6 +232,7 @@ class _Resources:
     def __init__(self, source: Any) -> None:
         self.source = source
         self.feed: _Feed | None = None
+        self.counters = FeedCounters()
 
 
 def _shutdown(res: _Resources) -> None:
@@ -231,6 +272,8 @@ class DeviceIterator:
         ([0, 1, 2, 3], 4)
     """
 
+    _clock: Clock | None = None  # stats(): made on first use
+
     def __init__(
         self,
         source: Any,
@@ -257,7 +300,8 @@ class DeviceIterator:
 
     def _start(self) -> None:
         self._res.feed = _Feed(
-            self._res.source, self._placement, self.cpu_buffer_size, self.device_buffer_size
+            self._res.source, self._placement, self.cpu_buffer_size, self.device_buffer_size,
+            self._res.counters,
         )
 
     @property
@@ -269,11 +313,17 @@ class DeviceIterator:
         return self
 
     def __next__(self) -> Any:
+        # Every call timed: they are the training step's, one a step.
+        return collect.clock_of(self, exact=True).call(self, DeviceIterator._next)
+
+    def _next(self) -> Any:
         if self._finished or not self._finalizer.alive:
             raise StopIteration
         feed = self._res.feed
         assert feed is not None
+        began, host, device = time.monotonic(), feed.host.qsize(), len(feed.device)
         kind, value, state = feed.get()
+        feed.counters.depths.append(Depth(began, host, device, time.monotonic() - began))
         if kind == BATCH:
             self._state = state
             return value
@@ -322,6 +372,50 @@ class DeviceIterator:
         self._state = source.get_state() if hasattr(source, "get_state") else None
         self._finished = False
         self._start()
+
+    def stats(self) -> dict[str, Any]:
+        """The source's stats (when it has them) with the feed's: ``host_to_device``
+        among the stages, the step's own waiting as ``wait_s``/``wait_share``, the
+        batches it handed out, and the queues' depths now (see the module docstring)."""
+        feed = self._res.feed
+        queues = {
+            "host": feed.host.qsize() if feed is not None else 0,
+            "host_capacity": self.cpu_buffer_size,
+            "device": len(feed.device) if feed is not None else 0,
+            "device_capacity": self.device_buffer_size,
+        }
+        return collect.stats_of(self, queues)
+
+    def add_stats_hook(self, callback: Hook, every_s: float = 10.0) -> None:
+        """Calls ``callback(self.stats())`` every ``every_s`` seconds, from ``next()``
+        (see :meth:`dataloader.DatasetIterator.add_stats_hook`)."""
+        collect.clock_of(self).add_hook(callback, every_s)
+
+    @property
+    def depth_samples(self) -> list[Depth]:
+        """The queues' depths at each of the last ``DEPTH_SAMPLES`` steps (for reports)."""
+        return list(self._res.counters.depths)
+
+    def _stats_parents(self) -> list[Any]:
+        return [self._res.source]
+
+    def _stats_totals(self) -> dict[str, Any]:
+        source = self._res.source
+        totals = source._stats_totals() if hasattr(source, "_stats_totals") else empty_totals()
+        stages = totals["stage_seconds"]
+        stages["host_to_device"] = stages.get("host_to_device", 0.0) + self._res.counters.put_s
+        clock = collect.clock_of(self)
+        totals["batches_out"] = clock.outputs
+        totals["wait_s"] = clock.wait_s()
+        return totals
+
+    def _stats_pipeline(self) -> dict[str, Any]:
+        source = self._res.source
+        pipeline = source._stats_pipeline() if hasattr(source, "_stats_pipeline") else {}
+        pipeline["device_feed"] = {
+            "cpu_buffer_size": self.cpu_buffer_size, "device_buffer_size": self.device_buffer_size,
+        }
+        return pipeline
 
     def close(self) -> None:
         """Stops the feed threads, drops the buffers and closes the source; idempotent."""

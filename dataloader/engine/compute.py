@@ -52,7 +52,16 @@ class UnitResult:
             ``start + arange(len(outputs))`` (nothing was filtered or expanded).
         subs: each output's rank among its position's outputs; ``None`` means all zero.
         timings: seconds spent on ``"read"``, ``"batch"`` and each operation (by name)
-            while computing the unit, wherever it was computed.
+            while computing the unit, wherever it was computed; the pool adds
+            ``"transport"``, the parent's seconds receiving the result.
+        elements: how many elements the operations before the batch produced (the
+            rows of the unit's batches); -1: unknown (``len(outputs)``).
+        worker: the worker that computed the unit, -1 for this process (set by the pool).
+        began, ended: when computing started and ended, ``time.monotonic()`` seconds,
+            which every process of the machine reads from the same clock.
+        cpu_s: CPU seconds the computing thread spent on the unit (below ``ended -
+            began`` when it waited, on I/O for instance).
+        piped: the result came through a pipe, not shared memory (set by the pool).
     """
 
     start: int
@@ -61,6 +70,12 @@ class UnitResult:
     positions: np.ndarray | None = None
     subs: np.ndarray | None = None
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
+    elements: int = -1
+    worker: int = -1
+    began: float = 0.0
+    ended: float = 0.0
+    cpu_s: float = 0.0
+    piped: bool = False
 
     def tags(self) -> tuple[np.ndarray, np.ndarray]:
         n = len(self.outputs)
@@ -194,6 +209,9 @@ def compute_unit(
     """
     if report is not None:
         report(READ)
+    # For stats(): when (for timelines across processes) and how much CPU, four clock
+    # reads per unit.
+    wall, cpu = time.monotonic(), time.thread_time()
     began = time.perf_counter()
     keys = plan.sampler.record_keys(np.arange(start, stop, dtype=np.int64))
     try:
@@ -209,13 +227,16 @@ def compute_unit(
     elements, positions, subs = apply_steps(
         plan, plan.pre, list(records), None, None, start, timings, report, passthrough
     )
-    if plan.layout != BATCH:
-        return UnitResult(start, stop, elements, positions, subs, timings)
-    assert plan.batch is not None
-    outputs, positions, subs = batch_and_post(
-        plan, elements, start, 0, timings, report, passthrough
+    outputs = elements
+    if plan.layout == BATCH:
+        assert plan.batch is not None
+        outputs, positions, subs = batch_and_post(
+            plan, elements, start, 0, timings, report, passthrough
+        )
+    return UnitResult(
+        start, stop, outputs, positions, subs, timings, elements=len(elements), began=wall,
+        ended=time.monotonic(), cpu_s=time.thread_time() - cpu,
     )
-    return UnitResult(start, stop, outputs, positions, subs, timings)
 
 
 def batch_and_post(

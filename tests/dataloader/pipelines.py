@@ -6,6 +6,9 @@ named for what it exercises.
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 import numpy as np
 
 import dataloader as dl
@@ -85,3 +88,21 @@ def make_loader(name: str, *, n: int = 23, epochs: int | None = 3, shard=(0, 1),
         data_source=dl.RangeDataSource(n), sampler=sampler, operations=PIPELINES[name](),
         worker_count=worker_count, **kw,
     )
+
+
+class SlowStorage:
+    """Records ``0..n-1`` behind a latency per read call, like a remote file system (the
+    advice's ``io_wait`` rule: reading that waits, not computes)."""
+
+    def __init__(self, n: int, latency_s: float) -> None:
+        self.n, self.latency_s = n, latency_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        return self.__getitems__([i])[0]
+
+    def __getitems__(self, keys: Any) -> list[int]:
+        time.sleep(self.latency_s)
+        return [int(k) for k in keys]

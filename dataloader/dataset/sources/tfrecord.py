@@ -53,6 +53,8 @@ class TFRecordIterDataset(FileIterDataset):
 class TFRecordFileIterator(DatasetIterator):
     """The records of one TFRecord file; its state is the next record's byte offset."""
 
+    _stats_name = "read"  # stats(): reading the file is the stream's read stage
+
     def __init__(self, path: str) -> None:
         super().__init__()
         self._path = path

@@ -444,7 +444,11 @@ class PoolExecutor:
             transport.give_back(entry.token)
             window.finish(entry.unit, Outcome(None, remote_error(message.error, w.index)))
             return
+        began = time.perf_counter()
         value, size = transport.receive(entry.token, message, nbytes)
+        # For stats(): who computed the unit, how it travelled, what receiving it cost.
+        value.worker, value.piped = w.index, message.layout is None
+        value.timings["transport"] = time.perf_counter() - began
         transport.note_size(size, self._blocks_needed())
         window.finish(entry.unit, Outcome(value))
         if w.retiring and not window.held(w.key):

@@ -5,13 +5,22 @@ and goes back there (``set_state()``). Iterators that read other iterators (the
 iterator-level stages beside this module, a user's own) pass them to ``__init__`` as
 parents, so that ``close()`` and ``start_prefetch()`` reach the whole chain, and nest
 their parents' states in their own (``{"parent": ..., ...}``).
+
+Every subclass's ``__next__`` runs under the iterator's stats clock (wrapped once, when
+the class is made; see :mod:`dataloader.engine.stats.clock`), so each stage, a user's
+own included, reports its time and its outputs in ``stats()`` without doing anything.
+A subclass's ``__next__`` that calls its base class's is counted once.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator, Sequence
+import functools
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
+
+from dataloader.engine.stats import collect
+from dataloader.engine.stats.clock import Clock, Hook
 
 T = TypeVar("T")
 
@@ -25,6 +34,19 @@ class DatasetIterator(Iterator[T], abc.ABC):
     Args:
         parents: the iterators this one reads from (one, several, or none for a source).
     """
+
+    # stats(): this iterator's clock (made on first use), its name as a stage ("": the
+    # class's name, None: no stage of its own), and whether it makes batches (True),
+    # elements (False) or hands out what its parent does (None).
+    _clock: Clock | None = None
+    _stats_name: str | None = ""
+    _stats_batches: bool | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("__next__")
+        if own is not None and not getattr(own, "_timed", False):
+            cls.__next__ = _timed(own)  # type: ignore[method-assign, assignment]
 
     def __init__(self, parents: DatasetIterator | Sequence[DatasetIterator] = ()) -> None:
         if isinstance(parents, Iterator) and not isinstance(parents, Sequence):
@@ -60,14 +82,30 @@ class DatasetIterator(Iterator[T], abc.ABC):
                 parent.start_prefetch()
 
     def stats(self) -> dict[str, Any]:
-        """Where the time went (see :class:`~dataloader.engine.stats.Stats`): the stats of
-        the engine under this iterator, or zeros for a stream with no engine."""
-        for parent in self._parents:
-            if hasattr(parent, "stats"):
-                return parent.stats()
-        from dataloader.engine.stats import Stats
+        """Where the time went, in the shape every iterator shares (see the README's
+        "Where the time goes"): the totals of the iterators under this one, this
+        stage's own seconds, what it handed out, and the same over the last seconds."""
+        return collect.stats_of(self)
 
-        return Stats().as_dict()
+    def add_stats_hook(self, callback: Hook, every_s: float = 10.0) -> None:
+        """Calls ``callback(self.stats())`` every ``every_s`` seconds, from ``next()``.
+
+        For sending the numbers to TensorBoard or Prometheus
+        (:func:`~dataloader.engine.stats.flatten` makes them flat), or a log line
+        (:func:`dataloader.log_stats`). The hook runs in the thread that calls
+        ``next()``, between two elements; what it raises reaches that caller.
+        """
+        collect.clock_of(self).add_hook(callback, every_s)
+
+    def _stats_totals(self) -> dict[str, Any]:
+        return collect.chain_totals(self)
+
+    def _stats_parents(self) -> Sequence[Any]:
+        """The iterators whose totals this one adds up (its parents, by default)."""
+        return getattr(self, "_parents", ())
+
+    def _stats_pipeline(self) -> dict[str, Any]:
+        return collect.chain_pipeline(self)
 
     def _get_next_index(self) -> int:
         """The index of the next element, where it is known without processing."""
@@ -96,3 +134,19 @@ class DatasetIterator(Iterator[T], abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _timed(next_fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``next_fn`` (a subclass's ``__next__``) run under the iterator's stats clock."""
+
+    @functools.wraps(next_fn)
+    def __next__(self: Any) -> Any:
+        if type(self).__next__ is not __next__:  # a subclass's __next__ calling its base's
+            return next_fn(self)
+        clock = self._clock
+        if clock is None:
+            clock = collect.clock_of(self)
+        return clock.call(self, next_fn)
+
+    __next__._timed = True  # type: ignore[attr-defined]
+    return __next__

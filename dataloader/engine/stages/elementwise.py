@@ -43,6 +43,7 @@ class ElementwiseIterator(DatasetIterator):
         watch: Any = None,
     ) -> None:
         super().__init__(parent)
+        self._stats_name = " + ".join(op.name for op in ops)  # its seconds in stats()
         self._watch = watch  # a FilterWatch: Grain's filter thresholds
         self._ops = [
             (op, op.element_fn(), _rngs(op, stream, default_seed)) for stream, op in enumerate(ops)
@@ -128,8 +129,11 @@ def _rngs(op: Operation, stream: int, default_seed: int | None) -> RecordRngFact
 class BatchIterator(DatasetIterator):
     """Pulls ``batch_size`` elements and stacks them; its state is the parent's."""
 
+    _stats_batches = True  # stats(): its outputs are batches of its parent's elements
+
     def __init__(self, parent: DatasetIterator, batch: Batch) -> None:
         super().__init__(parent)
+        self._stats_name = batch.name
         self._batch = batch
         self._end: Any = None  # the parent's state where the stream ended
 

@@ -30,6 +30,8 @@ from concurrent import futures
 from typing import Any
 
 from dataloader.engine.stages.base import DatasetIterator
+from dataloader.engine.stats import collect
+from dataloader.engine.stats.shape import add_totals, empty_totals
 from dataloader.errors import StateMismatchError
 
 Opener = Callable[[int], DatasetIterator]
@@ -110,6 +112,8 @@ class InterleaveDatasetIterator(DatasetIterator):
         self._ended: list[Any] = [None] * self._cycle  # final state of a slot's ended stream
         self._turn = 0
         self._opened = 0
+        self._retired = empty_totals()  # stats of the streams that ended
+        self._retired_s = 0.0  # and their seconds in next(), called from this one
         self._maker = (
             _Maker(opener, num_make_iter_threads, make_iter_buffer_size)
             if num_make_iter_threads and make_iter_buffer_size
@@ -140,6 +144,7 @@ class InterleaveDatasetIterator(DatasetIterator):
                 except StopIteration:
                     self._ended[slot] = it.get_state()
                     self._slots[slot] = None
+                    self._retire(it)
                     it.close()
                     self._next_turn()
                     continue
@@ -175,6 +180,7 @@ class InterleaveDatasetIterator(DatasetIterator):
             keep = current is not None and self._indices[slot] == index and it_state is not None and not ended
             if current is not None and not keep:
                 self._slots[slot] = None
+                self._retire(current)
                 current.close()
             self._ended[slot] = it_state if ended else None
             if it_state is not None and not ended:
@@ -216,11 +222,18 @@ class InterleaveDatasetIterator(DatasetIterator):
             if it is not None:
                 it.start_prefetch()
 
-    def stats(self) -> dict[str, Any]:
-        for it in self._slots:
-            if it is not None:
-                return it.stats()
-        return super().stats()
+    def _retire(self, it: Any) -> None:
+        """Keeps the stats of a stream that ended (stats() adds them up)."""
+        if hasattr(it, "_stats_totals"):
+            add_totals(self._retired, it._stats_totals())
+        if getattr(it, "_clock", None) is not None and it._clock.thread == collect.clock_of(self).thread:
+            self._retired_s += it._clock.inside_s()
+
+    def _stats_parents(self) -> list[Any]:
+        return [it for it in self._slots if it is not None]
+
+    def _stats_totals(self) -> dict[str, Any]:
+        return collect.chain_totals(self, self._retired, self._retired_s)
 
     def close(self) -> None:
         if self._closed:

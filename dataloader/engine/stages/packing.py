@@ -44,8 +44,11 @@ def _failed(op: Any, exc: Exception) -> PipelineError:
 class FitPackIterator(DatasetIterator):
     """First-fit or best-fit packing of the parent's elements, round by round."""
 
+    _stats_batches = False  # stats(): its rows are the elements out
+
     def __init__(self, parent: DatasetIterator, op: FitPack) -> None:
         super().__init__(parent)
+        self._stats_name = op.name
         self._op = op
         self._describe = op.describe()
         self._start: tuple[Any, int] = (parent.get_state(), 0)  # where the round starts
@@ -124,8 +127,11 @@ class FitPackIterator(DatasetIterator):
 class ConcatIterator(DatasetIterator):
     """Concat-then-split packing of the parent's elements, one row at a time."""
 
+    _stats_batches = False  # stats(): its rows are the elements out
+
     def __init__(self, parent: DatasetIterator, op: ConcatThenSplit) -> None:
         super().__init__(parent)
+        self._stats_name = op.name
         self._op = op
         self._describe = op.describe()
         self._carry: tuple[Any, dict[str, int], Any] | None = None  # (element, offsets, state before)

@@ -81,6 +81,9 @@ def _release(producer: _Producer, parent: Any) -> None:
 class ThreadPrefetchDatasetIterator(DatasetIterator):
     """The iterator of :class:`ThreadPrefetchIterDataset` (see there)."""
 
+    # stats(): its time in next() is its caller waiting for the thread, not a stage.
+    _stats_name = None
+
     def __init__(self, parent: DatasetIterator, buffer_size: int) -> None:
         super().__init__(parent)
         self._size = buffer_size

@@ -56,6 +56,8 @@ class TailIterator(DatasetIterator):
         seed: the seed of random maps among them that have no ``rng_seed``.
     """
 
+    _stats_name = None  # stats(): it only passes its stages' outputs on
+
     def __init__(self, head: DatasetIterator, tail: Sequence[Any], seed: int | None) -> None:
         top = head
         group: list[Any] = []

@@ -1,4 +1,7 @@
-"""The command line: run, inspect, convert (in-process), and one real ``python -m dataloader``."""
+"""The command line: convert (in-process), progress, and the demo through ``python -m dataloader``.
+
+``run`` and its report are in test_run.py, ``inspect`` in test_inspect.py.
+"""
 
 from __future__ import annotations
 
@@ -12,117 +15,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import yaml
-from absl import app
 
 import dataloader as dl
-from dataloader.cli import main as cli
 from dataloader.cli.convert import convert
-from dataloader.cli.inspect_records import describe_array_records
 from dataloader.cli.progress import Progress
 from tests.helpers import REPO_ROOT
 
 ROOT = REPO_ROOT
-
-
-def square(x):
-    return x * x
-
-
-def keep_even(x):
-    return x % 2 == 0
-
-
-@pytest.fixture
-def config_path(tmp_path) -> str:
-    data = {
-        "source": {"kind": "dataloader.sources.RangeDataSource", "options": {"start": 40}},
-        "sampler": {"num_epochs": 1},
-        "operations": [{"map": f"{__name__}.square"}, {"filter": f"{__name__}.keep_even"},
-                       {"batch": {"batch_size": 5}}],
-    }
-    path = tmp_path / "pipeline.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return str(path)
-
-
-def test_run_reports_throughput_first_batch_and_each_stage(config_path):
-    text = cli.run_command([config_path], max_batches=None)
-    assert "batches        4 (20 records)" in text
-    for label in ("records/s", "first batch", "computing", "read", "MapTransform(square)",
-                  "FilterTransform(keep_even)", "batch"):
-        assert label in text, f"{label!r} missing from:\n{text}"
-
-
-def test_run_applies_overrides_and_max_batches(config_path):
-    text = cli.run_command([config_path, "operations.2.batch.batch_size=2"], max_batches=3)
-    assert "batches        3 (6 records)" in text
-
-
-def twice(x):
-    return [x, x]
-
-
-def range_loader(operations, num_epochs=1, shard=(0, 1), drop_remainder=False) -> dl.DataLoader:
-    options = dl.ShardOptions(*shard, drop_remainder=drop_remainder)
-    return dl.DataLoader(dl.RangeDataSource(40), dl.IndexSampler(40, options, num_epochs=num_epochs), operations)
-
-
-@pytest.mark.parametrize(
-    "operations",
-    [[dl.FilterTransform(keep_even)], [dl.FlatMapTransform(twice)],
-     [dl.Batch(5), dl.FilterTransform(lambda b: b[0] > 10)]],
-    ids=["filter_without_batch", "flat_map_without_batch", "filter_after_batch"],
-)
-def test_progress_total_is_unknown_when_a_filter_or_flat_map_changes_the_count(operations):
-    loader = range_loader(operations)
-    assert cli._expected_batches(loader, None) is None
-    assert cli._expected_batches(loader, 3) == 3
-
-
-def test_progress_total_counts_batches_when_nothing_filters():
-    assert cli._expected_batches(range_loader([dl.MapTransform(square), dl.Batch(6)]), None) == 7
-    assert cli._expected_batches(range_loader([dl.Batch(6, drop_remainder=True)]), None) == 6
-    assert cli._expected_batches(range_loader([dl.MapTransform(square)]), None) == 40
-
-
-def test_default_limit_of_an_endless_stream_is_one_epoch_of_this_shard():
-    loader = range_loader([dl.Batch(2)], num_epochs=None, shard=(2, 3), drop_remainder=True)
-    assert cli._default_limit(loader) == (6, "one epoch's worth (the stream repeats for ever)")
-
-
-def test_run_needs_a_config():
-    with pytest.raises(app.UsageError, match="run needs a config"):
-        cli.run_command([], max_batches=None)
-
-
-def test_unknown_command_is_a_usage_error():
-    with pytest.raises(app.UsageError, match="expected a command, one of run, inspect, convert, demo"):
-        cli.main(["prog", "train"])
-
-
-@pytest.mark.multiprocess
-@pytest.mark.timeout(120)
-def test_python_m_dataloader_run_draws_progress_and_refuses_a_bad_key(config_path):
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    ok = subprocess.run([sys.executable, "-m", "dataloader", "run", config_path, "loader.worker_count=2"],
-                        capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
-    assert ok.returncode == 0, ok.stderr
-    assert "pipeline.yaml 4 batches" in ok.stderr and "records/s" in ok.stdout  # the progress line
-    assert "blocked on 2 worker(s)" in ok.stdout
-    bad = subprocess.run([sys.executable, "-m", "dataloader", "run", config_path, "sampler.seed=abc"],
-                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
-    assert bad.returncode == 2
-    assert bad.stderr.strip() == "config error: sampler.seed: expected an integer (or null), got 'abc'"
-
-
-def test_inspect_reports_files_records_group_size_and_a_record(tmp_path):
-    for shard in range(2):
-        dl.write_array_record(tmp_path / f"d-{shard}.array_record", [b'{"x": %d}' % i for i in range(3)])
-    text = describe_array_records([str(tmp_path / "d-*.array_record")], index=4)
-    assert text.splitlines()[0] == "2 file(s), 6 records"
-    assert "3 records  group size 1" in text
-    assert text.splitlines()[-1] == 'record 4 (8 bytes): JSON {"x": 1}'
 
 
 def read_all(paths: list[str]) -> list[bytes]:

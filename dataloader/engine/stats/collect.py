@@ -1,0 +1,147 @@
+"""``stats()`` of a chain of iterators: the engines' totals plus each stage's own time.
+
+An iterator-level stage (packing, a map after it, a user's ``DatasetIterator``, the
+device feed) answers ``stats()`` with the totals of the iterators under it (added up
+when there are several, e.g. a mixture of loaders; worker keys are then prefixed with
+the parent's number, ``"1/0"``), plus:
+
+* its own seconds under its name in ``stage_seconds``: its time in ``next()`` minus
+  that of its parents called from the same thread (see :mod:`.clock`);
+* the counts of what it hands out: a stage that makes batches (``_stats_batches =
+  True``, e.g. ``batch()``) counts its outputs as ``batches_out`` and its parent's
+  outputs as ``elements_out``; one that makes elements (``False``, a packer) counts its
+  outputs as ``elements_out``; the rest (``None``) hand out what their parent does; a
+  stream with no parent (a Parquet or TFRecord stream) counts its outputs as records
+  read too;
+* ``wait_s``: the time its own caller spent in its ``next()``.
+
+The protocol, on any iterator that takes part: ``_stats_totals()``, ``_stats_parents()``,
+``_stats_pipeline()``, the class attributes ``_stats_name`` (a stage name, ``""``
+for the class's name, None for no stage of its own) and ``_stats_batches``, and a
+:class:`~dataloader.engine.stats.clock.Clock` in ``_clock``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from dataloader.engine.stats.clock import Clock
+from dataloader.engine.stats.shape import add_totals, empty_totals, publish
+
+
+def clock_of(it: Any, exact: bool = False) -> Clock:
+    """The iterator's clock, made on first use (user iterators need not make one)."""
+    clock = it._clock
+    if clock is None:
+        clock = it._clock = Clock(_totals_of, exact)
+    return clock
+
+
+def _totals_of(it: Any) -> dict[str, Any]:
+    return it._stats_totals()
+
+
+def _participants(it: Any) -> list[Any]:
+    return [p for p in it._stats_parents() if hasattr(p, "_stats_totals")]
+
+
+def yields_batches(it: Any) -> bool:
+    """Whether the iterator hands out batches (see the module docstring)."""
+    flag = getattr(it, "_stats_batches", None)
+    if flag is not None:
+        return bool(flag)
+    parents = _participants(it)
+    return bool(parents) and yields_batches(parents[0])
+
+
+def stage_name(it: Any) -> str | None:
+    name = getattr(it, "_stats_name", "")
+    return type(it).__name__ if name == "" else name
+
+
+def chain_totals(it: Any, retired: dict[str, Any] | None = None, retired_s: float = 0.0) -> dict[str, Any]:
+    """The totals of a stage over its parents (see the module docstring).
+
+    ``retired``: the totals of parents that are gone (an interleave's ended streams),
+    and ``retired_s`` their seconds in ``next()``.
+    """
+    parents = _participants(it)
+    below = [p._stats_totals() for p in parents]
+    if retired is not None:
+        below.append(retired)
+    totals = empty_totals()
+    several = sum(1 for t in below if t["workers"]) > 1
+    for i, sub in enumerate(below):
+        add_totals(totals, sub, f"{i}/" if several else "")
+    clock = clock_of(it)
+    name = stage_name(it)
+    inner = retired_s + sum(
+        p._clock.inside_s() for p in parents if p._clock is not None and p._clock.thread == clock.thread
+    )
+    own = clock.inside_s() - inner
+    if name is not None and own > 0:
+        stages = totals["stage_seconds"]
+        stages[name] = stages.get(name, 0.0) + own
+    outputs = clock.outputs
+    if not below:
+        totals["records_read"] += outputs
+        totals["elements_out"] = outputs
+    elif yields_batches(it):
+        totals["batches_out"] = outputs
+        if getattr(it, "_stats_batches", None):  # made its batches from its parents' outputs
+            totals["elements_out"] = sum(t["elements_out"] for t in below)
+    else:
+        totals["elements_out"], totals["batches_out"] = outputs, 0
+    totals["wait_s"] = clock.wait_s()
+    return totals
+
+
+def chain_pipeline(it: Any) -> dict[str, Any]:
+    """The first engine's description, with the iterator-level stages above it."""
+    stages: list[str] = []
+    node: Any = it
+    while True:
+        own = getattr(node, "_pipeline", None)
+        if own is not None:
+            pipeline = dict(own)
+            break
+        name = stage_name(node)
+        if name is not None:
+            stages.append(name)
+        parents = _participants(node)
+        if not parents:
+            pipeline = {}
+            break
+        node = parents[0]
+    if stages:
+        pipeline["stages"] = [*pipeline.get("stages", []), *reversed(stages)]
+    return pipeline
+
+
+def stats_of(it: Any, queues: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The public ``stats()`` dict of ``it`` (see :func:`~dataloader.engine.stats.shape.publish`)."""
+    clock = clock_of(it)
+    now = time.monotonic()
+    return publish(
+        it._stats_totals(),
+        elapsed_s=now - clock.made,
+        active_s=clock.active_s(now),
+        first_next_s=clock.first_s,
+        window=clock.history.window(now),
+        pipeline=it._stats_pipeline(),
+        queues=queues,
+    )
+
+
+def engines(it: Any) -> list[Any]:
+    """The loader iterators (with ``unit_stats``) under ``it``, ``it`` included, in order."""
+    found: list[Any] = []
+    stack = [it]
+    while stack:
+        node = stack.pop()
+        if hasattr(node, "unit_stats"):
+            found.append(node)
+        elif hasattr(node, "_stats_parents"):
+            stack.extend(reversed(list(node._stats_parents())))
+    return found

@@ -1,0 +1,37 @@
+"""What a pipeline is, as ``stats()["pipeline"]`` says it: what the advice rules read.
+
+Computed once, when a loader's iterator is made; plain JSON values only, so a
+``stats.json`` file carries everything the rules need.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def describe_pipeline(plan: Any, loader: Any) -> dict[str, Any]:
+    """The source, its files' group sizes, the sampler's order, the operations, workers.
+
+    Args:
+        plan: the loader's :class:`~dataloader.engine.plan.Plan`.
+        loader: the :class:`~dataloader.DataLoader` (worker count, read options ...).
+    """
+    source, sampler = plan.source, plan.sampler
+    groups = [g for g in getattr(source, "group_sizes", ()) or () if g is not None]
+    read = loader.read_options
+    return {
+        "source": type(source).__name__,
+        "num_records": int(sampler.num_records),
+        "shuffle": bool(getattr(sampler, "shuffle", False)),
+        "max_group_size": max(groups) if groups else None,
+        "files_with_groups": sum(1 for g in groups if g > 1),
+        "operations": list(plan.operation_names),
+        "batch_size": plan.batch.batch_size if plan.batch is not None else None,
+        "unit_size": plan.unit_size,
+        "layout": plan.layout,
+        # "auto": the pool sizes itself (worker_count="auto"); the count varies.
+        "worker_count": loader.worker_count if isinstance(loader.worker_count, int) else "auto",
+        "worker_buffer_size": loader.worker_buffer_size,
+        "read_threads": read.num_threads,
+        "read_prefetch": read.prefetch_buffer_size,
+    }

@@ -536,9 +536,40 @@ def granary_loader(
     )
 
 
+def granary_spawn_loader(*args: Any, **kwargs: Any) -> Measurement:
+    """Our DataLoader with every worker started as a fresh interpreter, as before the
+    fork server (``GRANARY_FORK_SERVER=0``): the fork server's effect, in one run."""
+    os.environ["GRANARY_FORK_SERVER"] = "0"  # read when the pool's module is imported
+    return granary_loader(*args, **kwargs)
+
+
+def granary_auto_loader(paths: Sequence[str], order: np.ndarray, decode: str, batch_size: int,
+                        workers: int, *, warmup_batches: int, max_seconds: float) -> Measurement:
+    """Our DataLoader with ``worker_count="auto"`` capped at ``workers`` (at least 1),
+    starting at 1: how fast it finds the count a hungry consumer needs."""
+    import dataloader as dl
+
+    def make_iterator() -> Iterator[Any]:
+        source = dl.ArrayRecordDataSource(list(paths))
+        sampler = dl.IndexSampler(num_records=len(source), shuffle=True, seed=0, num_epochs=1)
+        auto = dl.AutoWorkers(max_workers=max(workers, 1), initial=1, interval_s=0.25)
+        loader = dl.DataLoader(
+            data_source=source, sampler=sampler,
+            operations=[dl.MapTransform(decoders.get(decode)),
+                        dl.Batch(batch_size=batch_size, drop_remainder=True)],
+            worker_count=auto,
+        )
+        return iter(loader)
+
+    return measure(make_iterator, batch_size, len(order), warmup_batches=warmup_batches,
+                   max_seconds=max_seconds, notes="worker_count=AutoWorkers(max_workers=N, initial=1)")
+
+
 LOADERS: dict[str, Loader] = {
     "raw": raw_array_record,
     "granary": granary_loader,
+    "granary_spawn": granary_spawn_loader,
+    "granary_auto": granary_auto_loader,
     "grain": grain_loader,
     "grain_nothreads": grain_nothreads_loader,
     "torch": torch_loader,

@@ -42,7 +42,10 @@ DATASET_RUNS = {
     "png": {"batch_size": 128, "records": 50_000, "quick_records": 20_000},
     "jpeg": {"batch_size": 32, "records": 5_000, "quick_records": 1_200},
 }
-FRAMEWORKS = ["raw", "granary", "grain", "grain_nothreads", "torch", "torch_spawn", "ceiling", "fork_pool"]
+FRAMEWORKS = [
+    "raw", "granary", "granary_spawn", "granary_auto", "grain", "grain_nothreads", "torch",
+    "torch_spawn", "ceiling", "fork_pool",
+]
 DEFAULT_ROWS = [
     ("raw", 0),
     ("granary", 0),
@@ -172,14 +175,14 @@ def format_table(dataset: str, rows: list[tuple[str, int, dict]], meta: str) -> 
 def format_scaling(dataset: str, rows: list[tuple[str, int, dict]], meta: str) -> str:
     """The scaling table: each row against the ceiling of as many processes."""
     header = (
-        f"{'row':<10} {'N':>3} {'records/s':>10} {'% ceiling':>9} {'x fork pool':>11} "
+        f"{'row':<14} {'N':>3} {'records/s':>10} {'% ceiling':>9} {'x fork pool':>11} "
         f"{'ramp rec/s (1st s)':>18} {'tree CPU us/rec':>15} {'x ceiling CPU':>13}"
     )
     by = {(name, w): r for name, w, r in rows if r.get("ok")}
     lines = [f"== scaling, {dataset}: {meta}", header, "-" * len(header)]
     for name, workers, reply in rows:
         if not reply.get("ok"):
-            lines.append(f"{name:<10} {workers:>3} not available: {reply['reason']}")
+            lines.append(f"{name:<14} {workers:>3} not available: {reply['reason']}")
             continue
         top, pool = by.get(("ceiling", workers)), by.get(("fork_pool", workers))
         pct = f"{100 * reply['records_per_s'] / top['records_per_s']:.0f}%" if top else "-"
@@ -187,7 +190,7 @@ def format_scaling(dataset: str, rows: list[tuple[str, int, dict]], meta: str) -
         cpu = reply.get("tree_cpu_us_per_record", 0.0)
         vs_cpu = f"{cpu / top['tree_cpu_us_per_record']:.2f}" if top and top.get("tree_cpu_us_per_record") else "-"
         lines.append(
-            f"{name:<10} {workers:>3} {reply['records_per_s']:>10,.0f} {pct:>9} {vs_pool:>11} "
+            f"{name:<14} {workers:>3} {reply['records_per_s']:>10,.0f} {pct:>9} {vs_pool:>11} "
             f"{reply.get('ramp_records_per_s', 0.0):>18,.0f} {cpu:>15.1f} {vs_cpu:>13}"
         )
     return "\n".join(lines)
@@ -280,7 +283,8 @@ def main(argv: list[str]) -> int:
     max_seconds = args.max_seconds or (1.5 if args.quick else 4.0)
     if args.scaling:
         counts = sorted(keep_workers) or list(range(1, max(2, (os.cpu_count() or 2) - 2) + 1))
-        names = [n for n in ("ceiling", "fork_pool", "granary") if not args.only or n in frameworks]
+        default = ("ceiling", "fork_pool", "granary")
+        names = [n for n in FRAMEWORKS if (n in frameworks if args.only else n in default)]
         rows = [(name, w) for w in counts for name in names]
         args.warmup_batches = 0
         max_seconds = max(max_seconds, 1.0)

@@ -147,7 +147,14 @@ def test_python_m_dataloader_run_draws_progress_and_refuses_a_bad_key(config_pat
                         capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=120)
     assert ok.returncode == 0, ok.stderr
     assert re.search(r"pipeline\.yaml 4 batches \| [\d,]+ records/s, .*, slowest ", ok.stderr), ok.stderr
-    assert "workers        2: 0: busy" in ok.stdout and "elements out   20" in ok.stdout
+    assert "elements out   20" in ok.stdout
+    # Which of the two workers picks up units is up to the scheduler; together with the
+    # parent they computed every unit of the 40 records (5 records per unit).
+    line = re.search(r"^workers        2: (.*)$", ok.stdout, re.M)
+    assert line, ok.stdout
+    entries = re.findall(r"(\d+|main): busy \d+% \(([\d,]+) units\)", line.group(1))
+    assert entries and {key for key, _ in entries} <= {"0", "1", "main"}, line.group(0)
+    assert sum(int(units) for _, units in entries) == 8, line.group(0)
     bad = subprocess.run([sys.executable, "-m", "dataloader", "run", config_path, "sampler.seed=abc"],
                          capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=120)
     assert bad.returncode == 2

@@ -183,7 +183,8 @@ def test_each_worker_loads_the_tokenizer_once_and_output_does_not_depend_on_work
     with_workers, alone = run(2), run(0)
     assert [b["tokens"].tolist() for b in with_workers] == [b["tokens"].tolist() for b in alone]
     pids = {int(b["pid"][0]) for b in with_workers}
-    assert len(pids) == 2 and os.getpid() not in pids
+    # Which worker takes which unit is up to the scheduler (one may take them all).
+    assert 1 <= len(pids) <= 2 and os.getpid() not in pids
     for pid in pids:  # in each worker: one backend object, one tokenizer in the cache
         rows = [b for b in with_workers if int(b["pid"][0]) == pid]
         assert len({int(b["backend"][0]) for b in rows}) == 1

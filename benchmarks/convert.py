@@ -46,8 +46,9 @@ import sys
 import time
 from pathlib import Path
 
+from bench_env import ensure_venv
+
 HERE = Path(__file__).resolve().parent
-VENV = HERE / ".venv"
 DATA = HERE / "data" / "convert"
 HALVES = "single process, 2 halves at once"
 ROWS = [
@@ -190,15 +191,6 @@ def run_row(request: dict, timeout: float) -> dict:
     return {"ok": False, "reason": f"exit {process.returncode}: {tail[-1][:200]}"}
 
 
-def ensure_venv(argv: list[str]) -> None:
-    """Re-executes this script in benchmarks/.venv (built by setup_env.sh) if needed."""
-    python = VENV / "bin" / "python"
-    if Path(sys.prefix).resolve() == VENV.resolve():
-        return
-    subprocess.run(["bash", str(HERE / "setup_env.sh")], check=True)
-    os.execv(str(python), [str(python), str(Path(__file__).resolve()), *argv])
-
-
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--records", type=int, default=200_000)
@@ -214,7 +206,7 @@ def main(argv: list[str]) -> int:
         print(json.dumps(measure(json.loads(args.measure))), flush=True)
         return 0
     if not args.no_venv:
-        ensure_venv(argv)
+        ensure_venv(__file__, argv)
     records = 40_000 if args.quick else args.records
     files = make_input(records, args.record_bytes, args.files)
     megabytes = sum(os.path.getsize(p) for p in files) / 1e6

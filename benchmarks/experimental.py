@@ -24,15 +24,14 @@ produced the same number of outputs.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from bench_env import ensure_venv
 
 HERE = Path(__file__).resolve().parent
 
@@ -94,10 +93,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--no-venv", action="store_true")
     args = parser.parse_args(argv)
-    python = HERE / ".venv" / "bin" / "python"
-    if not args.no_venv and Path(sys.prefix).resolve() != (HERE / ".venv").resolve():
-        subprocess.run(["bash", str(HERE / "setup_env.sh")], check=True)
-        os.execv(str(python), [str(python), str(Path(__file__).resolve()), *argv])
+    if not args.no_venv:
+        ensure_venv(__file__, argv)
     import grain  # imported before timing: it imports JAX
 
     import dataloader as dl

@@ -16,14 +16,13 @@ over all cells of the rows).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+from bench_env import ensure_venv
 
 HERE = Path(__file__).resolve().parent
 ROW = 2048
@@ -79,10 +78,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--bins", default="8,32")
     parser.add_argument("--no-venv", action="store_true")
     args = parser.parse_args(argv)
-    python = HERE / ".venv" / "bin" / "python"
-    if not args.no_venv and Path(sys.prefix).resolve() != (HERE / ".venv").resolve():
-        subprocess.run(["bash", str(HERE / "setup_env.sh")], check=True)
-        os.execv(str(python), [str(python), str(Path(__file__).resolve()), *argv])
+    if not args.no_venv:
+        ensure_venv(__file__, argv)
     import grain  # noqa: F401  (imported before timing: it imports JAX)
 
     lengths = make_lengths(args.sequences)

@@ -509,8 +509,11 @@ def granary_loader(
     *,
     warmup_batches: int,
     max_seconds: float,
+    worker_count: Any = None,
+    notes: str = "",
 ) -> Measurement:
-    """Our DataLoader, through its documented public API."""
+    """Our DataLoader, through its documented public API (``worker_count``: instead of
+    ``workers``, e.g. an ``AutoWorkers``)."""
     import dataloader as dl
 
     def make_iterator() -> Iterator[Any]:
@@ -523,7 +526,7 @@ def granary_loader(
                 dl.MapTransform(decoders.get(decode)),
                 dl.Batch(batch_size=batch_size, drop_remainder=True),
             ],
-            worker_count=workers,
+            worker_count=workers if worker_count is None else worker_count,
         )
         return iter(loader)
 
@@ -533,6 +536,7 @@ def granary_loader(
         len(order),
         warmup_batches=warmup_batches,
         max_seconds=max_seconds,
+        notes=notes,
     )
 
 
@@ -544,25 +548,14 @@ def granary_spawn_loader(*args: Any, **kwargs: Any) -> Measurement:
 
 
 def granary_auto_loader(paths: Sequence[str], order: np.ndarray, decode: str, batch_size: int,
-                        workers: int, *, warmup_batches: int, max_seconds: float) -> Measurement:
+                        workers: int, **kwargs: Any) -> Measurement:
     """Our DataLoader with ``worker_count="auto"`` capped at ``workers`` (at least 1),
     starting at 1: how fast it finds the count a hungry consumer needs."""
     import dataloader as dl
 
-    def make_iterator() -> Iterator[Any]:
-        source = dl.ArrayRecordDataSource(list(paths))
-        sampler = dl.IndexSampler(num_records=len(source), shuffle=True, seed=0, num_epochs=1)
-        auto = dl.AutoWorkers(max_workers=max(workers, 1), initial=1, interval_s=0.25)
-        loader = dl.DataLoader(
-            data_source=source, sampler=sampler,
-            operations=[dl.MapTransform(decoders.get(decode)),
-                        dl.Batch(batch_size=batch_size, drop_remainder=True)],
-            worker_count=auto,
-        )
-        return iter(loader)
-
-    return measure(make_iterator, batch_size, len(order), warmup_batches=warmup_batches,
-                   max_seconds=max_seconds, notes="worker_count=AutoWorkers(max_workers=N, initial=1)")
+    auto = dl.AutoWorkers(max_workers=max(workers, 1), initial=1, interval_s=0.25)
+    return granary_loader(paths, order, decode, batch_size, workers, worker_count=auto,
+                          notes="worker_count=AutoWorkers(max_workers=N, initial=1)", **kwargs)
 
 
 LOADERS: dict[str, Loader] = {

@@ -31,8 +31,9 @@ import sys
 import time
 from pathlib import Path
 
+from bench_env import ensure_venv
+
 HERE = Path(__file__).resolve().parent
-VENV = HERE / ".venv"
 
 # Per data set: batch size, records per row (full, --quick).
 # Record caps are high enough that on this 2-core machine the time cap
@@ -217,15 +218,6 @@ def parse_list(text: str, allowed: list[str], what: str) -> list[str]:
     return items
 
 
-def ensure_venv(argv: list[str]) -> None:
-    """Re-executes this script in benchmarks/.venv (built by setup_env.sh) if needed."""
-    python = VENV / "bin" / "python"
-    if Path(sys.prefix).resolve() == VENV.resolve():
-        return
-    subprocess.run(["bash", str(HERE / "setup_env.sh")], check=True)
-    os.execv(str(python), [str(python), str(Path(__file__).resolve()), *argv])
-
-
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -267,7 +259,7 @@ def main(argv: list[str]) -> int:
     if args.measure is not None:
         return child_main(args.measure)
     if not args.no_venv:
-        ensure_venv(argv)
+        ensure_venv(__file__, argv)
 
     sys.path.insert(0, str(HERE))
     import data

@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import argparse
 import glob
-import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -29,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from bench_env import ensure_venv
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data" / "streaming"
@@ -149,10 +148,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--only", default="", help="comma-separated words a row's name must contain one of")
     parser.add_argument("--no-venv", action="store_true", help="run here, without Grain unless it is installed")
     args = parser.parse_args(argv)
-    python = HERE / ".venv" / "bin" / "python"
-    if not args.no_venv and Path(sys.prefix).resolve() != (HERE / ".venv").resolve():
-        subprocess.run(["bash", str(HERE / "setup_env.sh")], check=True)
-        os.execv(str(python), [str(python), str(Path(__file__).resolve()), *argv])
+    if not args.no_venv:
+        ensure_venv(__file__, argv)
     try:
         import grain  # imported before timing (it imports JAX)
     except ImportError:

@@ -20,9 +20,11 @@ from typing import Any
 
 import yaml
 
+from dataloader.errors import ConfigError
 
-class OverrideError(ValueError):
-    """An override is malformed or does not fit the config's structure."""
+
+class OverrideError(ConfigError):
+    """An override is malformed or does not fit the config's structure (a config error)."""
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

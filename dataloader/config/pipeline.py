@@ -55,7 +55,7 @@ import yaml
 from dataloader.config import checks as check
 from dataloader.config.import_path import ImportPathError, resolve_import
 from dataloader.config.operations import build_operations
-from dataloader.config.overrides import OverrideError, apply_overrides
+from dataloader.config.overrides import apply_overrides
 from dataloader.errors import ConfigError
 from dataloader.loader import DataLoader
 from dataloader.operations import RandomMapTransform
@@ -361,10 +361,7 @@ def parse_config(
         ConfigError: naming the key, what was expected and what was found.
     """
     data = check.mapping("config", data)
-    try:
-        data = apply_overrides(data, overrides)
-    except OverrideError as error:
-        raise ConfigError(str(error)) from None
+    data = apply_overrides(data, overrides)
     check.known_keys("", data, _TOP)
     if "description" in data and data["description"] is not None:
         check.string("description", data["description"])

@@ -55,7 +55,7 @@ from typing import Any
 import yaml
 
 from dataloader.config import checks as check
-from dataloader.config.overrides import OverrideError, apply_overrides
+from dataloader.config.overrides import apply_overrides
 from dataloader.errors import ConfigError
 
 DEFAULTS: dict[str, Any] = {
@@ -201,10 +201,7 @@ def parse_maxtext_config(
         ConfigError: naming the key, what was expected and what was found.
     """
     data = check.mapping("config", data)
-    try:
-        data = apply_overrides(data, overrides)
-    except OverrideError as error:
-        raise ConfigError(str(error)) from None
+    data = apply_overrides(data, overrides)
     other = _unknown(data, other_keys, ignore_unknown)
     v = {**DEFAULTS, **{k: data[k] for k in data if k in DEFAULTS}}
     check.string("dataset_type", v["dataset_type"], choices=("grain",))

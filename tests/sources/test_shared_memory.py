@@ -22,7 +22,7 @@ def _blocks() -> set[str]:
     (["héllo", "x"], 0, "héllo"),
     ([np.zeros((1, 2)), np.full((2, 2), 7.0), np.zeros((3, 2))], 1, [[7.0, 7.0], [7.0, 7.0]]),
 ])
-def test_records_read_back_in_this_and_another_process(elements, index, expected):
+def test_records_read_back_here_and_after_pickling(elements, index, expected):
     source = SharedMemoryDataSource(elements)
     for s in (source, pickle.loads(pickle.dumps(source))):
         got = s[index]

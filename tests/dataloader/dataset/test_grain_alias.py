@@ -32,11 +32,9 @@ def preprocess(r):
 def test_the_minimal_pipeline_of_grains_jax_guide():
     ds = (grain.MapDataset.source(SOURCE).seed(42).shuffle().map(preprocess)
           .batch(batch_size=128, drop_remainder=True).to_iter_dataset())
-    for batch in ds:
-        batch = jax.device_put(batch)
-        shapes = jax.tree.map(lambda x: (x.shape, x.dtype), batch)
-        assert shapes["image"] == ((128, 4, 4, 1), np.float32)
-        break
+    batch = jax.device_put(next(iter(ds)))
+    shapes = jax.tree.map(lambda x: (x.shape, x.dtype), batch)
+    assert shapes["image"] == ((128, 4, 4, 1), np.float32)
 
 
 def test_repeat_before_batch_makes_an_endless_dataset_of_static_shapes():

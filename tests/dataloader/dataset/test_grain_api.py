@@ -11,6 +11,7 @@ import pytest
 
 import dataloader as dl
 import dataloader.experimental as ge
+from tests.helpers import wait_until
 
 
 def test_apply_builds_the_chain_a_list_of_operations_describes():
@@ -106,20 +107,9 @@ def test_start_prefetch_computes_the_first_units_before_the_first_next():
 
     it = iter(dl.MapDataset.range(8).map(slow).batch(2).to_iter_dataset())
     it.start_prefetch()
-    assert _wait(lambda: len(seen) >= 1), "a unit started before the first next()"
+    assert wait_until(lambda: len(seen) >= 1, timeout=5.0), "a unit started before the first next()"
     gate.set()
     assert [b.tolist() for b in it] == [[0, 1], [2, 3], [4, 5], [6, 7]]
-
-
-def _wait(predicate, timeout=5.0):
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return predicate()
 
 
 def test_the_names_of_grain_experimental_are_there():

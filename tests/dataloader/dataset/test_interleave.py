@@ -212,7 +212,7 @@ def test_a_state_of_another_interleave_is_refused():
     with pytest.raises(dl.StateMismatchError, match="interleave of 3 open datasets but this one keeps 2 open"):
         other.set_state(state)
     fewer = iter(Interleave([Items([1, 2])] * 2, cycle_length=3))
-    with pytest.raises(dl.StateMismatchError):
+    with pytest.raises(dl.StateMismatchError, match=r"3 open datasets but this one keeps 2 open \(cycle_length=2 over 2"):
         fewer.set_state(state)
     with pytest.raises(dl.StateMismatchError, match="expected a state of an interleave"):
         other.set_state({"i": 3})

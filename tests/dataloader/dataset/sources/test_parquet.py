@@ -164,7 +164,7 @@ def test_a_file_that_is_not_parquet_is_named_at_construction(tmp_path):
     (tmp_path / "bad.parquet").write_bytes(b"this is not parquet at all")
     with pytest.raises(ValueError, match=r"bad\.parquet' is not a readable Parquet file"):
         Parquet(str(tmp_path / "bad.parquet"))
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError, match=r"missing-\*\.parquet' matches no file"):
         Parquet(str(tmp_path / "missing-*.parquet"))
     paths = write_shards(tmp_path, count=1)
     with pytest.raises(ValueError, match=r"column 'nope' is not in Parquet file .*shard-00"):

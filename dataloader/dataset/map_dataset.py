@@ -458,12 +458,18 @@ def _check_datasets(datasets: Any, what: str) -> list[MapDataset]:
     return datasets
 
 
-def _combine(node: Any, datasets: list[MapDataset]) -> MapDataset:
-    """A dataset over several: it keeps their seed only when they all share one."""
+def _combined_fields(datasets: list[MapDataset]) -> tuple[int | None, int, bool]:
+    """(seed, seed uses, filtered) of a dataset over several: it keeps their seed only
+    when they all share one, and has holes if any of them has."""
     seeds = {d._seed for d in datasets}
     seed = seeds.pop() if len(seeds) == 1 else None
     uses = max(d._seed_uses for d in datasets) if seed is not None else 0
-    filtered = any(d._filtered for d in datasets)
+    return seed, uses, any(d._filtered for d in datasets)
+
+
+def _combine(node: Any, datasets: list[MapDataset]) -> MapDataset:
+    """A dataset over several (see :func:`_combined_fields`)."""
+    seed, uses, filtered = _combined_fields(datasets)
     return MapDataset._chain(node, seed=seed, seed_uses=uses, filtered=filtered)
 
 

@@ -27,9 +27,10 @@ from dataloader.dataset.base import DatasetIterator, IterDataset
 from dataloader.dataset.compile import nodes as nd
 from dataloader.dataset.compile.lower import NodeSource
 from dataloader.dataset.experimental.checks import as_iter_dataset, expect_state
-from dataloader.dataset.map_dataset import MapDataset
+from dataloader.dataset.map_dataset import MapDataset, _combined_fields
 from dataloader.errors import StateMismatchError
 from dataloader.options import check_bool
+from dataloader.sources import read_records
 
 
 class ZipSource:
@@ -45,17 +46,11 @@ class ZipSource:
         return tuple(part[index] for part in self.parts)
 
     def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, ...]]:
-        columns = [_get_many(part, indices) for part in self.parts]
+        columns = [read_records(part, indices) for part in self.parts]
         return list(zip(*columns))
 
     def __repr__(self) -> str:
         return f"ZipMapDataset([{', '.join(repr(p) for p in self.parts)}])"
-
-
-def _get_many(part: Any, indices: Sequence[int]) -> list[Any]:
-    if hasattr(part, "__getitems__"):
-        return list(part.__getitems__(indices))
-    return [part[int(i)] for i in indices]
 
 
 def _as_source(ds: MapDataset) -> Any:
@@ -96,15 +91,11 @@ class ZipMapDataset(MapDataset):
                 f"ZipMapDataset needs parents of one length, got lengths {lengths}; slice "
                 f"them to the same length first (ds[:n])"
             )
-        seeds = {p._seed for p in parents}
-        seed = seeds.pop() if len(seeds) == 1 else None
-        uses = max(p._seed_uses for p in parents) if seed is not None else 0
         source = ZipSource([_as_source(p) for p in parents])
         super().__init__(tuple(parents))
         # A node of the chain (not a dataset read through __getitem__): it compiles.
         self._chain_node = nd.SourceNode(source, lengths[0])
-        self._seed, self._seed_uses = seed, uses
-        self._zipped = tuple(parents)
+        self._seed, self._seed_uses, self._filtered = _combined_fields(parents)
 
 
 class ZipIterDataset(IterDataset):

@@ -37,6 +37,14 @@ def test_shuffling_and_batching_a_zip_keeps_the_pairs_together():
     assert [b[1].tolist() for b in batches] == [[100, 101, 102], [103, 104, 105], [106, 107]]
 
 
+def test_a_zip_over_a_filtered_parent_keeps_its_holes_and_refuses_a_batch():
+    odd = dl.MapDataset.range(4).filter(lambda x: x % 2 == 1)
+    zipped = ZipMapDataset([odd, dl.MapDataset.range(4)])
+    with pytest.raises(ValueError, match=r"Batch\(2, drop_remainder=False\) after a filter is not available"):
+        zipped.batch(2)
+    assert [zipped[i] for i in range(4)] == [(None, 0), (1, 1), (None, 2), (3, 3)]  # holes read as None
+
+
 def test_zip_map_dataset_streams_and_restores_at_every_step():
     zipped = ZipMapDataset([dl.MapDataset.range(20).seed(3).shuffle(), dl.MapDataset.range(20).map(lambda x: x * x)])
     assert_restores_everywhere(lambda: iter(zipped.repeat(2).to_iter_dataset().batch(3)), limit=20)

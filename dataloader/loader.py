@@ -162,7 +162,6 @@ class DataLoader:
         head, self._tail = split_at_first_packer(operations)
         self.plan: Plan = make_plan(data_source, sampler, head, read_options.unit_size)
         if self._tail:
-            pickle_plan(make_plan(data_source, sampler, [], None))  # names what cannot pickle
             _check_stage_operations(self._tail)
         # Pickled once, here, so an operation that cannot reach the workers fails now.
         self._plan_bytes = pickle_plan(self.plan) if self.worker_count else b""

@@ -105,9 +105,10 @@ def test_fork_server_can_be_switched_off():
         ld = dl.DataLoader(dl.RangeDataSource(64), dl.SequentialSampler(64),
                            [dl.MapTransform(wp.to_array), dl.Batch(8)], worker_count=2)
         it = iter(ld)
-        ids = [b["id"].tolist() for b in it]
+        first = next(it)
+        assert it._executor._res.zygote is None and len(it._executor.pids) == 2
+        ids = [first["id"].tolist()] + [b["id"].tolist() for b in it]
         assert ids == [list(range(i, i + 8)) for i in range(0, 64, 8)], ids
-        assert it._executor._res.zygote is None if hasattr(it, "_executor") else True
         print("ok", flush=True)
         """
     )

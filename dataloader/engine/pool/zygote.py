@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import re
 import signal
 import socket
 import subprocess
@@ -48,6 +49,9 @@ from typing import Any
 ENABLED = os.environ.get("GRANARY_FORK_SERVER", "1") != "0"
 # Top-level packages the zygote may import from the plan: none starts a thread on import.
 PRELOADABLE = frozenset({"dataloader", "numpy", "cloudpickle", "array_record", "PIL"})
+# A dotted name that starts with one of them (a name inside another only finds a
+# module that is loaded anyway, which is harmless).
+_PRELOADABLE_NAME = re.compile(rb"(?:%s)(?:\.\w+)*" % b"|".join(p.encode() for p in sorted(PRELOADABLE)))
 # Imported whatever the plan holds: what every worker needs before its first unit.
 BASE_MODULES = (
     "numpy",
@@ -78,22 +82,18 @@ _BOOT = (
 
 def preload_modules(plan_bytes: bytes) -> list[str]:
     """The modules a zygote imports for a plan: the base ones, and those the pickled
-    plan names (by reference) that are loaded here and belong to :data:`PRELOADABLE`."""
-    import pickletools
+    plan names that are loaded here and belong to :data:`PRELOADABLE`.
 
-    names = list(BASE_MODULES)
-    with contextlib.suppress(Exception):  # an odd pickle only means fewer preloads
-        for _, arg, _ in pickletools.genops(plan_bytes):
-            if not isinstance(arg, str):
-                continue
-            module = arg.split(" ", 1)[0]  # GLOBAL's argument is "module name"
-            if (
-                module in sys.modules
-                and module.split(".", 1)[0] in PRELOADABLE
-                and module not in names
-            ):
-                names.append(module)
-    return names
+    One regular-expression pass over the bytes (0.05 s for 10 MB, against 1.1 to 1.9 s for a
+    walk of the pickle's opcodes): a module name that appears in the plan's data rather
+    than as a reference only preloads a module this process has loaded anyway.
+    """
+    names = dict.fromkeys(BASE_MODULES)
+    for match in _PRELOADABLE_NAME.finditer(plan_bytes):
+        module = match.group().decode()
+        if module in sys.modules:
+            names.setdefault(module)
+    return list(names)
 
 
 class ForkedChild:

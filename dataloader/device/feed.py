@@ -22,9 +22,11 @@ batch handed out, however many are still buffered; ``set_state`` drops both buff
 restarts the source there, so nothing is lost or repeated.
 
 ``stats()`` has the source's numbers plus the feed's own: ``host_to_device`` (the
-transfer thread's seconds from issuing a transfer to the batch being on the devices;
-it waits for that only after the batch is in the device queue, so the step never waits
-for the measurement), the step's own waiting in ``next()``, and the queues' depths.
+transfer thread's seconds from issuing a transfer to the batch being on the devices,
+estimated from one batch in ``H2D_SAMPLE``: waiting for every transfer to finish would
+keep the next one from being issued while the last is still copying; the wait comes
+after the batch is in the device queue, so the step never waits for the measurement),
+the step's own waiting in ``next()``, and the queues' depths.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ CLOSE_WAIT_S = 10.0  # how long close() waits for a source call in progress
 
 Item = tuple[str, Any, Any]  # (kind, batch or exception, source state)
 DEPTH_SAMPLES = 4096  # queue depths kept for the report (one per step)
+H2D_SAMPLE = 8  # one transfer in this many is waited for, to time host-to-device copies
 
 
 class Depth(NamedTuple):
@@ -70,8 +73,15 @@ class FeedCounters:
     """What the feed measures, kept across restarts of its threads (``set_state``)."""
 
     def __init__(self) -> None:
-        self.put_s = 0.0  # issuing transfers and waiting until they are done
+        self.transfers = 0  # batches issued
+        self.timed = 0  # of them, those waited for until on the devices (one in H2D_SAMPLE)
+        self.timed_s = 0.0  # their seconds from issuing to done
         self.depths: deque[Depth] = deque(maxlen=DEPTH_SAMPLES)
+
+    @property
+    def put_s(self) -> float:
+        """Seconds of all transfers, estimated from the timed ones."""
+        return self.timed_s / self.timed * self.transfers if self.timed else 0.0
 
 
 def _wake(lock: threading.Lock) -> None:
@@ -153,13 +163,17 @@ class _Feed:
                     kind, value, state = ERROR, e, None
             self.device.append((kind, value, state))
             _wake(self._ready)
+            counters = self.counters
             if kind == BATCH:
-                # Measured once the batch is queued, so the step never waits for it. A
-                # step that donated the batch may have deleted it already: then the
-                # issuing time is all there is.
-                with contextlib.suppress(Exception):
-                    jax.block_until_ready(value)
-                self.counters.put_s += time.monotonic() - began
+                counters.transfers += 1
+                if counters.transfers % H2D_SAMPLE == 1:
+                    # Measured once the batch is queued, so the step never waits for it.
+                    # A step that donated the batch may have deleted it already: then the
+                    # issuing time is all there is.
+                    with contextlib.suppress(Exception):
+                        jax.block_until_ready(value)
+                    counters.timed += 1
+                    counters.timed_s += time.monotonic() - began
             value = state = None  # hold no batch while waiting for room
 
     def _wait_for_space(self) -> bool:

@@ -30,18 +30,39 @@ import operator
 import os
 import weakref
 from collections.abc import Mapping, Sequence
-from typing import Any, SupportsIndex
+from typing import Any, NamedTuple, SupportsIndex
 
 import numpy as np
 
 from ._indexing import as_index_array, check_index
 
 SHM_DIR = "/dev/shm"
-_ALIGN = 64
+# Every block of this project is named PREFIX<pid of its maker>_..., which is how a new
+# pool knows whose blocks are left over (dataloader.engine.pool.shm.sweep_stale_blocks).
+PREFIX = "granary_"
+ALIGN = 64
 
 
-def _round_up(n: int, to: int = _ALIGN) -> int:
+def round_up(n: int, to: int = ALIGN) -> int:
     return (n + to - 1) // to * to
+
+
+def create_block(name: str, size: int) -> mmap.mmap:
+    """Creates ``/dev/shm/<name>`` (which must not exist) of ``size`` bytes and maps it.
+
+    The space is reserved up front (``posix_fallocate``), so a full ``/dev/shm`` fails
+    here, not as a ``SIGBUS`` when the mapping is written; on failure nothing is left.
+    """
+    path = os.path.join(SHM_DIR, name)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, size)
+        return mmap.mmap(fd, size)
+    except BaseException:
+        _unlink(path)
+        raise
+    finally:
+        os.close(fd)
 
 
 def _unlink(path: str) -> None:
@@ -49,8 +70,17 @@ def _unlink(path: str) -> None:
         os.unlink(path)
 
 
-def _layout_of(elements: Any) -> tuple[str, list[tuple[str, np.ndarray]], int]:
-    """``(kind, [(part name, array to store)], length)`` for what ``elements`` is."""
+class _Pieces(NamedTuple):
+    """A part stored as the concatenation of ``pieces`` (written one after another into
+    the block, never joined in memory first): ``items`` items of ``dtype``."""
+
+    dtype: np.dtype
+    items: int
+    pieces: list[Any]  # bytes or numpy arrays of ``dtype``
+
+
+def _layout_of(elements: Any) -> tuple[str, list[tuple[str, np.ndarray | _Pieces]], int]:
+    """``(kind, [(part name, what to store)], length)`` for what ``elements`` is."""
     if isinstance(elements, np.ndarray):
         if elements.ndim == 0 or elements.dtype == object:
             raise TypeError(
@@ -78,13 +108,13 @@ def _layout_of(elements: Any) -> tuple[str, list[tuple[str, np.ndarray]], int]:
     first = elements[0]
     if isinstance(first, (bytes, str)):
         kind = "bytes" if isinstance(first, bytes) else "str"
-        blobs = [e.encode() if isinstance(e, str) else e for e in elements]
         wrong = next((i for i, e in enumerate(elements) if type(e) is not type(first)), None)
         if wrong is not None:
             raise TypeError(f"record {wrong} is {type(elements[wrong]).__name__}, record 0 is {kind}; use one type")
+        blobs = [e.encode() for e in elements] if kind == "str" else list(elements)
         offsets = np.zeros(len(blobs) + 1, np.int64)
         np.cumsum([len(b) for b in blobs], out=offsets[1:])
-        data = np.frombuffer(b"".join(blobs), np.uint8)
+        data = _Pieces(np.dtype(np.uint8), int(offsets[-1]), blobs)
         return kind, [("offsets", offsets), ("data", data)], len(blobs)
     if isinstance(first, np.ndarray):
         arrays = [np.asarray(e) for e in elements]
@@ -93,12 +123,23 @@ def _layout_of(elements: Any) -> tuple[str, list[tuple[str, np.ndarray]], int]:
         shapes = np.asarray([a.shape for a in arrays], np.int64)
         offsets = np.zeros(len(arrays) + 1, np.int64)
         np.cumsum([a.size for a in arrays], out=offsets[1:])
-        data = np.concatenate([a.reshape(-1) for a in arrays])
+        data = _Pieces(first.dtype, int(offsets[-1]), arrays)
         return "arrays", [("shapes", shapes), ("offsets", offsets), ("data", data)], len(arrays)
     raise TypeError(
         f"records of type {type(first).__name__} cannot be shared without a copy per process; "
         f"convert them to arrays or bytes, or use InMemoryDataSource"
     )
+
+
+def _write(dest: np.ndarray, start: int, part: np.ndarray | _Pieces) -> None:
+    """Writes ``part``'s bytes into ``dest`` (the block as uint8) from ``start``."""
+    for piece in part.pieces if isinstance(part, _Pieces) else [part]:
+        if isinstance(piece, bytes):
+            raw = np.frombuffer(piece, np.uint8)
+        else:
+            raw = np.ascontiguousarray(piece).reshape(-1).view(np.uint8)
+        dest[start : start + raw.size] = raw
+        start += raw.size
 
 
 class SharedMemoryDataSource:
@@ -119,25 +160,27 @@ class SharedMemoryDataSource:
     def __init__(self, elements: Any) -> None:
         kind, parts, length = _layout_of(elements)
         layout, offset = [], 0
-        for name, array in parts:
-            layout.append((name, array.dtype.str, array.shape, offset))
-            offset = _round_up(offset + array.nbytes)
+        for name, part in parts:
+            if isinstance(part, _Pieces):
+                dtype, shape, nbytes = part.dtype, (part.items,), part.items * part.dtype.itemsize
+            else:
+                dtype, shape, nbytes = part.dtype, part.shape, part.nbytes
+            layout.append((name, dtype.str, shape, offset))
+            offset = round_up(offset + nbytes)
         size = max(offset, 1)
-        self._name = f"granary_{os.getpid()}_src_{os.urandom(4).hex()}"
+        self._name = f"{PREFIX}{os.getpid()}_src_{os.urandom(4).hex()}"
         path = os.path.join(SHM_DIR, self._name)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        target = create_block(self._name, size)
+        dest = np.frombuffer(target, np.uint8)  # written in place: no temporary copy
         try:
-            os.posix_fallocate(fd, 0, size)  # a full /dev/shm fails here, not as SIGBUS later
-            with mmap.mmap(fd, size) as target:
-                dest = np.frombuffer(target, np.uint8)  # written in place: no temporary copy
-                for (_, _, _, start), (_, array) in zip(layout, parts):
-                    dest[start : start + array.nbytes] = array.reshape(-1).view(np.uint8)
-                del dest  # the mapping closes only once no array views it
+            for (_, _, _, start), (_, part) in zip(layout, parts):
+                _write(dest, start, part)
         except BaseException:
             _unlink(path)
             raise
         finally:
-            os.close(fd)
+            del dest  # the mapping closes only once no array views it
+            target.close()
         self._finalizer = weakref.finalize(self, _unlink, path)
         self._kind, self._layout, self._length, self._size = kind, layout, length, size
         self._attach()

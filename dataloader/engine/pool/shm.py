@@ -27,13 +27,8 @@ from typing import Any
 
 import numpy as np
 
-SHM_DIR = "/dev/shm"
-PREFIX = "granary_"
-ALIGN = 64
-
-
-def _round_up(n: int, to: int) -> int:
-    return (n + to - 1) // to * to
+from dataloader.sources.shared_memory import ALIGN, PREFIX, SHM_DIR, create_block
+from dataloader.sources.shared_memory import round_up as _round_up
 
 
 def shm_available() -> bool:
@@ -105,16 +100,7 @@ class Block:
     def __init__(self, name: str, size: int) -> None:
         self.name = name
         self.size = size
-        path = os.path.join(SHM_DIR, name)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.posix_fallocate(fd, 0, size)
-            self.mmap = mmap.mmap(fd, size)
-        except BaseException:
-            os.unlink(path)
-            raise
-        finally:
-            os.close(fd)
+        self.mmap = create_block(name, size)
 
     def unlink(self) -> None:
         with contextlib.suppress(FileNotFoundError):

@@ -105,7 +105,7 @@ class MapDataset(Generic[T]):
         """The tree node of this dataset; a dataset of your own is a leaf the engine reads
         through its ``__getitem__`` (its ``None`` elements are skipped when iterating)."""
         if self._chain_node is None:
-            self._chain_node = nd.SourceNode(UserDatasetSource(self), len(self))
+            self._chain_node = nd.SourceNode(UserDatasetSource(self), len(self), user=True)
         return self._chain_node
 
     def _then(self, node: Any, **changes: Any) -> MapDataset:
@@ -309,7 +309,7 @@ class MapDataset(Generic[T]):
                 f"max_fan_out slots per element; pass FlatMapTransform(fn, max_fan_out=...)"
             )
         length = self._finite("flat_map", "flat_map before repeat(): ds.flat_map(f).repeat()")
-        node = nd.FlatMapNode(self._node, op, op.max_fan_out, length * op.max_fan_out)
+        node = nd.FlatMapNode(self._node, op, length * op.max_fan_out)
         return self._then(node, filtered=True)
 
     def map_with_index(self, transform: MapWithIndexTransform | Callable[[int, Any], Any]) -> MapDataset:

@@ -20,6 +20,7 @@ from dataloader.operations import Batch, Operation
 class SourceNode:
     source: Any
     length: int
+    user: bool = False  # a MapDataset of the user's own (read through its __getitem__)
 
     def __repr__(self) -> str:
         return f"MapDataset.source({self.source!r})"
@@ -138,7 +139,6 @@ class FlatMapNode:
 
     parent: Any
     op: Operation
-    fan_out: int
     length: int
 
     def __repr__(self) -> str:
@@ -160,6 +160,6 @@ class WithIndexNode:
 def has_user_dataset(node: Any) -> bool:
     """Whether a leaf of the tree is a ``MapDataset`` of the user's own."""
     if isinstance(node, SourceNode):
-        return type(node.source).__name__ == "UserDatasetSource"
+        return node.user
     children = [node.parent] if hasattr(node, "parent") else list(getattr(node, "parents", ()))
     return any(has_user_dataset(c) for c in children)

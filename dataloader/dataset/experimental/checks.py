@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from dataloader.errors import StateMismatchError
 
 
@@ -24,13 +22,6 @@ def expect_state(state: Any, keys: Sequence[str], where: str) -> dict[str, Any]:
             f"restore with the state this pipeline's iterator returned"
         )
     return state
-
-
-def positive_int(name: str, value: Any) -> int:
-    """``value`` as an int if it is a positive integer (not a bool), else a ValueError."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
 
 
 def as_iter_dataset(parent: Any, what: str) -> Any:

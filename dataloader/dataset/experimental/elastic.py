@@ -23,8 +23,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from dataloader.dataset.arguments import check_size
 from dataloader.dataset.base import DatasetIterator, IterDataset
-from dataloader.dataset.experimental.checks import expect_state, positive_int
+from dataloader.dataset.experimental.checks import expect_state
 from dataloader.dataset.map_dataset import MapDataset
 from dataloader.errors import StateMismatchError
 from dataloader.options import MultiprocessingOptions, ReadOptions
@@ -76,7 +77,7 @@ class ElasticIterator(DatasetIterator):
                 f"ElasticIterator multiprocessing_options must be MultiprocessingOptions, got "
                 f"{multiprocessing_options!r}"
             )
-        self._global = positive_int("ElasticIterator global_batch_size", global_batch_size)
+        self._global = check_size(global_batch_size, "ElasticIterator global_batch_size")
         count = shard_options.shard_count
         if self._global % count:
             raise ValueError(

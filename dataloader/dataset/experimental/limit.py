@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
+from dataloader.dataset.arguments import check_size
 from dataloader.dataset.base import DatasetIterator, IterDataset
-from dataloader.dataset.experimental.checks import as_iter_dataset, expect_state, positive_int
+from dataloader.dataset.experimental.checks import as_iter_dataset, expect_state
 
 T = TypeVar("T")
 
@@ -29,7 +30,7 @@ class LimitIterDataset(IterDataset[T]):
 
     def __init__(self, parent: IterDataset[T], count: int) -> None:
         super().__init__(as_iter_dataset(parent, "LimitIterDataset"))
-        self._count = positive_int("LimitIterDataset count", count)
+        self._count = check_size(count, "LimitIterDataset count")
 
     def __iter__(self) -> LimitDatasetIterator[T]:
         return LimitDatasetIterator(iter(self._parent), self._count)

@@ -21,8 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from dataloader.dataset.arguments import check_size
 from dataloader.dataset.base import DatasetIterator, IterDataset
-from dataloader.dataset.experimental.checks import as_iter_dataset, expect_state, positive_int
+from dataloader.dataset.experimental.checks import as_iter_dataset, expect_state
 from dataloader.errors import PipelineError
 from dataloader.options import check_bool
 
@@ -42,7 +43,7 @@ class RebatchIterDataset(IterDataset):
 
     def __init__(self, parent: IterDataset, batch_size: int, drop_remainder: bool = False) -> None:
         super().__init__(as_iter_dataset(parent, "RebatchIterDataset"))
-        self._batch_size = positive_int("RebatchIterDataset batch_size", batch_size)
+        self._batch_size = check_size(batch_size, "RebatchIterDataset batch_size")
         self._drop_remainder = check_bool("RebatchIterDataset drop_remainder", drop_remainder)
 
     def __iter__(self) -> RebatchDatasetIterator:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
+from dataloader.dataset.arguments import check_size
 from dataloader.dataset.base import DatasetIterator, IterDataset
-from dataloader.dataset.experimental.checks import as_iter_dataset, expect_state, positive_int
+from dataloader.dataset.experimental.checks import as_iter_dataset, expect_state
 
 T = TypeVar("T")
 
@@ -36,7 +37,7 @@ class RepeatIterDataset(IterDataset[T]):
     def __init__(self, parent: IterDataset[T], num_epochs: int | None = None) -> None:
         super().__init__(as_iter_dataset(parent, "RepeatIterDataset"))
         if num_epochs is not None:
-            num_epochs = positive_int("RepeatIterDataset num_epochs", num_epochs)
+            num_epochs = check_size(num_epochs, "RepeatIterDataset num_epochs")
         self._num_epochs = num_epochs
 
     def __iter__(self) -> RepeatDatasetIterator[T]:

@@ -246,7 +246,7 @@ class PoolExecutor:
         # of CPU each); the rest start once the warm unit is done or a worker is ready.
         now = self._initial
         if self._warm_pending and self._res.zygote is None:
-            now = max(1, min(now, len(os.sched_getaffinity(0)) - 1))
+            now = max(1, min(now, autoscale.usable_cpus() - 1))
         self._window.size = self._initial * self._buffer
         self._res.workers = [self._spawn(i) for i in range(now)]
         self._deferred = list(range(now, self._initial))

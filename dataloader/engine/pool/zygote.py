@@ -265,10 +265,6 @@ class Zygote:
 # -- the zygote process -------------------------------------------------------------------
 
 
-def _exit_code(status: int) -> int:
-    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-
-
 def _reap(pid: int, timeout: float) -> int | None:
     deadline = time.monotonic() + timeout
     while True:
@@ -277,7 +273,7 @@ def _reap(pid: int, timeout: float) -> int | None:
         except ChildProcessError:
             return LOST
         if done:
-            return _exit_code(status)
+            return os.waitstatus_to_exitcode(status)
         if time.monotonic() >= deadline:
             return None
         time.sleep(0.002)

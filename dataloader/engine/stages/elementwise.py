@@ -16,6 +16,7 @@ A batch pulls exactly its elements, so its state is its parent's.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 from dataloader.engine.compute import IN_PROCESS
@@ -50,7 +51,7 @@ class ElementwiseIterator(DatasetIterator):
         ]
         self._expands = any(isinstance(op, FlatMapTransform) for op in ops)
         self._index = 0  # parent elements consumed
-        self._pending: list[Any] = []  # outputs of the last parent element not yet handed out
+        self._pending: deque[Any] = deque()  # outputs of the last parent element not yet handed out
         self._given = 0  # outputs of the last parent element handed out
         self._before: Any = None  # the parent's state before the last element (flat maps)
 
@@ -60,12 +61,12 @@ class ElementwiseIterator(DatasetIterator):
                 self._before = self._parent.get_state()
             element = next(self._parent)
             self._index += 1
-            self._pending = self._apply(element, self._index - 1)
+            self._pending = deque(self._apply(element, self._index - 1))
             self._given = 0
             if self._watch is not None:
                 self._watch.add(1, 0 if self._pending else 1)
         self._given += 1
-        return self._pending.pop(0)
+        return self._pending.popleft()
 
     def _apply(self, element: Any, index: int) -> list[Any]:
         items: list[tuple[Any, int]] = [(element, 0)]
@@ -105,12 +106,11 @@ class ElementwiseIterator(DatasetIterator):
     def set_state(self, state: dict[str, Any]) -> None:
         self._parent.set_state(state["parent"])
         self._index, skip = int(state["index"]), int(state["skip"])
-        self._pending, self._given = [], 0
+        self._pending, self._given = deque(), 0
         if skip:
             self._before = state["parent"]
-            self._pending = self._apply(next(self._parent), self._index)
+            self._pending = deque(self._apply(next(self._parent), self._index)[skip:])
             self._index += 1
-            del self._pending[:skip]
             self._given = skip
 
 

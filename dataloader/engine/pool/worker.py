@@ -31,8 +31,9 @@ _OWNER_PID = 0  # the training process, which owns them
 def _watch_parent(parent_pid: int, owner_pid: int, block_prefix: str) -> None:
     """Exits once the parent (the training process, or the fork server a forked worker
     came from) has died, unlinking the pool's shared memory if the training process
-    ``owner_pid`` is gone too."""
-    from dataloader.engine.pool.shm import unlink_if_orphaned
+    ``owner_pid`` is gone too. The caller has imported ``shm``: this thread imports
+    nothing, since two threads importing one package at once can deadlock."""
+    from dataloader.engine.pool.shm import unlink_if_orphaned  # already loaded
 
     while True:
         time.sleep(WATCH_INTERVAL_S)
@@ -95,6 +96,8 @@ def serve(tasks: Connection, results: Connection, progress_fd: int | None = None
     # A forked worker's parent is the fork server, which outlives the training process
     # only long enough to kill its children.
     watched = config.parent_pid if progress_fd is None else os.getppid()
+    import dataloader.engine.pool.shm  # noqa: F401  (here, not first in the watcher thread)
+
     threading.Thread(
         target=_watch_parent, args=(watched, config.parent_pid, config.block_prefix), daemon=True
     ).start()

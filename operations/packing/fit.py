@@ -24,7 +24,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -35,6 +35,15 @@ def _positive(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
+
+
+class Piece(NamedTuple):
+    """An element (or a piece of one) with its packed features as arrays and their
+    lengths, converted once: choosing a row and placing it both read them."""
+
+    element: Any
+    arrays: list[np.ndarray]
+    lengths: np.ndarray
 
 
 class FitPack:
@@ -106,6 +115,24 @@ class FitPack:
     def new_round(self) -> FitRound:
         return FitRound(self)
 
+    def pieces(self, element: Any) -> list[Piece]:
+        """The element, or its pieces when a feature is longer than its row."""
+        spec = self.spec
+        arrays = spec.arrays(element)
+        lengths = np.asarray([len(a) for a in arrays], np.int64)
+        n = int(np.max(-(-lengths // spec.lengths)))
+        if n <= 1:
+            return [Piece(element, arrays, lengths)]
+        out = []
+        caps = spec.lengths.tolist()
+        for j in range(n):
+            piece, cut = dict(element), []
+            for key, array, cap in zip(spec.names, arrays, caps):
+                piece[key] = array[j * cap : (j + 1) * cap]
+                cut.append(piece[key])
+            out.append(Piece(piece, cut, np.asarray([len(a) for a in cut], np.int64)))
+        return out
+
     def row_order(self, rows: list[dict[str, Any]], counter: int) -> list[int]:
         """The order a round's rows are handed out in; ``counter`` counts the rows of
         earlier rounds (so each round has its own shuffle)."""
@@ -160,26 +187,18 @@ class FitRound:
     def empty(self) -> bool:
         return not self._count.any()
 
-    def pieces(self, element: Any) -> list[dict[str, Any]]:
+    def pieces(self, element: Any) -> list[Piece]:
         """The element, or its pieces when a feature is longer than its row."""
-        arrays = self._spec.arrays(element)
-        lengths = np.asarray([len(a) for a in arrays], np.int64)
-        n = int(np.max(-(-lengths // self._spec.lengths)))
-        if n <= 1:
-            return [element]
-        out = []
-        for j in range(n):
-            piece = dict(element)
-            for key, array, cap in zip(self._spec.names, arrays, self._spec.lengths.tolist()):
-                piece[key] = array[j * cap : (j + 1) * cap]
-            out.append(piece)
-        return out
+        return self._op.pieces(element)
 
-    def add(self, element: Any) -> bool:
-        """Puts a piece (no feature longer than its row) into a row; False if none fits."""
+    def add(self, piece: Piece | Any) -> bool:
+        """Puts a piece (from :meth:`pieces`, or an element no feature of which is longer
+        than its row) into a row; False if none fits."""
         spec = self._spec
-        arrays = spec.arrays(element)
-        lengths = np.asarray([len(a) for a in arrays], np.int64)
+        if not isinstance(piece, Piece):
+            arrays = spec.arrays(piece)
+            piece = Piece(piece, arrays, np.asarray([len(a) for a in arrays], np.int64))
+        lengths = piece.lengths
         if (lengths > spec.lengths).any():
             raise ValueError(f"a piece longer than its row reached the packer: {lengths} > {spec.lengths}")
         fits = (self._used + lengths[:, None] <= self._capacity).all(axis=0)
@@ -192,7 +211,7 @@ class FitRound:
             row = int(np.argmax(fullness))
         else:
             row = int(np.argmax(fits))
-        self._place(element, arrays, lengths, row)
+        self._place(piece.element, piece.arrays, lengths, row)
         return True
 
     def _place(self, element: Any, arrays: list[np.ndarray], lengths: np.ndarray, row: int) -> None:

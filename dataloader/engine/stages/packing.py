@@ -91,7 +91,7 @@ class FitPackIterator(DatasetIterator):
                     self._after = (parent.get_state(), 0)
                     break
                 try:
-                    pieces, k = packing.pieces(element), 0
+                    pieces, k = op.pieces(element), 0
                 except (TypeError, KeyError, ValueError) as exc:
                     raise _failed(op, exc) from exc
             while k < len(pieces):
@@ -121,7 +121,7 @@ class FitPackIterator(DatasetIterator):
         self._skip = int(state["next_row"])
         if piece:
             element = next(self._parent)
-            self._carry = (self._op.new_round().pieces(element), piece, state["parent"])
+            self._carry = (self._op.pieces(element), piece, state["parent"])
 
 
 class ConcatIterator(DatasetIterator):

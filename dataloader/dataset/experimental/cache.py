@@ -20,7 +20,8 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 from dataloader.dataset.base import DatasetIterator, IterDataset
-from dataloader.dataset.experimental.checks import as_iter_dataset, expect_state
+from dataloader.dataset.experimental.checks import as_iter_dataset
+from dataloader.engine.stages.base import expect_state
 
 T = TypeVar("T")
 

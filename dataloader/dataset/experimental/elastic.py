@@ -25,8 +25,8 @@ from typing import Any
 
 from dataloader.dataset.arguments import check_size
 from dataloader.dataset.base import DatasetIterator, IterDataset
-from dataloader.dataset.experimental.checks import expect_state
 from dataloader.dataset.map_dataset import MapDataset
+from dataloader.engine.stages.base import expect_state
 from dataloader.errors import StateMismatchError
 from dataloader.options import MultiprocessingOptions, ReadOptions
 from dataloader.samplers import ShardOptions

@@ -28,7 +28,8 @@ from typing import Any
 
 from dataloader.dataset.base import DatasetIterator, IterDataset
 from dataloader.dataset.compile.mixing import MixSchedule
-from dataloader.dataset.experimental.checks import as_iter_dataset, expect_state
+from dataloader.dataset.experimental.checks import as_iter_dataset
+from dataloader.engine.stages.base import expect_state
 from dataloader.errors import StateMismatchError
 
 

@@ -23,7 +23,8 @@ import numpy as np
 
 from dataloader.dataset.arguments import check_size
 from dataloader.dataset.base import DatasetIterator, IterDataset
-from dataloader.dataset.experimental.checks import as_iter_dataset, expect_state
+from dataloader.dataset.experimental.checks import as_iter_dataset
+from dataloader.engine.stages.base import expect_state
 from dataloader.errors import PipelineError
 from dataloader.options import check_bool
 

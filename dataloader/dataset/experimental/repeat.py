@@ -12,7 +12,8 @@ from typing import Any, TypeVar
 
 from dataloader.dataset.arguments import check_size
 from dataloader.dataset.base import DatasetIterator, IterDataset
-from dataloader.dataset.experimental.checks import as_iter_dataset, expect_state
+from dataloader.dataset.experimental.checks import as_iter_dataset
+from dataloader.engine.stages.base import expect_state
 
 T = TypeVar("T")
 

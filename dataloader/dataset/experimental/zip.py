@@ -26,8 +26,9 @@ from typing import Any
 from dataloader.dataset.base import DatasetIterator, IterDataset
 from dataloader.dataset.compile import nodes as nd
 from dataloader.dataset.compile.lower import NodeSource
-from dataloader.dataset.experimental.checks import as_iter_dataset, expect_state
+from dataloader.dataset.experimental.checks import as_iter_dataset
 from dataloader.dataset.map_dataset import MapDataset, _combined_fields
+from dataloader.engine.stages.base import expect_state
 from dataloader.errors import StateMismatchError
 from dataloader.options import check_bool
 from dataloader.sources import read_records

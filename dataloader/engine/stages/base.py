@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from dataloader.engine.stats import collect
 from dataloader.engine.stats.clock import Clock, Hook
+from dataloader.errors import StateMismatchError
 
 T = TypeVar("T")
 
@@ -150,3 +151,19 @@ def _timed(next_fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
     __next__._timed = True  # type: ignore[attr-defined]
     return __next__
+
+
+def expect_state(state: Any, keys: Sequence[str], where: str) -> dict[str, Any]:
+    """``state`` if it is a dict with ``keys``, else a :class:`StateMismatchError`.
+
+    Args:
+        state: what ``set_state`` was given.
+        keys: the fields the iterator's ``get_state`` writes.
+        where: the iterator's name, for the message.
+    """
+    if not isinstance(state, dict) or any(k not in state for k in keys):
+        raise StateMismatchError(
+            f"expected a state of {where} (a dict with {list(keys)}), got {str(state)[:200]}; "
+            f"restore with the state this pipeline's iterator returned"
+        )
+    return state

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from concurrent import futures
 from typing import Any
 
-from dataloader.engine.stages.base import DatasetIterator
+from dataloader.engine.stages.base import DatasetIterator, expect_state
 from dataloader.engine.stats import collect
 from dataloader.engine.stats.shape import add_totals, empty_totals
 from dataloader.errors import StateMismatchError
@@ -197,10 +197,7 @@ class InterleaveDatasetIterator(DatasetIterator):
     def _check(self, state: Any) -> tuple[list[int], list[Any], list[int]]:
         keys = ("next_index_in_cycle", "next_index_in_datasets", "iterators_in_use_indices",
                 "iterators_in_use_states", "exhausted")
-        if not isinstance(state, dict) or any(k not in state for k in keys):
-            raise StateMismatchError(
-                f"expected a state of an interleave (a dict with {', '.join(keys)}), got {str(state)[:200]}"
-            )
+        expect_state(state, keys, "an interleave")
         indices = [int(i) for i in state["iterators_in_use_indices"]]
         states, exhausted = list(state["iterators_in_use_states"]), [int(e) for e in state["exhausted"]]
         if not len(indices) == len(states) == len(exhausted) == self._cycle:

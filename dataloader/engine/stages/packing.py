@@ -19,16 +19,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from dataloader.engine.stages.base import DatasetIterator
+from dataloader.engine.stages.base import DatasetIterator, expect_state
 from dataloader.errors import PipelineError, StateMismatchError
 from dataloader.operations.packing import ConcatThenSplit, FitPack
 
 
 def _check_packer(state: Any, op: Any, where: str) -> dict[str, Any]:
-    if not isinstance(state, dict) or "packer" not in state or "parent" not in state:
-        raise StateMismatchError(
-            f"expected a state of {where} (a dict with 'parent' and 'packer'), got {str(state)[:200]}"
-        )
+    expect_state(state, ("parent", "packer"), where)
     if state["packer"] != op.describe():
         raise StateMismatchError(
             f"this state was saved for the packer {state['packer']} but this pipeline packs with "

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from dataloader.engine.stages.base import DatasetIterator
+from dataloader.engine.stages.base import DatasetIterator, expect_state
 from dataloader.errors import StateMismatchError
 from dataloader.samplers import permute
 
@@ -80,11 +80,7 @@ class WindowShuffleDatasetIterator(DatasetIterator):
                 "window_size": self._size, "seed": self._seed}
 
     def set_state(self, state: dict[str, Any]) -> None:
-        if not isinstance(state, dict) or "parent" not in state or "window_index" not in state:
-            raise StateMismatchError(
-                f"expected a state of a window shuffle (a dict with 'parent', 'window_index' "
-                f"and 'pos_in_window'), got {str(state)[:200]}"
-            )
+        expect_state(state, ("parent", "window_index", "pos_in_window"), "a window shuffle")
         saved = (state.get("window_size"), state.get("seed"))
         if saved != (self._size, self._seed):
             raise StateMismatchError(

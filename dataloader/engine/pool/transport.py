@@ -63,7 +63,8 @@ class Transport:
                     f"{shm.shm_free_bytes() / 2**20:.0f} MiB free)"
                 )
         discarded = self.blocks.discarded
-        told = self._told.get(worker, 0)
+        # A worker's first task: it has mapped no block yet, so it has nothing to forget.
+        told = self._told.get(worker, len(discarded))
         self._told[worker] = len(discarded)
         return block, tuple(discarded[told:])
 

@@ -99,7 +99,12 @@ def stage_names(plan: Plan) -> list[str]:
 
 def record_index(plan: Plan, position: int) -> int:
     """The source index of the record at a local position (for error messages)."""
-    return int(plan.sampler.record_keys(np.asarray([position], dtype=np.int64))[0])
+    return int(unit_record_keys(plan, position, position + 1)[0])
+
+
+def unit_record_keys(plan: Plan, start: int, stop: int) -> np.ndarray:
+    """The source indices of the records at local positions ``[start, stop)``."""
+    return plan.sampler.record_keys(np.arange(start, stop, dtype=np.int64))
 
 
 def _fail(plan: Plan, what: str, position: int, sub: int, exc: BaseException) -> PipelineError:
@@ -213,7 +218,7 @@ def compute_unit(
     # reads per unit.
     wall, cpu = time.monotonic(), time.thread_time()
     began = time.perf_counter()
-    keys = plan.sampler.record_keys(np.arange(start, stop, dtype=np.int64))
+    keys = unit_record_keys(plan, start, stop)
     try:
         records = read_records(plan.source, keys)
     except passthrough:

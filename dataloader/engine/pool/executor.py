@@ -48,7 +48,7 @@ from typing import Any
 
 import cloudpickle
 
-from dataloader.engine.compute import UnitResult, compute_unit, record_index
+from dataloader.engine.compute import UnitResult, compute_unit, unit_record_keys
 from dataloader.engine.plan import Plan
 from dataloader.engine.pool import autoscale
 from dataloader.engine.pool import zygote as fork_server
@@ -582,7 +582,7 @@ class PoolExecutor:
 
     def _crash_error(self, unit: int, code: int) -> WorkerCrashError:
         start, stop = self._window.range(unit)
-        keys = [record_index(self._plan, p) for p in range(start, stop)]
+        keys = unit_record_keys(self._plan, start, stop).tolist()
         how = f"signal {-code}" if code < 0 else f"exit code {code}"
         return WorkerCrashError(
             f"the unit of positions [{start}, {stop}) killed its worker {MAX_CRASHES} times "

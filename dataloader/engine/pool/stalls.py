@@ -25,9 +25,7 @@ import time
 from collections.abc import Iterable
 from typing import NamedTuple
 
-import numpy as np
-
-from dataloader.engine.compute import stage_names
+from dataloader.engine.compute import stage_names, unit_record_keys
 from dataloader.engine.plan import Plan
 from dataloader.engine.pool.process import WorkerProcess
 from dataloader.engine.pool.progress import IDLE, SENDING, Board
@@ -70,7 +68,7 @@ class StallWatch:
         if generation != window.generation:
             return f"unit {unit} of an earlier stream (before a set_state)", [], -1
         start, stop = window.range(unit)
-        keys = self._plan.sampler.record_keys(np.arange(start, stop, dtype=np.int64)).tolist()
+        keys = unit_record_keys(self._plan, start, stop).tolist()
         listed = ", ".join(map(str, keys[:_SHOWN]))
         if len(keys) > _SHOWN:
             listed += f", ... ({len(keys)} records)"

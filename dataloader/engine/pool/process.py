@@ -38,17 +38,24 @@ _PACKAGE_HOME = os.path.dirname(
 # child takes the parent's sys.path before importing anything, so it resolves modules
 # exactly as the parent does (a user's own ``operations.py`` stays theirs, and ours stay
 # ``dataloader.operations``); the folder holding ``dataloader`` is a last resort.
-_BOOT = (
-    "import json, os, sys\n"
-    "if sys.argv[3]: os.sched_setaffinity(0, {int(c) for c in sys.argv[3].split(',')})\n"
-    "sys.path[:] = json.loads(os.environ.pop('GRANARY_SYS_PATH'))\n"
-    "try:\n"
-    "    from dataloader.engine.pool.worker import main\n"
-    "except ImportError:\n"
-    "    sys.path.append(os.environ['GRANARY_HOME'])\n"
-    "    from dataloader.engine.pool.worker import main\n"
-    "main(sys.argv)\n"
-)
+def boot_script(module: str, name: str, call: str, cpus_arg: int) -> str:
+    """``python -c`` code that pins itself to the CPUs in ``sys.argv[cpus_arg]`` (if
+    any), takes the parent's ``sys.path``, imports ``name`` from ``module`` and runs
+    ``call``: how workers and the fork server start."""
+    return (
+        "import json, os, sys\n"
+        f"if sys.argv[{cpus_arg}]: os.sched_setaffinity(0, {{int(c) for c in sys.argv[{cpus_arg}].split(',')}})\n"
+        "sys.path[:] = json.loads(os.environ.pop('GRANARY_SYS_PATH'))\n"
+        "try:\n"
+        f"    from {module} import {name}\n"
+        "except ImportError:\n"
+        "    sys.path.append(os.environ['GRANARY_HOME'])\n"
+        f"    from {module} import {name}\n"
+        f"{call}\n"
+    )
+
+
+_BOOT = boot_script("dataloader.engine.pool.worker", "main", "main(sys.argv)", cpus_arg=3)
 
 
 def startup_cpus() -> str:

@@ -149,13 +149,20 @@ def serve(tasks: Connection, results: Connection, progress_fd: int | None = None
 
 
 def main(argv: list[str]) -> None:
-    """``argv``: ``[_, TASK_FD, RESULT_FD, CPUS]`` when started as an interpreter, with
-    a fifth, the progress board's descriptor (-1: none), when forked by the zygote."""
+    """A worker started as an interpreter: ``argv`` is ``[_, TASK_FD, RESULT_FD, CPUS]``."""
+    run(int(argv[1]), int(argv[2]))
+
+
+def run(task_fd: int, result_fd: int, progress_fd: int | None = None) -> None:
+    """Serves the pool on these pipes until it closes them, then cleans up.
+
+    ``progress_fd``: given by the fork server to a worker it forked (the progress
+    board's descriptor there, -1: none); see :func:`serve`.
+    """
     # Ctrl-C goes to the whole process group; the parent decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    tasks = Connection(int(argv[1]), writable=False)
-    results = Connection(int(argv[2]), readable=False)
-    progress_fd = int(argv[4]) if len(argv) > 4 else None
+    tasks = Connection(task_fd, writable=False)
+    results = Connection(result_fd, readable=False)
     try:
         with contextlib.suppress(BrokenPipeError, EOFError, ConnectionResetError):
             serve(tasks, results, progress_fd)

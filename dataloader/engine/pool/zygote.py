@@ -45,6 +45,8 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from dataloader.engine.pool.process import boot_script
+
 # GRANARY_FORK_SERVER=0 starts every worker as a fresh interpreter instead.
 ENABLED = os.environ.get("GRANARY_FORK_SERVER", "1") != "0"
 # Top-level packages the zygote may import from the plan: none starts a thread on import.
@@ -67,17 +69,7 @@ ANSWER_WAIT_S = 60.0
 # Exit code reported for a worker whose fork server was lost before it could say more.
 LOST = 255
 
-_BOOT = (
-    "import json, os, sys\n"
-    "if sys.argv[2]: os.sched_setaffinity(0, {int(c) for c in sys.argv[2].split(',')})\n"
-    "sys.path[:] = json.loads(os.environ.pop('GRANARY_SYS_PATH'))\n"
-    "try:\n"
-    "    from dataloader.engine.pool.zygote import serve\n"
-    "except ImportError:\n"
-    "    sys.path.append(os.environ['GRANARY_HOME'])\n"
-    "    from dataloader.engine.pool.zygote import serve\n"
-    "serve(int(sys.argv[1]))\n"
-)
+_BOOT = boot_script("dataloader.engine.pool.zygote", "serve", "serve(int(sys.argv[1]))", cpus_arg=2)
 
 
 def preload_modules(plan_bytes: bytes) -> list[str]:
@@ -285,9 +277,9 @@ def _child(fds: list[int]) -> None:
     try:
         if "numpy.random" in sys.modules:  # as a fresh interpreter would: its own entropy
             sys.modules["numpy.random"].seed()
-        from dataloader.engine.pool.worker import main
+        from dataloader.engine.pool.worker import run
 
-        main(["", str(fds[0]), str(fds[1]), "", str(fds[2]) if len(fds) > 2 else "-1"])
+        run(fds[0], fds[1], fds[2] if len(fds) > 2 else -1)
     except BaseException:
         code = 1
     finally:

@@ -396,7 +396,12 @@ class MapDataset(Generic[T]):
         return self._compiled.item(index)
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
-        return [self[int(i)] for i in indices]
+        indices = list(indices)
+        if len(indices) < 2 or self._node.length == 0 or any(
+            isinstance(i, bool) or not isinstance(i, numbers.Integral) or i < 0 for i in indices
+        ):
+            return [self[i] for i in indices]  # one at a time: its checks name what is wrong
+        return self._compiled.items(indices)
 
     def __iter__(self) -> Any:
         return iter(self.to_iter_dataset())

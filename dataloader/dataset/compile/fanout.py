@@ -40,13 +40,13 @@ class FanOutSource:
         self.op = op
         self.fan_out = int(op.max_fan_out)
 
-    def _parent_item(self, index: int) -> Any:
+    def _parent_items(self, indices: list[int]) -> list[Any]:
         from dataloader.dataset.compile.lower import NodeSource
 
         source = self.__dict__.get("_source")
         if source is None:
             source = self.__dict__["_source"] = NodeSource(self.parent)
-        return source[index]
+        return source.__getitems__(indices)
 
     def __len__(self) -> int:
         return self.parent.length * self.fan_out
@@ -55,18 +55,21 @@ class FanOutSource:
         return self.__getitems__([operator.index(key)])[0]
 
     def __getitems__(self, keys: Sequence[int] | np.ndarray) -> list[Any]:
+        keys = np.asarray(keys, dtype=np.int64).reshape(-1)
+        bad = keys[(keys < 0) | (keys >= len(self))]
+        if len(bad):
+            raise IndexError(f"index {int(bad[0])} is out of range for {len(self)} slots")
+        indices, slots = np.divmod(keys, self.fan_out)
+        # Each parent item read once (all in one call) and flat-mapped once.
+        wanted = list(dict.fromkeys(indices.tolist()))
+        outputs = {
+            index: [] if element is None else self.op.checked_flat_map(element)
+            for index, element in zip(wanted, self._parent_items(wanted))
+        }
         out: list[Any] = []
-        cached_index = -1
-        cached: list[Any] = []
-        for key in np.asarray(keys, dtype=np.int64).tolist():
-            if not 0 <= key < len(self):
-                raise IndexError(f"index {key} is out of range for {len(self)} slots")
-            index, slot = divmod(key, self.fan_out)
-            if index != cached_index:
-                element = self._parent_item(index)
-                cached_index = index
-                cached = [] if element is None else self.op.checked_flat_map(element)
-            out.append(cached[slot] if slot < len(cached) else None)
+        for index, slot in zip(indices.tolist(), slots.tolist()):
+            items = outputs[index]
+            out.append(items[slot] if slot < len(items) else None)
         return out
 
     def __getstate__(self) -> dict[str, Any]:
@@ -96,11 +99,9 @@ class WithIndexSource:
         if source is None:
             source = self.__dict__["_source"] = NodeSource(self.parent)
         fn = self.op.element_fn()
-        out = []
-        for key in np.asarray(keys, dtype=np.int64).tolist():
-            element = source[key]
-            out.append(None if element is None else fn(key, element))
-        return out
+        keys = np.asarray(keys, dtype=np.int64).reshape(-1)
+        elements = source.__getitems__(keys)  # one call: consecutive keys share a unit
+        return [None if e is None else fn(key, e) for key, e in zip(keys.tolist(), elements)]
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "_source"}

@@ -30,6 +30,8 @@ import dataclasses
 import functools
 from typing import Any
 
+import numpy as np
+
 from dataloader.dataset.compile import index_map as im
 from dataloader.dataset.compile import nodes as nd
 from dataloader.dataset.compile.concat_source import ConcatSource
@@ -188,6 +190,25 @@ class Compiled:
         outputs = compute_unit(self._item_plan, start, stop).outputs
         return outputs[0] if outputs else None
 
+    def items(self, indices: Any) -> list[Any]:
+        """:meth:`item` of each index, computing each run of consecutive indices as one
+        unit (one batched read and one pass of the operations, not one per index)."""
+        indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if self.batch_size is not None or len(indices) < 2:
+            return [self.item(i) for i in indices.tolist()]
+        out: list[Any] = []
+        for run in np.split(indices, np.flatnonzero(np.diff(indices) != 1) + 1):
+            start, stop = int(run[0]), int(run[-1]) + 1
+            result = compute_unit(self._item_plan, start, stop)
+            got: list[Any] = [None] * (stop - start)
+            if result.positions is None:
+                got[: len(result.outputs)] = result.outputs
+            else:  # a filter dropped some: the rest are at their positions (first output each)
+                for position, value in reversed(list(zip(result.positions.tolist(), result.outputs))):
+                    got[position - start] = value
+            out += got
+        return out
+
 
 def compile_node(node: Any, seed: int | None) -> Compiled:
     """Compiles a dataset tree; ``seed`` is the chain's seed (the sampler's, for states)."""
@@ -247,7 +268,11 @@ class NodeSource:
         return self.compiled.item(index)
 
     def __getitems__(self, indices: Any) -> list[Any]:
-        return [self[i] for i in indices]
+        indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+        bad = indices[(indices < 0) | (indices >= self.node.length)]
+        if len(bad):
+            raise IndexError(f"index {int(bad[0])} is out of range for {len(self)} items")
+        return self.compiled.items(indices)
 
     def __repr__(self) -> str:
         return repr(self.node)

@@ -81,7 +81,9 @@ def _unpicklable(plan: Any, result: Any, exc: Exception) -> Exception:
     return unpicklable_result(plan, result, exc)
 
 
-def serve(tasks: Connection, results: Connection, progress_fd: int | None = None) -> None:
+def serve(
+    tasks: Connection, results: Connection, progress_fd: int | None = None, server_pid: int = 0
+) -> None:
     """The worker loop. Returns when the parent closes the task pipe.
 
     ``progress_fd``: the progress board's descriptor in this process, when it differs
@@ -93,9 +95,10 @@ def serve(tasks: Connection, results: Connection, progress_fd: int | None = None
     init: Init = pickle.loads(tasks.recv_bytes())
     config = init.config
     _BLOCK_PREFIX, _OWNER_PID = config.block_prefix, config.parent_pid
-    # A forked worker's parent is the fork server, which outlives the training process
-    # only long enough to kill its children.
-    watched = config.parent_pid if progress_fd is None else os.getppid()
+    # A forked worker's parent is the fork server (``server_pid``, given by it: had it
+    # died since the fork, os.getppid() here would name another process), which
+    # outlives the training process only long enough to kill its children.
+    watched = server_pid or config.parent_pid
     import dataloader.engine.pool.shm  # noqa: F401  (here, not first in the watcher thread)
 
     threading.Thread(
@@ -153,11 +156,11 @@ def main(argv: list[str]) -> None:
     run(int(argv[1]), int(argv[2]))
 
 
-def run(task_fd: int, result_fd: int, progress_fd: int | None = None) -> None:
+def run(task_fd: int, result_fd: int, progress_fd: int | None = None, server_pid: int = 0) -> None:
     """Serves the pool on these pipes until it closes them, then cleans up.
 
-    ``progress_fd``: given by the fork server to a worker it forked (the progress
-    board's descriptor there, -1: none); see :func:`serve`.
+    ``progress_fd``, ``server_pid``: given by the fork server to a worker it forked (the
+    progress board's descriptor there, -1: none; the fork server's pid); see :func:`serve`.
     """
     # Ctrl-C goes to the whole process group; the parent decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -165,7 +168,7 @@ def run(task_fd: int, result_fd: int, progress_fd: int | None = None) -> None:
     results = Connection(result_fd, readable=False)
     try:
         with contextlib.suppress(BrokenPipeError, EOFError, ConnectionResetError):
-            serve(tasks, results, progress_fd)
+            serve(tasks, results, progress_fd, server_pid)
     finally:
         # The task pipe closes when the pool stops this worker or the training process
         # dies (even by SIGKILL). In the second case this is the only cleanup there is.

@@ -271,7 +271,7 @@ def _reap(pid: int, timeout: float) -> int | None:
         time.sleep(0.002)
 
 
-def _child(fds: list[int]) -> None:
+def _child(fds: list[int], server_pid: int) -> None:
     """In the forked worker: never returns into the zygote's loop."""
     code = 0
     try:
@@ -279,7 +279,7 @@ def _child(fds: list[int]) -> None:
             sys.modules["numpy.random"].seed()
         from dataloader.engine.pool.worker import run
 
-        run(fds[0], fds[1], fds[2] if len(fds) > 2 else -1)
+        run(fds[0], fds[1], fds[2] if len(fds) > 2 else -1, server_pid)
     except BaseException:
         code = 1
     finally:
@@ -304,6 +304,7 @@ def serve(sock_fd: int) -> None:
     with contextlib.suppress(OSError):
         os.sched_setaffinity(0, cpus)  # the workers inherit it
     children: set[int] = set()
+    me = os.getpid()
     while True:
         try:
             data, fds, _, _ = socket.recv_fds(sock, PACKET, 8)
@@ -317,17 +318,21 @@ def serve(sock_fd: int) -> None:
             pid = os.fork() if threading.active_count() == 1 else -1
             if pid == 0:
                 sock.close()
-                _child(fds)
+                _child(fds, me)
             for fd in fds:
                 os.close(fd)
             if pid > 0:
                 children.add(pid)
-            sock.send(pickle.dumps(("forked", request[1], pid if pid > 0 else None)))
-        elif request[0] == "reap":
+            answer: tuple[Any, ...] = ("forked", request[1], pid if pid > 0 else None)
+        else:  # "reap"
             code = _reap(request[1], request[2])
             if code is not None:
                 children.discard(request[1])
-            sock.send(pickle.dumps(("reaped", request[1], code)))
+            answer = ("reaped", request[1], code)
+        try:
+            sock.send(pickle.dumps(answer))
+        except OSError:  # the parent closed its end while this was importing or forking
+            break
     # The parent is gone or done with this fork server: nothing it forked may outlive
     # it, and if the training process died, neither may the pool's blocks.
     for pid in children:

@@ -73,8 +73,9 @@ class DataLoader:
             different non-trivial options in both places is an error).
         read_options: read-ahead of the in-process path; see :class:`ReadOptions`.
         worker_init_fn: ``f(worker_index, worker_count)`` run once in each child.
-        warm_start: with workers, compute the first units in this process while the
-            workers start, so the first batch comes as fast as in-process. Set it to
+        warm_start: with workers, compute the units asked for in this process until a
+            worker is ready, so the first batches come as fast as in-process and the
+            consumer does not wait out the workers' start-up. Set it to
             False when a record may crash the process (a segfaulting decoder): then
             every unit runs in a worker, where a crash is survived.
         options: Grain's ``DatasetOptions``: a warning (default at 90%) or an error when

@@ -13,7 +13,7 @@ Errors. Whatever user code raises (an operation, a source's read) becomes a
 the position, chained to the original: ``SystemExit`` (``sys.exit`` in a map) and other
 ``BaseException`` subclasses included, so user code never ends the training process.
 The one exception is ``KeyboardInterrupt`` in the training process itself
-(``worker_count=0``, the warm-start unit, regrouping): there it cannot be told apart
+(``worker_count=0``, warm-start units, regrouping): there it cannot be told apart
 from a real Ctrl-C, which must interrupt the job, so it passes through unchanged.
 Worker processes ignore SIGINT, so there a ``KeyboardInterrupt`` can only come from
 user code, and it becomes a ``PipelineError`` like any other (``passthrough=()``).

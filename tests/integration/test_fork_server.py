@@ -78,7 +78,7 @@ def test_a_fork_server_that_cannot_fork_safely_is_not_used(tmp_path, monkeypatch
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(fork_server, "BASE_MODULES", (*fork_server.BASE_MODULES, "threaded_module"))
     expected = reference()
-    it = iter(loader())
+    it = iter(loader(warm_start=False))  # every unit in a worker, not this process
     got = [b["id"].tolist() for b in it]
     assert got == expected
     assert it._executor._res.zygote is None

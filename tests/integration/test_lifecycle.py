@@ -79,7 +79,8 @@ def test_sigkilled_parent_leaves_no_children_and_no_blocks():
         import os, sys, dataloader as dl
         from tests.integration import workers_pipelines as wp
         loader = dl.DataLoader(dl.RangeDataSource(100000), dl.IndexSampler(100000, shuffle=True, seed=0),
-                               [dl.MapTransform(wp.to_array), dl.Batch(16)], worker_count=2)
+                               [dl.MapTransform(wp.to_array), dl.Batch(16)], worker_count=2,
+                               warm_start=False)  # every unit in a worker, through a block
         it = iter(loader)
         for _ in range(20):
             next(it)

@@ -18,6 +18,7 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(120)]
 
 def make(op, n=40, **kwargs):
     kwargs.setdefault("worker_count", 2)
+    kwargs.setdefault("warm_start", False)  # every unit in a worker: these tests are about workers
     return dl.DataLoader(dl.RangeDataSource(n), dl.SequentialSampler(n), [dl.MapTransform(op), dl.Batch(4)], **kwargs)
 
 

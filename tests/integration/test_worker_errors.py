@@ -28,6 +28,7 @@ KINDS = {
 
 def make(op, n=40, batch=4, **kwargs):
     kwargs.setdefault("worker_count", 2)
+    kwargs.setdefault("warm_start", False)  # every unit in a worker: these tests are about workers
     return dl.DataLoader(dl.RangeDataSource(n), dl.SequentialSampler(n), [dl.MapTransform(op), dl.Batch(batch)], **kwargs)
 
 

@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -31,6 +32,26 @@ def test_output_is_identical_without_warm_start():
     reference = list(make_loader("everything", n=40, epochs=1))
     got = list(make_loader("everything", n=40, epochs=1, worker_count=2, warm_start=False))
     assert_streams_equal(got, reference)
+
+
+def test_warm_start_computes_units_here_until_a_worker_is_ready_and_then_none(tmp_path):
+    marker, release = str(tmp_path / "in-init"), str(tmp_path / "go")
+    source, sampler, ops = dl.RangeDataSource(40), dl.SequentialSampler(40), [dl.Batch(4)]
+    reference = list(dl.DataLoader(source, sampler, ops))
+    loader = dl.DataLoader(source, sampler, ops, worker_count=2,
+                           worker_init_fn=wp.gated_init(marker, release))
+    it = iter(loader)
+    got = [next(it) for _ in range(3)]  # the workers wait in their init: all made here
+    assert it.stats()["workers"]["main"]["units"] == 3
+    open(release, "w").close()
+    assert wait_until(lambda: len(os.listdir(tmp_path)) == 3)  # both workers were in init
+    time.sleep(1.0)  # their Ready messages are in the pipes by now
+    got += list(it)
+    workers = it.stats()["workers"]
+    it.close()
+    assert_streams_equal(got, reference)
+    assert workers["main"]["units"] == 3  # none once a worker was ready
+    assert sum(w["units"] for key, w in workers.items() if key != "main") == 7
 
 
 @pytest.mark.parametrize("name", ["batch", "everything", "flat_map"])
@@ -78,7 +99,8 @@ def _views_a_shared_block(array) -> bool:
 
 def test_batches_arrive_through_shared_memory_and_free_their_blocks():
     src = dl.RangeDataSource(400)
-    loader = dl.DataLoader(src, dl.SequentialSampler(400), [dl.MapTransform(wp.to_array), dl.Batch(8)], worker_count=2)
+    loader = dl.DataLoader(src, dl.SequentialSampler(400), [dl.MapTransform(wp.to_array), dl.Batch(8)], worker_count=2,
+                           warm_start=False)
     it = iter(loader)
     batches = [next(it) for _ in range(30)]
     # Once block sizes are known (after the first results), batches view shared memory:
@@ -154,12 +176,19 @@ def test_a_worker_killed_once_by_a_record_is_survived(tmp_path):
 
 
 @pytest.mark.parametrize("warm_start", [True, False])
-def test_poison_record_that_always_kills_its_worker_is_named(warm_start):
+def test_poison_record_that_always_kills_its_worker_is_named(warm_start, tmp_path):
+    # With warm start, this process computes units until a worker is ready: the workers
+    # are held in their init until the first unit (computed here) lets them go, so the
+    # poison record is sure to reach a worker, not the test process.
+    marker, release = str(tmp_path / "in-init"), str(tmp_path / "go")
     loader = dl.DataLoader(
         dl.RangeDataSource(60), dl.SequentialSampler(60),
-        [dl.MapTransform(wp.kill_self_on(23)), dl.Batch(5)],
-        worker_count=2, warm_start=warm_start,
+        [dl.MapTransform(wp.open_gate_on(0, marker, release)), dl.MapTransform(wp.kill_self_on(23)),
+         dl.Batch(5)],
+        worker_count=2, warm_start=warm_start, worker_init_fn=wp.gated_init(marker, release),
     )
+    if not warm_start:
+        open(release, "w").close()
     it = iter(loader)
     got = [next(it).tolist() for _ in range(4)]
     assert got[-1] == [15, 16, 17, 18, 19]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import signal
 import time
@@ -51,6 +52,35 @@ def record_init(path):
             pass
 
     return init
+
+
+def gated_init(marker, release):
+    """A worker init that leaves ``marker-INDEX`` and then waits for the file ``release``:
+    the worker is not ready until the test (or :func:`open_gate_on`) says so."""
+
+    def init(index, count):
+        open(f"{marker}-{index}", "w").close()
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and not os.path.exists(release):
+            time.sleep(0.01)
+
+    return init
+
+
+def open_gate_on(record, marker, release, settle_s=1.0):
+    """On ``record``: waits until a worker of :func:`gated_init` is in its init, lets the
+    workers go on, and gives them ``settle_s`` to report ready."""
+
+    def fn(x):
+        if x == record:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not glob.glob(f"{glob.escape(marker)}-*"):
+                time.sleep(0.01)
+            open(release, "w").close()
+            time.sleep(settle_s)
+        return x
+
+    return fn
 
 
 def hang_on(record, marker_dir=None, release=None):

@@ -8,9 +8,10 @@ Three parts, each in its own module, are put together here:
   ``worker_count * buffer_size`` units ahead of the consumer, which bounds memory);
 * :mod:`~dataloader.engine.pool.transport`: results back through shared memory.
 
-While no worker has started yet, the parent computes the first unit itself, so the first
-batch costs what it costs in-process rather than a process start-up (``warm_start``;
-only one unit, so a record that crashes its process can hurt the parent only there).
+Until a worker is ready, the parent computes the units the consumer asks for itself, so
+the first batches cost what they cost in-process rather than a process start-up and
+the consumer is not left waiting while the workers start (``warm_start``; a record
+that crashes its process would crash the parent there, so it can be switched off).
 A thread hands out the first units as soon as workers are ready, before the first
 ``next()``, so the pool works while the training script still sets up.
 
@@ -28,7 +29,7 @@ about units past ``stall_warning_s`` and kills workers past ``unit_timeout_s``
 Threads. Calls are serialised by a lock, but ``close()`` never waits on a stuck
 ``next()``: the consumer polls in steps of at most 0.25 s and gives the lock up, with a
 :class:`~dataloader.errors.LoaderClosedError`, once it sees that ``close()`` was
-called. Only a ``next()`` busy in user code in this process (the warm-start unit)
+called. Only a ``next()`` busy in user code in this process (a warm-start unit)
 cannot give it up; ``close()`` then releases the workers and blocks without it, after
 ``CLOSE_WAIT_S``.
 """
@@ -177,7 +178,7 @@ class PoolExecutor:
             :class:`~dataloader.options.AutoWorkers`: the count changes as the pool
             runs (:mod:`~dataloader.engine.pool.autoscale`).
         init_fn: ``f(worker_index, worker_count)`` run in each child before work.
-        warm_start: compute the first unit in this process if no worker is ready yet
+        warm_start: compute the units asked for in this process while no worker is ready
             (not with ``unit_timeout_s``: a unit computed here cannot be timed out).
         stall_warning_s: log a unit that a worker has computed for this long (None:
             never).
@@ -233,7 +234,6 @@ class PoolExecutor:
         self._window.clear_workers()
         self._finalizer = weakref.finalize(self, _release, self._res)
         self._ever_ready = False
-        self._warm_pending = self._warm_start
         self._startup_deaths = 0
         # One poll object for the life of the pool: building a selector per wait (as
         # multiprocessing.connection.wait does) cost ~70 us of parent CPU per batch.
@@ -241,11 +241,11 @@ class PoolExecutor:
         self._by_fd: dict[int, WorkerProcess] = {}
         # Start-up must not slow the first batch. Forked workers cost next to nothing
         # (the fork server imports once, off the parent's CPU): all are asked for at
-        # once. Without a fork server, while the parent computes the warm unit, start
+        # once. Without a fork server, while the parent computes warm-start units, start
         # only as many workers as leave it a core of its own (their imports take ~0.3 s
-        # of CPU each); the rest start once the warm unit is done or a worker is ready.
+        # of CPU each); the rest start once the first warm unit is done or a worker is ready.
         now = self._initial
-        if self._warm_pending and self._res.zygote is None:
+        if self._warm_start and self._res.zygote is None:
             now = max(1, min(now, autoscale.usable_cpus() - 1))
         self._window.size = self._initial * self._buffer
         self._res.workers = [self._spawn(i) for i in range(now)]
@@ -354,10 +354,12 @@ class PoolExecutor:
                 raise self._closed_error()
             self._dispatch()
             # Nothing is dispatched before a worker is ready, so the head unit is free.
-            # Only one unit: a record that crashes its process may be anywhere later.
-            if self._warm_pending and not self._ever_ready:
-                self._warm_pending = False
-                self._compute_inline(window.head)
+            # Units computed here until then fill the start-up gap (a record that crashes
+            # its process would take this one down: hence warm_start=False).
+            if self._warm_start and not self._ever_ready:
+                self._wait(0)  # a worker ready by now takes the head instead
+                if not self._ever_ready:
+                    self._compute_inline(window.head)
                 continue
             if self._scaler is None:
                 self._wait(self._watch.interval)

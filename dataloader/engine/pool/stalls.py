@@ -13,7 +13,7 @@ worker computes (its oldest unit: a worker computes its units in order):
   pool kills and replaces the worker. The unit is not computed again: a unit that hangs
   once would most likely hang again, and silently retrying would hide it.
 
-A unit the parent computes itself (the warm-start unit, or every unit with
+A unit the parent computes itself (a warm-start unit, or every unit with
 ``worker_count=0``) runs in the training thread and is not watched; with
 ``unit_timeout_s`` set, the pool therefore computes every unit in a worker.
 """

@@ -3,7 +3,7 @@
 The parent lends a worker a block (from :class:`~dataloader.engine.pool.shm.BlockPool`)
 with each task; the worker writes the pickled result and its numpy buffers into it, and
 the parent rebuilds the result as views of the block, without a copy. Blocks are sized
-from the results seen: the first result (usually the warm unit computed in the parent)
+from the results seen: the first result (usually a warm-start unit computed in the parent)
 fixes the size, with headroom, and a larger result later grows new blocks.
 
 When ``/dev/shm`` is missing or too small for the blocks the window needs (checked
@@ -102,7 +102,7 @@ class Transport:
             )
 
     def note_local_result(self, result: Any, blocks_needed: int) -> None:
-        """Sizes the blocks from a result computed in this process (the warm unit)."""
+        """Sizes the blocks from a result computed in this process (a warm-start unit)."""
         if self.use_shm and not self.blocks.target_size:
             self.note_size(shm.payload_size(*shm.dumps(result)), blocks_needed)
 

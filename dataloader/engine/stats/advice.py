@@ -113,7 +113,7 @@ def parent_bound(stats: dict[str, Any]) -> Advice | None:
     if not pool or units < MIN_UNITS or stats["wait_share"] < 0.2:
         return None
     main = stats["workers"].get(MAIN, {"cpu_s": 0.0})
-    parent = max(0.0, stats["fetch_cpu_s"] - main["cpu_s"]) / units  # the warm unit excluded
+    parent = max(0.0, stats["fetch_cpu_s"] - main["cpu_s"]) / units  # warm-start units excluded
     compute = sum(w["busy_s"] for w in pool.values()) / units
     count = len(pool)
     if parent * count < compute:

@@ -22,6 +22,7 @@ import mmap
 import os
 import pickle
 import threading
+import time
 import weakref
 from typing import Any
 
@@ -57,11 +58,21 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def unlink_if_orphaned(head: str, owner_pid: int) -> int:
+def unlink_if_orphaned(head: str, owner_pid: int, wait_s: float = 0.0) -> int:
     """Unlinks the blocks named ``head...`` if their owner ``owner_pid`` (the training
     process) is gone: a worker or fork server cleaning up after it. While the owner
-    runs, its blocks are its own business (a worker that stops may not take them)."""
-    return 0 if _pid_alive(owner_pid) else unlink_prefixed(head)
+    runs, its blocks are its own business (a worker that stops may not take them).
+
+    ``wait_s``: how long to wait for the owner to be gone, for a caller that knows it is
+    dying. A killed process closes its descriptors before it becomes a zombie, so the
+    end of a pipe or socket can be seen while it still looks alive.
+    """
+    deadline = time.monotonic() + wait_s
+    while _pid_alive(owner_pid):
+        if time.monotonic() >= deadline:
+            return 0
+        time.sleep(0.01)
+    return unlink_prefixed(head)
 
 
 def unlink_blocks_of(pid: int) -> int:

@@ -22,12 +22,15 @@ answers in request order):
 * parent: ``("fork", ticket)`` with the child's descriptors attached (task pipe, result
   pipe, progress board); zygote: ``("forked", ticket, pid)``;
 * parent: ``("reap", pid, timeout_s)``; zygote: ``("reaped", pid, code)``, ``code``
-  as ``Popen.returncode`` (negative: killed by that signal), None if still alive.
+  as ``Popen.returncode`` (negative: killed by that signal), None if still alive;
+* parent: ``("bye",)`` when the pool closes, just before its end of the socket.
 
 Children stay zombies until the parent reaps them, so a pid the parent knows is never
 reused under it. When the parent's end closes (the pool stopped, or the training
-process died, even by SIGKILL) the zygote kills the children it still has, unlinks the
-pool's shared-memory blocks and exits.
+process died, even by SIGKILL) the zygote kills the children it still has and exits.
+Without a goodbye the training process died: the zygote first waits for it to be gone
+(a killed process closes its descriptors before it looks dead) and unlinks the pool's
+shared-memory blocks.
 """
 
 from __future__ import annotations
@@ -243,8 +246,10 @@ class Zygote:
             return self._reaped.pop(pid, LOST)
 
     def close(self, timeout: float = 2.0) -> None:
-        """Closes the socket (the zygote then kills what is left of its children and
-        exits) and waits for it, killing it after ``timeout``."""
+        """Says goodbye and closes the socket (the zygote then kills what is left of its
+        children and exits) and waits for it, killing it after ``timeout``."""
+        with contextlib.suppress(OSError):
+            self._sock.send(pickle.dumps(("bye",)))
         with contextlib.suppress(OSError):
             self._sock.close()
         self.alive = False
@@ -306,6 +311,7 @@ def serve(sock_fd: int) -> None:
         os.sched_setaffinity(0, cpus)  # the workers inherit it
     children: set[int] = set()
     me = os.getpid()
+    parting = False  # the parent said goodbye: it lives on and cleans up its own blocks
     while True:
         try:
             data, fds, _, _ = socket.recv_fds(sock, PACKET, 8)
@@ -314,6 +320,9 @@ def serve(sock_fd: int) -> None:
         if not data:
             break
         request = pickle.loads(data)
+        if request[0] == "bye":
+            parting = True
+            break
         if request[0] == "fork":
             # A fork is safe only without other threads (their locks would be lost).
             pid = os.fork() if threading.active_count() == 1 else -1
@@ -341,6 +350,7 @@ def serve(sock_fd: int) -> None:
             os.kill(pid, signal.SIGKILL)
     for pid in children:
         _reap(pid, 5.0)
-    from dataloader.engine.pool.shm import unlink_if_orphaned
+    if not parting:  # the parent's end closed without a word: it died
+        from dataloader.engine.pool.shm import unlink_if_orphaned
 
-    unlink_if_orphaned(block_prefix, owner)
+        unlink_if_orphaned(block_prefix, owner, wait_s=5.0)

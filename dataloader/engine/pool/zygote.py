@@ -339,10 +339,10 @@ def serve(sock_fd: int) -> None:
             if code is not None:
                 children.discard(request[1])
             answer = ("reaped", request[1], code)
-        try:
+        # The parent may have closed its end meanwhile (while this imported or forked):
+        # what it sent before, a goodbye or nothing, is still there to read.
+        with contextlib.suppress(OSError):
             sock.send(pickle.dumps(answer))
-        except OSError:  # the parent closed its end while this was importing or forking
-            break
     # The parent is gone or done with this fork server: nothing it forked may outlive
     # it, and if the training process died, neither may the pool's blocks.
     for pid in children:

@@ -1,9 +1,12 @@
-"""Re-runs a benchmark script in ``benchmarks/.venv`` (made by ``setup_env.sh``), where
-the peers it measures are installed."""
+"""What the benchmark scripts share: re-running in ``benchmarks/.venv`` (made by
+``setup_env.sh``), where the peers they measure are installed, and running one row in a
+fresh interpreter."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -20,3 +23,28 @@ def ensure_venv(script: str, argv: list[str]) -> None:
     subprocess.run(["bash", str(HERE / "setup_env.sh")], check=True)
     python = VENV / "bin" / "python"
     os.execv(str(python), [str(python), str(Path(script).resolve()), *argv])
+
+
+def run_row(script: str, request: dict, timeout: float) -> dict:
+    """Runs ``script --measure REQUEST`` in a fresh interpreter and returns the JSON object
+    on the last such line of its output, or ``{"ok": False, "reason": ...}`` (timed out,
+    crashed, no answer)."""
+    command = [sys.executable, str(Path(script).resolve()), "--measure", json.dumps(request)]
+    # A new session, so that on timeout the whole group we started can be ended.
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        return {"ok": False, "reason": f"timed out after {timeout:.0f}s"}
+    for line in reversed(stdout.splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                break
+    tail = [line for line in stderr.strip().splitlines() if line.strip()] or ["no output"]
+    return {"ok": False, "reason": f"exit {process.returncode}: {tail[-1][:200]}"}

@@ -39,13 +39,13 @@ import json
 import os
 import resource
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import bench_env
 from bench_env import ensure_venv
 
 HERE = Path(__file__).resolve().parent
@@ -175,20 +175,7 @@ def _children_cpu() -> float:
 def run_row(request: dict, timeout: float) -> dict:
     """One row in a fresh process; adds the CPU seconds of its whole process tree."""
     cpu_before = _children_cpu()
-    command = [sys.executable, str(Path(__file__).resolve()), "--measure", json.dumps(request)]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)
-    try:
-        stdout, stderr = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.communicate()
-        return {"ok": False, "reason": f"timed out after {timeout:.0f}s"}
-    for line in reversed(stdout.splitlines()):
-        if line.startswith("{"):
-            return {**json.loads(line), "cpu": _children_cpu() - cpu_before}
-    tail = [line for line in stderr.strip().splitlines() if line.strip()] or ["no output"]
-    return {"ok": False, "reason": f"exit {process.returncode}: {tail[-1][:200]}"}
+    return {**bench_env.run_row(__file__, request, timeout), "cpu": _children_cpu() - cpu_before}
 
 
 def main(argv: list[str]) -> int:

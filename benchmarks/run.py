@@ -25,12 +25,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+import bench_env
 from bench_env import ensure_venv
 
 HERE = Path(__file__).resolve().parent
@@ -114,25 +113,7 @@ def child_main(payload: str) -> int:
 
 def run_row(request: dict, timeout: float) -> dict:
     """Starts a fresh interpreter for one row and returns its reply."""
-    command = [sys.executable, str(Path(__file__).resolve()), "--measure", json.dumps(request)]
-    # A new session, so that on timeout the whole group we started can be ended.
-    process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    try:
-        stdout, stderr = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.communicate()
-        return {"ok": False, "reason": f"timed out after {timeout:.0f}s"}
-    for line in reversed(stdout.splitlines()):
-        if line.startswith("{"):
-            try:
-                return json.loads(line)
-            except ValueError:
-                break
-    tail = (stderr.strip().splitlines() or ["no output"])[-1]
-    return {"ok": False, "reason": f"exit {process.returncode}: {tail[:200]}"}
+    return bench_env.run_row(__file__, request, timeout)
 
 
 def median_reply(replies: list[dict]) -> dict:

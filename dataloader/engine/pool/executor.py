@@ -41,6 +41,7 @@ import logging
 import os
 import pickle
 import select
+import subprocess
 import threading
 import time
 import weakref
@@ -247,11 +248,17 @@ class PoolExecutor:
         now = self._initial
         if self._warm_start and self._res.zygote is None:
             now = max(1, min(now, autoscale.usable_cpus() - 1))
-        self._window.size = self._initial * self._buffer
         self._res.workers = [self._spawn(i) for i in range(now)]
         self._deferred = list(range(now, self._initial))
+        self._fit_window()
         self.worker_counts.append((time.monotonic(), self._initial))
         self._worker_bytes = 0  # private memory of one worker, measured once one is ready
+
+    def _fit_window(self) -> None:
+        """``buffer_size`` units in flight for each worker that takes units (those still
+        to start included, retiring ones not)."""
+        takers = sum(1 for w in self._res.workers if not w.retiring) + len(self._deferred)
+        self._window.size = takers * self._buffer
 
     def _spawn_deferred(self) -> None:
         while self._deferred and not self._closing:
@@ -545,16 +552,16 @@ class PoolExecutor:
         free = [i for i in range(self._worker_count) if i not in used]
         for index in free[:count]:
             self._res.workers.append(self._spawn(index))
-            self._window.size += self._buffer
+        self._fit_window()
 
     def _retire_workers(self, live: list[WorkerProcess], count: int) -> None:
         """Stops giving ``count`` workers units (the highest indices); each stops once
         it has answered what it holds."""
         for w in sorted(live, key=lambda w: -w.index)[:count]:
             w.retiring = True
-            self._window.size -= self._buffer
             if not self._window.held(w.key):
                 self._stop_retired(w)
+        self._fit_window()
 
     def _stop_retired(self, w: WorkerProcess) -> None:
         """A retiring worker holds no unit: close its task pipe (it exits) and forget it;
@@ -572,7 +579,7 @@ class PoolExecutor:
         for w in list(self._res.retired):
             try:
                 w.proc.wait(0)
-            except Exception:  # still exiting (subprocess.TimeoutExpired): next time
+            except subprocess.TimeoutExpired:  # still exiting: next time
                 continue
             w.close_pipes()
             self._res.retired.remove(w)

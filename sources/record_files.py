@@ -137,8 +137,8 @@ def _read_jsonl(path: str, open_file: Opener = open_local, start: int = 0,
 # CSV -------------------------------------------------------------------------------
 
 
-def _csv_rows(path: str, open_file: Opener) -> Iterator[bytes]:
-    """Each data row as a JSON object keyed by the header's column names."""
+def _csv_rows(path: str, open_file: Opener) -> Iterator[tuple[list[str], list[str]]]:
+    """Each data row, checked, with the header: ``(header, cells)``."""
     with open_file(path) as raw, io.TextIOWrapper(raw, encoding="utf-8", newline="") as text:
         reader = csv.reader(text)
         try:
@@ -155,7 +155,7 @@ def _csv_rows(path: str, open_file: Opener) -> Iterator[bytes]:
                         f"{path}:{reader.line_num}: {len(row)} cells, but the header has "
                         f"{len(header)} columns ({', '.join(header)})"
                     )
-                yield json.dumps(dict(zip(header, row, strict=True))).encode()
+                yield header, row
         except (csv.Error, UnicodeDecodeError) as error:
             raise ValueError(f"{path}:{reader.line_num}: not readable as UTF-8 CSV: {error}") from None
 
@@ -166,7 +166,9 @@ def _count_csv(path: str, open_file: Opener = open_local) -> int:
 
 def _read_csv(path: str, open_file: Opener = open_local, start: int = 0,
               stop: int | None = None) -> Iterator[bytes]:
-    return itertools.islice(_csv_rows(path, open_file), start, stop)
+    """Each data row as a JSON object keyed by the header's column names."""
+    rows = itertools.islice(_csv_rows(path, open_file), start, stop)
+    return (json.dumps(dict(zip(header, row, strict=True))).encode() for header, row in rows)
 
 
 # Parquet ---------------------------------------------------------------------------

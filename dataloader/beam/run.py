@@ -30,7 +30,6 @@ from dataloader.beam.sink import (
     Checksum,
     ShardResult,
     Staging,
-    parse_writer_options,
     read_summary,
     refusal,
 )
@@ -175,7 +174,6 @@ def convert(
     if existing and not overwrite:
         raise ConvertError(refusal(existing))
     writer_options = f"group_size:{group_size}"
-    parse_writer_options(writer_options)
     transform = ConvertToArrayRecord(files, staging, num_shards=num_shards, match_shards=match_shards,
                                      fmt=fmt, writer_options=writer_options, overwrite=overwrite)
     began = time.perf_counter()

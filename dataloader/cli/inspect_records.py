@@ -20,11 +20,6 @@ from dataloader.cli.decode import describe_record, describe_value
 from dataloader.sources import ArrayRecordDataSource
 
 
-def preview(record: bytes, limit: int = 200) -> str:
-    """A readable rendering of one record (see :func:`dataloader.cli.decode.describe_record`)."""
-    return describe_record(record, limit)
-
-
 def describe_array_records(
     patterns: Sequence[str], index: int = 0, records: int = 1, decode: Callable[[bytes], Any] | None = None
 ) -> str:

@@ -96,8 +96,8 @@ class WorkerProcess:
             written by a thread because it may exceed the pipe's buffer while the child
             is still starting up.
         shared_fds: more descriptors the child inherits (the progress board): under the
-            same numbers when started as an interpreter, as the fifth argument of
-            ``worker.main`` when forked.
+            same numbers when started as an interpreter, handed to ``worker.run`` by the
+            fork server when forked.
         zygote: fork the worker from this fork server (None: start an interpreter).
             Raises OSError if the fork server is gone.
     """

@@ -134,9 +134,9 @@ def _layout_of(elements: Any) -> tuple[str, list[tuple[str, np.ndarray | _Pieces
 def _write(dest: np.ndarray, start: int, part: np.ndarray | _Pieces) -> None:
     """Writes ``part``'s bytes into ``dest`` (the block as uint8) from ``start``."""
     # A memoryview slice takes bytes as they are: no numpy view made per record.
-    view = memoryview(dest)
+    view = dest.data
     for piece in part.pieces if isinstance(part, _Pieces) else [part]:
-        raw = piece if isinstance(piece, bytes) else np.ascontiguousarray(piece).reshape(-1).view(np.uint8)
+        raw = piece if isinstance(piece, bytes) else np.ascontiguousarray(piece).reshape(-1).view(np.uint8).data
         view[start : start + len(raw)] = raw
         start += len(raw)
 

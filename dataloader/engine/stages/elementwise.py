@@ -16,7 +16,6 @@ A batch pulls exactly its elements, so its state is its parent's.
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any
 
 from dataloader.engine.compute import IN_PROCESS
@@ -51,22 +50,24 @@ class ElementwiseIterator(DatasetIterator):
         ]
         self._expands = any(isinstance(op, FlatMapTransform) for op in ops)
         self._index = 0  # parent elements consumed
-        self._pending: deque[Any] = deque()  # outputs of the last parent element not yet handed out
-        self._given = 0  # outputs of the last parent element handed out
+        self._pending: list[Any] = []  # outputs of the last parent element
+        self._given = 0  # how many of them were handed out
         self._before: Any = None  # the parent's state before the last element (flat maps)
 
     def __next__(self) -> Any:
-        while not self._pending:
+        while self._given == len(self._pending):
             if self._expands:
                 self._before = self._parent.get_state()
             element = next(self._parent)
             self._index += 1
-            self._pending = deque(self._apply(element, self._index - 1))
+            self._pending = self._apply(element, self._index - 1)
             self._given = 0
             if self._watch is not None:
                 self._watch.add(1, 0 if self._pending else 1)
+        item = self._pending[self._given]
+        self._pending[self._given] = None  # handed out: not kept alive here
         self._given += 1
-        return self._pending.popleft()
+        return item
 
     def _apply(self, element: Any, index: int) -> list[Any]:
         items: list[tuple[Any, int]] = [(element, 0)]
@@ -99,17 +100,17 @@ class ElementwiseIterator(DatasetIterator):
         return [x for x, _ in items]
 
     def get_state(self) -> dict[str, Any]:
-        if self._pending:
+        if self._given < len(self._pending):
             return {"parent": self._before, "index": self._index - 1, "skip": self._given}
         return {"parent": self._parent.get_state(), "index": self._index, "skip": 0}
 
     def set_state(self, state: dict[str, Any]) -> None:
         self._parent.set_state(state["parent"])
         self._index, skip = int(state["index"]), int(state["skip"])
-        self._pending, self._given = deque(), 0
+        self._pending, self._given = [], 0
         if skip:
             self._before = state["parent"]
-            self._pending = deque(self._apply(next(self._parent), self._index)[skip:])
+            self._pending = self._apply(next(self._parent), self._index)
             self._index += 1
             self._given = skip
 

@@ -287,6 +287,7 @@ class DeviceIterator:
     """
 
     _clock: Clock | None = None  # stats(): made on first use
+    _stats_exact = True  # its calls are a training step's: time every one, never sample
 
     def __init__(
         self,
@@ -328,7 +329,7 @@ class DeviceIterator:
 
     def __next__(self) -> Any:
         # Every call timed: they are the training step's, one a step.
-        return collect.clock_of(self, exact=True).call(self, DeviceIterator._next)
+        return collect.clock_of(self).call(self, DeviceIterator._next)
 
     def _next(self) -> Any:
         if self._finished or not self._finalizer.alive:

@@ -17,7 +17,8 @@ the parent's number, ``"1/0"``), plus:
 
 The protocol, on any iterator that takes part: ``_stats_totals()``, ``_stats_parents()``,
 ``_stats_pipeline()``, the class attributes ``_stats_name`` (a stage name, ``""``
-for the class's name, None for no stage of its own) and ``_stats_batches``, and a
+for the class's name, None for no stage of its own), ``_stats_batches`` and, optionally,
+``_stats_exact`` (time every call; the device feed), and a
 :class:`~dataloader.engine.stats.clock.Clock` in ``_clock``.
 """
 
@@ -30,11 +31,12 @@ from dataloader.engine.stats.clock import Clock
 from dataloader.engine.stats.shape import add_totals, empty_totals, publish
 
 
-def clock_of(it: Any, exact: bool = False) -> Clock:
-    """The iterator's clock, made on first use (user iterators need not make one)."""
+def clock_of(it: Any) -> Clock:
+    """The iterator's clock, made on first use (user iterators need not make one); it
+    times every call if the class says ``_stats_exact = True``, whichever use comes first."""
     clock = it._clock
     if clock is None:
-        clock = it._clock = Clock(_totals_of, exact)
+        clock = it._clock = Clock(_totals_of, getattr(it, "_stats_exact", False))
     return clock
 
 

@@ -36,6 +36,17 @@ def test_device_iterator_stats_have_the_loaders_numbers_and_the_feeds():
     assert len(it.depth_samples) == 17  # one per next(), the end included
 
 
+def test_the_feed_times_every_step_even_when_stats_were_asked_first():
+    # Whichever use makes the clock (stats(), a hook, next()), the feed's is exact: the
+    # step's waiting is measured on every call, never sampled as a fast stream's is.
+    with dl.device_prefetch(loader(row, n=400)) as it:
+        it.stats()  # makes the clock
+        batches = sum(1 for _ in it)
+    clock = it._clock
+    assert clock is not None and clock._exact
+    assert batches == 100 and clock.timed_calls == clock.calls == batches  # all but the first, the end included
+
+
 def test_the_steps_waiting_is_its_own_not_the_loaders():
     # A slow loader and a step that takes no time: the step waits nearly all the time.
     with dl.device_prefetch(loader(slow_row)) as it:

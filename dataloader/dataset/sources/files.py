@@ -18,6 +18,7 @@ import os
 from typing import Any
 
 from dataloader.dataset.base import DatasetIterator, IterDataset
+from dataloader.engine.stages.base import expect_state
 from dataloader.errors import StateMismatchError
 from dataloader.sources import expand_paths
 
@@ -87,10 +88,7 @@ def check_file_state(state: Any, path: str, keys: tuple[str, ...], what: str) ->
     States name the file by its base name: data moved to another directory restores,
     a state of another file (a shuffled file list restored in another order) does not.
     """
-    if not isinstance(state, dict) or any(k not in state for k in keys):
-        raise StateMismatchError(
-            f"expected a state of {what} (a dict with {', '.join(keys)}), got {str(state)[:200]}"
-        )
+    state = expect_state(state, keys, what)
     name = state.get("path")
     if name is not None and name != os.path.basename(path):
         raise StateMismatchError(

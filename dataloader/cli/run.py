@@ -74,7 +74,7 @@ def run_advice(stats: dict[str, Any], step_ms: float | None) -> list[Advice]:
 
 def summary(
     stats: dict[str, Any], first_batch_s: float | None, elapsed: float,
-    advice: list[Advice] | None = None, step_ms: float | None = None,
+    advice: list[Advice], step_ms: float | None = None,
 ) -> str:
     """What ``run`` prints at the end (see the module docstring)."""
     device = "device_feed" in stats["pipeline"]
@@ -98,7 +98,6 @@ def summary(
     width = max((len(name) for name, _ in stages), default=4)
     lines.append("where the time went (seconds, added up over the processes that spent them):")
     lines += [f"  {name:<{width}}  {secs:8.3f} s  {secs / work:6.1%}" for name, secs in stages]
-    advice = advise(stats) if advice is None else advice
     lines.append("advice:" if advice else "advice:        none (no rule found a cause to name)")
     lines += [f"  - {item}" for item in advice]
     return "\n".join(lines)

@@ -103,6 +103,14 @@ def test_only_the_beam_room_imports_apache_beam():
             assert not module.startswith("dataloader.beam") or path.parent.name == "cli", f"{path} imports {module}"
 
 
+def test_the_converter_without_beam_plans_and_names_shards_with_no_beam_loaded():
+    # dataloader.cli.convert shares the pipeline's planning (dataloader.beam.plan), which
+    # must stay importable where Beam is not installed.
+    code = "import sys, dataloader.cli.convert, dataloader.beam.plan; print('apache_beam' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO_ROOT)
+    assert out.stdout.strip() == "False"
+
+
 def test_no_package_folder_holds_more_than_twelve_modules():
     folders = [p for p in ROOT.rglob("__init__.py") if ".venv" not in p.parts and "tests" not in p.parts]
     assert folders

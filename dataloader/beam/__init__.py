@@ -22,9 +22,34 @@ Example:
 
 from __future__ import annotations
 
-from dataloader.beam.pipeline import ConvertToArrayRecord, ReadRecordFiles
-from dataloader.beam.run import ConvertResult, convert, pipeline_options, verify
-from dataloader.beam.sink import ShardResult, WriteToArrayRecord
+import importlib
+from typing import Any
+
+# Loaded on first use (PEP 562), so ``dataloader.beam.plan``, which imports no Beam, can
+# serve the single-process converter where Beam is not installed.
+_EXPORTS = {
+    "ConvertResult": "dataloader.beam.run",
+    "ConvertToArrayRecord": "dataloader.beam.pipeline",
+    "ReadRecordFiles": "dataloader.beam.pipeline",
+    "ShardResult": "dataloader.beam.sink",
+    "WriteToArrayRecord": "dataloader.beam.sink",
+    "convert": "dataloader.beam.run",
+    "pipeline_options": "dataloader.beam.run",
+    "verify": "dataloader.beam.run",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'dataloader.beam' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
+
 
 __all__ = [
     "ConvertResult",

@@ -8,20 +8,16 @@ Beam extra (``apache-beam[gcp]`` for ``gs://``) on the machine that runs the pip
 
 from __future__ import annotations
 
-import glob
 import os
-import posixpath
-import re
 from typing import IO
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from dataloader.beam.plan import SUFFIX, local_outputs
 from dataloader.beam.tfrecord import TFRECORD
 from dataloader.sources import expand_paths
 from dataloader.sources.record_files import RECORD_FORMATS, RecordFormat, input_format
-
-SUFFIX = ".array_record"
 
 
 def is_local(path: str) -> bool:
@@ -68,20 +64,8 @@ def check_prefix(prefix: str) -> str:
     return prefix
 
 
-def shard_path(prefix: str, index: int, count: int) -> str:
-    """``PREFIX-0000i-of-0000N.array_record``, the names Beam's file sinks use."""
-    return f"{prefix}-{index:05d}-of-{count:05d}{SUFFIX}"
-
-
-def matched_path(prefix: str, input_path: str) -> str:
-    """``PREFIX-<input name without extension>.array_record`` (``--match_shards``)."""
-    stem = posixpath.basename(input_path.rstrip("/"))
-    stem = re.sub(r"\.(tfrecords?|jsonl|json|csv|parquet|npy|npz)$", "", stem, flags=re.I)
-    return f"{prefix}-{stem}{SUFFIX}"
-
-
 def existing_outputs(prefix: str) -> list[str]:
     """The files a run with this prefix would replace: ``PREFIX-*.array_record``."""
     if is_local(prefix):
-        return sorted(glob.glob(glob.escape(prefix) + f"-*{SUFFIX}"))
+        return local_outputs(prefix)
     return sorted(m.path for m in FileSystems.match([f"{prefix}-*{SUFFIX}"])[0].metadata_list)

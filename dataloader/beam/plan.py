@@ -9,14 +9,47 @@ shard's size, and the order within a shard is the input order by construction.
   contiguous runs whose sizes differ by at most one, exactly as the single-process
   converter does, so both write the same bytes.
 * ``match_shards`` writes each input file to a shard of its own, named after it.
+
+The shards' names, and the refusal to write over an existing output, are here too: this
+module imports no Beam, so the single-process converter (``dataloader.cli.convert``)
+plans, names and refuses exactly as the pipeline does.
 """
 
 from __future__ import annotations
 
+import glob
+import posixpath
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dataloader.beam.files import matched_path, shard_path
+SUFFIX = ".array_record"
+
+
+def shard_path(prefix: str, index: int, count: int) -> str:
+    """``PREFIX-0000i-of-0000N.array_record``, the names Beam's file sinks use."""
+    return f"{prefix}-{index:05d}-of-{count:05d}{SUFFIX}"
+
+
+def matched_path(prefix: str, input_path: str) -> str:
+    """``PREFIX-<input name without extension>.array_record`` (``--match_shards``)."""
+    stem = posixpath.basename(input_path.rstrip("/"))
+    stem = re.sub(r"\.(tfrecords?|jsonl|json|csv|parquet|npy|npz)$", "", stem, flags=re.I)
+    return f"{prefix}-{stem}{SUFFIX}"
+
+
+def local_outputs(prefix: str) -> list[str]:
+    """The local files a run with this prefix would replace: ``PREFIX-*.array_record``."""
+    return sorted(glob.glob(glob.escape(prefix) + f"-*{SUFFIX}"))
+
+
+def refusal(existing: list[str]) -> str:
+    """The message that refuses to write over existing output."""
+    shown = ", ".join(existing[:3]) + (f" and {len(existing) - 3} more" if len(existing) > 3 else "")
+    return (
+        f"the output already exists ({shown}); pass --overwrite (overwrite=True) to replace "
+        "all of it, or choose another --output prefix"
+    )
 
 
 @dataclass(frozen=True)

@@ -26,13 +26,8 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from dataloader.beam.files import check_prefix, existing_outputs, expand_inputs, is_local
 from dataloader.beam.pipeline import ConvertToArrayRecord
-from dataloader.beam.sink import (
-    Checksum,
-    ShardResult,
-    Staging,
-    read_summary,
-    refusal,
-)
+from dataloader.beam.plan import refusal
+from dataloader.beam.sink import Checksum, ShardResult, Staging, read_summary
 from dataloader.cli.progress import Progress
 from dataloader.errors import ConvertError
 

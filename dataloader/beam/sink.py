@@ -32,7 +32,8 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from dataloader.beam.files import check_prefix, existing_outputs, is_local, shard_path
+from dataloader.beam.files import check_prefix, existing_outputs, is_local
+from dataloader.beam.plan import refusal, shard_path
 from dataloader.errors import ConvertError
 from dataloader.sources import write_array_record
 
@@ -180,15 +181,6 @@ def finalize(staging: Staging, results: list[ShardResult], expected: int, overwr
         FileSystems.delete(old)
     FileSystems.rename([r.staged for r in results], [r.path for r in results])
     return results
-
-
-def refusal(existing: list[str]) -> str:
-    """The message that refuses to write over existing output."""
-    shown = ", ".join(existing[:3]) + (f" and {len(existing) - 3} more" if len(existing) > 3 else "")
-    return (
-        f"the output already exists ({shown}); pass --overwrite (overwrite=True) to replace "
-        "all of it, or choose another --output prefix"
-    )
 
 
 def write_summary(staging: Staging, results: list[ShardResult]) -> None:

@@ -22,10 +22,10 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import glob
 import os
 from collections.abc import Iterator, Sequence
 
+from dataloader.beam.plan import contiguous_plans, local_outputs, refusal
 from dataloader.cli.progress import Progress
 from dataloader.errors import ConvertError
 from dataloader.options import check_int
@@ -45,11 +45,6 @@ def _record_format(path: str, fmt: str | None) -> RecordFormat:
             "install it with pip install 'granary[beam]'"
         ) from None
     return TFRECORD
-
-
-def existing_outputs(prefix: str) -> list[str]:
-    """The files a conversion to ``prefix`` would replace: ``<prefix>-*.array_record``."""
-    return sorted(glob.glob(glob.escape(prefix) + "-*.array_record"))
 
 
 def convert(
@@ -73,24 +68,21 @@ def convert(
     check_int("num_shards", num_shards, 1)
     files = expand_paths(list(inputs), what="input", example_glob="*.parquet")
     formats = [_record_format(path, fmt) for path in files]
-    old = existing_outputs(output_prefix)
+    old = local_outputs(output_prefix)
     if old and not overwrite:
-        raise ConvertError(
-            f"the output already exists ({', '.join(old[:3])}{' ...' if len(old) > 3 else ''}); "
-            "pass --overwrite (overwrite=True) to replace all of it, or choose another prefix"
-        )
-    total = sum(f.count(path) for f, path in zip(formats, files, strict=True))
-    if total < num_shards:
-        raise ValueError(f"{total} records cannot fill {num_shards} shards; use num_shards <= {total}")
-    stream = (record for f, path in zip(formats, files, strict=True) for record in f.read(path))
+        raise ConvertError(refusal(old))
+    counts = [f.count(path) for f, path in zip(formats, files, strict=True)]
+    plans = contiguous_plans(output_prefix, counts, num_shards)
     os.makedirs(os.path.dirname(os.path.abspath(output_prefix)), exist_ok=True)
-    paths = [f"{output_prefix}-{shard:05d}-of-{num_shards:05d}.array_record" for shard in range(num_shards)]
+    paths = [plan.path for plan in plans]
     temps = [os.path.join(os.path.dirname(os.path.abspath(p)), f".{os.path.basename(p)}.{os.getpid()}.part")
              for p in paths]
-    bar = Progress(f"writing {num_shards} shard(s)", total=total) if progress else None
+    # One pass over the inputs (a file cut between shards is not read again from its start).
+    stream = (record for f, path in zip(formats, files, strict=True) for record in f.read(path))
+    bar = Progress(f"writing {num_shards} shard(s)", total=sum(counts)) if progress else None
     try:
-        for shard, temp in enumerate(temps):
-            size = (shard + 1) * total // num_shards - shard * total // num_shards
+        for plan, temp in zip(plans, temps, strict=True):
+            size = sum(stop - start for _, start, stop in plan.slices if stop is not None)
             write_array_record(temp, _take(stream, size, bar), group_size=group_size)
         for path in old:  # all shards are complete: replace the old output whole
             os.remove(path)

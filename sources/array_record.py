@@ -34,6 +34,16 @@ measurable difference to ``read(i, i + 1)``. (Whatever the options, opening
 the first reader in a process starts array_record's global pool of 64
 threads; they sleep unless ``read(list)`` is used.)
 
+Reader options. ``reader_options`` (Grain's argument, a dict of str) is added
+to that options string. ``ArrayRecordReader`` 0.8.6 documents exactly four
+keys and refuses any other one when a file is opened: ``index_storage_option``
+(``in_memory``, the default, or ``offloaded``: the index of record offsets
+stays in the file instead of memory), ``readahead_buffer_size``,
+``max_parallelism`` and ``footer_prefetch_bytes``. The reader refuses
+``offloaded`` with its default ``footer_prefetch_bytes`` of 1 MB (Grain
+0.2.18 therefore fails on MaxText's ``{"index_storage_option": "offloaded"}``),
+so this source adds ``footer_prefetch_bytes:0`` unless it was given.
+
 A benchmark's "raw read" of the same records is this very call; the source
 adds only a numpy bounds check per batch and, for several files, one
 ``searchsorted`` (about 0.1 µs per record in all).
@@ -44,7 +54,7 @@ from __future__ import annotations
 import os
 import re
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import SupportsIndex
 
 import numpy as np
@@ -56,14 +66,74 @@ from ._indexing import PartIndex, as_index_array, check_index
 # Documented by ArrayRecordReader as its random-access setting (see above).
 READER_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"
 
+# The keys ArrayRecordReader's options string understands (its docstring's grammar),
+# each with the values it takes, as a pattern and in words for messages.
+_SIZE = r"(?:auto|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?[BkKMGTPE]?)"
+_READER_KEYS = {
+    "index_storage_option": (r"in_memory|offloaded", "'in_memory' or 'offloaded'"),
+    "readahead_buffer_size": (_SIZE, "a byte count such as 0, 65536 or '16M', or 'auto'"),
+    "max_parallelism": (r"auto|\d+", "a count such as 0 or 8, or 'auto'"),
+    "footer_prefetch_bytes": (_SIZE, "a byte count such as 0 or '1M', or 'auto'"),
+}
+
 _GROUP_SIZE = re.compile(r"(?:^|,)group_size:(\d+)(?:,|$)")
 
 
-def _open_reader(path: str) -> ArrayRecordReader:
-    """Opens ``path`` for random access; raises ValueError naming a bad file."""
+def _check_reader_options(options: Mapping[str, str | int] | None) -> dict[str, str]:
+    """Returns ``options`` with str values after checking each key and value.
+
+    Raises:
+        TypeError: ``options`` is not a dict, or a key or value is not a str (or an
+            int for a number).
+        ValueError: A key the reader does not understand, or a value it refuses.
+    """
+    if options is None:
+        return {}
+    if not isinstance(options, Mapping):
+        raise TypeError(
+            f"reader_options must be a dict of str, got {type(options).__name__} {options!r}; "
+            "pass e.g. {'index_storage_option': 'offloaded'}"
+        )
+    checked = {}
+    for key, value in options.items():
+        if key not in _READER_KEYS:
+            raise ValueError(
+                f"reader_options key {key!r} is not an ArrayRecord reader option; the "
+                f"reader understands {', '.join(map(repr, _READER_KEYS))}"
+            )
+        pattern, words = _READER_KEYS[key]
+        if isinstance(value, bool) or not isinstance(value, str | int):
+            raise TypeError(
+                f"reader_options[{key!r}] must be a str, got {type(value).__name__} "
+                f"{value!r}; pass {words}"
+            )
+        if not re.fullmatch(pattern, str(value)):
+            raise ValueError(f"reader_options[{key!r}] is {value!r}; pass {words}")
+        checked[key] = str(value)
+    offloaded = checked.get("index_storage_option") == "offloaded"
+    if offloaded and checked.get("footer_prefetch_bytes", "0") not in ("0", "0.0"):
+        raise ValueError(
+            f"reader_options footer_prefetch_bytes={checked['footer_prefetch_bytes']!r} "
+            "needs index_storage_option 'in_memory' (the reader prefetches no footer when "
+            "the index is offloaded); drop footer_prefetch_bytes or set it to 0"
+        )
+    return checked
+
+
+def _options_string(options: Mapping[str, str]) -> str:
+    """The reader's options string: the random-access defaults, then ``options``."""
+    merged = dict(item.split(":") for item in READER_OPTIONS.split(","))
+    if options.get("index_storage_option") == "offloaded":
+        merged.setdefault("footer_prefetch_bytes", "0")
+    merged.update(options)
+    return ",".join(f"{key}:{value}" for key, value in merged.items())
+
+
+def _open_reader(path: str, options: str = READER_OPTIONS) -> ArrayRecordReader:
+    """Opens ``path`` with ``options``; raises ValueError naming a bad file."""
     detail = ""
     try:
-        reader = ArrayRecordReader(path, READER_OPTIONS)
+        reader = ArrayRecordReader(path, options)
         if reader.ok():
             return reader
         reader.close()  # A reader that failed to open raises why when closed.
@@ -99,11 +169,18 @@ class ArrayRecordDataSource(PerProcessHandles):
 
     Args:
         paths: A path, a glob pattern, or a list of those.
+        reader_options: Options for array_record's reader, as Grain takes them:
+            a dict of str such as ``{"index_storage_option": "offloaded"}``
+            (keep the index of each file on disk instead of in memory). The
+            keys are the reader's own (see the module docstring); they apply
+            in every process that opens the files.
 
     Raises:
-        TypeError: ``paths`` is not a path, a glob or a list of those.
+        TypeError: ``paths`` is not a path, a glob or a list of those, or
+            ``reader_options`` is not a dict of str.
         ValueError: ``paths`` is empty, or a file is empty, has no records or
-            is not an ArrayRecord file.
+            is not an ArrayRecord file, or ``reader_options`` holds a key or a
+            value the reader does not understand.
         FileNotFoundError: A path does not exist or a glob matches nothing.
 
     Warns:
@@ -121,11 +198,13 @@ class ArrayRecordDataSource(PerProcessHandles):
 
     _TRANSIENT = ("_readers",)
 
-    def __init__(self, paths: PathArg) -> None:
+    def __init__(self, paths: PathArg, reader_options: Mapping[str, str] | None = None) -> None:
+        self._reader_options = _check_reader_options(reader_options)
+        self._options = _options_string(self._reader_options)
         self._paths = tuple(expand_paths(paths, what="ArrayRecord", example_glob="*.array_record"))
         counts, group_sizes = [], []
         for path in self._paths:
-            reader = _open_reader(path)
+            reader = _open_reader(path, self._options)
             try:
                 count, group_size = reader.num_records(), _group_size(reader)
             finally:
@@ -161,6 +240,11 @@ class ArrayRecordDataSource(PerProcessHandles):
         return self._paths
 
     @property
+    def reader_options(self) -> dict[str, str]:
+        """The reader options given (values as str); ``{}`` when none were."""
+        return dict(self._reader_options)
+
+    @property
     def num_records_per_file(self) -> tuple[int, ...]:
         """The number of records of each file, in the order of :attr:`paths`."""
         return tuple(self._index.counts.tolist())
@@ -180,7 +264,7 @@ class ArrayRecordDataSource(PerProcessHandles):
             with self._lock:
                 reader = self._readers[file_index]
                 if reader is None:
-                    reader = _open_reader(self._paths[file_index])
+                    reader = _open_reader(self._paths[file_index], self._options)
                     self._readers[file_index] = reader
         return reader
 
@@ -222,7 +306,17 @@ class ArrayRecordDataSource(PerProcessHandles):
         return [reads[f](p, p + 1)[0] for f, p in zip(file_list, positions.tolist(), strict=True)]
 
     def __repr__(self) -> str:
+        options = f", reader_options={self._reader_options!r}" if self._reader_options else ""
         return (
             f"ArrayRecordDataSource(paths={format_paths(self._paths)}, "
-            f"num_records={self._index.total})"
+            f"num_records={self._index.total}{options})"
         )
+
+    def __eq__(self, other: object) -> bool:
+        """Sources are equal when they read the same files with the same options."""
+        if not isinstance(other, ArrayRecordDataSource):
+            return NotImplemented
+        return (self._paths, self._reader_options) == (other._paths, other._reader_options)
+
+    def __hash__(self) -> int:
+        return hash((self._paths, tuple(sorted(self._reader_options.items()))))

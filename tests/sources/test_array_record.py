@@ -260,3 +260,103 @@ def test_getitems_out_of_range_names_index_and_length(two_files):
 def test_float_index_is_refused(two_files):
     with pytest.raises(TypeError, match=r"must be an integer, got float 1\.0"):
         ArrayRecordDataSource(two_files)[1.0]
+
+
+# reader_options: Grain's second argument, which MaxText always passes.
+
+_OFFLOADED = {"index_storage_option": "offloaded"}
+
+
+@pytest.mark.parametrize("options", [None, {}, {"index_storage_option": "in_memory"}, _OFFLOADED])
+def test_reader_options_as_maxtext_passes_them_read_the_same_records(two_files, options):
+    source = ArrayRecordDataSource(paths=two_files, reader_options=options)
+    indices = [11, 0, 7, 6, 6, 3]
+    assert [source[i] for i in range(12)] == [_expected_two_files(i) for i in range(12)]
+    assert source.__getitems__(indices) == [_expected_two_files(i) for i in indices]
+
+
+def test_offloaded_index_reads_what_in_memory_reads(make_array_record):
+    path = make_array_record("big.array_record", 2000)
+    in_memory = ArrayRecordDataSource(path, {"index_storage_option": "in_memory"})
+    offloaded = ArrayRecordDataSource(path, _OFFLOADED)
+    indices = np.random.default_rng(0).integers(0, 2000, 500)
+    assert offloaded.__getitems__(indices) == in_memory.__getitems__(indices)
+    assert offloaded[1999] == record(0, 1999)
+
+
+def test_reader_options_reach_every_reader_the_source_opens(two_files, monkeypatch):
+    from dataloader.sources import array_record
+
+    opened = []
+    real = array_record.ArrayRecordReader
+    monkeypatch.setattr(array_record, "ArrayRecordReader", lambda p, o, **k: opened.append(o) or real(p, o, **k))
+    source = ArrayRecordDataSource(two_files, {"index_storage_option": "offloaded", "max_parallelism": "2"})
+    clone = pickle.loads(pickle.dumps(source))
+    clone.__getitems__([0, 11])
+    # two files counted at construction, then both opened by the unpickled copy
+    assert len(opened) == 4
+    for options in opened:
+        assert sorted(options.split(",")) == [
+            "footer_prefetch_bytes:0", "index_storage_option:offloaded", "max_parallelism:2",
+            "readahead_buffer_size:0",
+        ]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_reader_options_reach_the_reader_in_a_spawned_process(two_files):
+    from tests.sources._child import reader_options_in_child
+
+    source = ArrayRecordDataSource(two_files, _OFFLOADED)
+    source[0]
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        pid, opened, got = pool.apply_async(reader_options_in_child, (source, 9)).get(timeout=50)
+    assert pid != os.getpid()
+    assert got == record(1, 2)
+    assert len(opened) == 1 and "index_storage_option:offloaded" in opened[0].split(",")
+
+
+def test_pickled_copy_keeps_reader_options_repr_and_equality(two_files):
+    source = ArrayRecordDataSource(two_files, _OFFLOADED)
+    clone = pickle.loads(pickle.dumps(source))
+    assert clone.reader_options == {"index_storage_option": "offloaded"}
+    assert clone == source and hash(clone) == hash(source)
+    assert repr(clone) == repr(source)
+    assert repr(source).endswith("num_records=12, reader_options={'index_storage_option': 'offloaded'})")
+    assert clone != ArrayRecordDataSource(two_files)
+
+
+def test_reader_options_given_are_kept_as_str(two_files):
+    options = {"readahead_buffer_size": 0, "max_parallelism": "auto"}
+    source = ArrayRecordDataSource(two_files, options)
+    assert source.reader_options == {"readahead_buffer_size": "0", "max_parallelism": "auto"}
+    assert source[8] == record(1, 1)
+
+
+def test_unknown_reader_option_is_refused_by_name(two_files):
+    with pytest.raises(ValueError, match=r"reader_options key 'index_storage' is not an ArrayRecord reader option; "
+                       r"the reader understands 'index_storage_option', 'readahead_buffer_size'"):
+        ArrayRecordDataSource(two_files, {"index_storage": "offloaded"})
+
+
+@pytest.mark.parametrize(("options", "match"), [
+    ({"index_storage_option": "on_disk"}, r"reader_options\['index_storage_option'\] is 'on_disk'; pass 'in_memory' or 'offloaded'"),
+    ({"index_storage_option": ""}, r"is ''; pass 'in_memory' or 'offloaded'"),
+    ({"readahead_buffer_size": "16 MB"}, r"reader_options\['readahead_buffer_size'\] is '16 MB'; pass a byte count"),
+    ({"max_parallelism": "-1"}, r"reader_options\['max_parallelism'\] is '-1'; pass a count"),
+    ({"max_parallelism": "1,index_storage_option:offloaded"}, r"reader_options\['max_parallelism'\] is '1,index"),
+    ({"index_storage_option": "offloaded", "footer_prefetch_bytes": "1M"}, r"footer_prefetch_bytes='1M' needs index_storage_option 'in_memory'"),
+])
+def test_reader_option_values_are_checked_at_construction(two_files, options, match):
+    with pytest.raises(ValueError, match=match):
+        ArrayRecordDataSource(two_files, options)
+
+
+@pytest.mark.parametrize(("options", "match"), [
+    ("index_storage_option:offloaded", r"reader_options must be a dict of str, got str"),
+    ({"max_parallelism": True}, r"reader_options\['max_parallelism'\] must be a str, got bool True"),
+    ({"index_storage_option": None}, r"reader_options\['index_storage_option'\] must be a str, got NoneType"),
+])
+def test_reader_options_of_the_wrong_type_are_refused(two_files, options, match):
+    with pytest.raises(TypeError, match=match):
+        ArrayRecordDataSource(two_files, options)

@@ -18,11 +18,13 @@ Where each name lives (the rooms of the package):
 * ``dataloader.device``: the device feed (JAX); ``dataloader.checkpoint``: Orbax.
 * ``dataloader.config``: YAML pipeline configs; ``dataloader.cli``: the command line.
 * ``dataloader.maxtext``: MaxText's data keys, batch layout and eval pass (``dl.maxtext``).
+* ``dataloader.compat``: ``import grain`` gives granary, for Grain code you cannot edit.
 """
 
 from __future__ import annotations
 
 import importlib
+import os as _os  # private: dir(dl) lists only the API
 from typing import Any
 
 # Public name -> the module that defines it.
@@ -136,7 +138,7 @@ _EXPORTS: dict[str, str] = {
 
 # Subpackages reachable as attributes (``dl.samplers``) before anything imported them.
 _SUBPACKAGES = (
-    "checkpoint", "cli", "config", "dataset", "device", "engine", "errors", "experimental", "iterator",
+    "checkpoint", "cli", "compat", "config", "dataset", "device", "engine", "errors", "experimental", "iterator",
     "loader", "maxtext", "operations", "options", "samplers", "sharding", "sources", "testing",
     "transforms",
 )
@@ -157,3 +159,12 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *__all__, *_SUBPACKAGES})
+
+
+# GRANARY_GRAIN_ALIAS=1 makes `import grain` give granary here and in every worker and
+# fork server (they inherit the variable and import dataloader first). It only puts a
+# finder on sys.meta_path: nothing heavy is imported.
+if _os.environ.get("GRANARY_GRAIN_ALIAS"):
+    from dataloader.compat import install_from_environment
+
+    install_from_environment()

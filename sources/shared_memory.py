@@ -2,32 +2,45 @@
 
 A source held in memory is pickled into every worker process, so a 400 MB array read
 by 2 workers used to cost the tree three copies (and more while pickling). Here the
-records are written once into a named block of ``/dev/shm``; pickling sends the name and
-the layout, and every process maps the block read-only: the tree pays for the data
-once, whatever the number of workers, and reading a record copies nothing (arrays are
-read-only views).
+records are written once into a named block of ``/dev/shm``; pickling sends the name,
+and every process maps the block read-only: the tree pays for the data once, whatever
+the number of workers.
 
-What can be shared (what records are):
+What can be stored (what records are):
 
 * a numpy array: record ``i`` is ``array[i]`` (a read-only view);
 * a dict of numpy arrays of one length (columns): record ``i`` is ``{name: column[i]}``;
-* a sequence of ``bytes`` or ``str``: record ``i`` is the ``bytes`` (a copy of the
-  record's bytes) or ``str``;
+* a sequence of ``bytes`` or of ``str``: record ``i`` is the ``bytes`` or ``str``;
 * a sequence of numpy arrays of one dtype (ragged shapes allowed): record ``i`` is the
-  array (a read-only view).
+  array (a read-only view);
+* a sequence of Python ``int`` (within int64), of ``float`` or of ``bool``: stored as
+  one numpy array, records come back as the Python type they were;
+* any other sequence of picklable objects (Grain's ``ShareableList`` takes ``None`` and
+  mixed types, users pass dicts and tuples): each record is pickled into the block and
+  unpickled on every read, so a reader gets its own copy.
 
-The block is named ``granary_<pid>_src_<token>`` after the process that made it, which
-unlinks it when the source is garbage collected or at exit; a new worker pool sweeps
-blocks of processes that died (see :mod:`dataloader.engine.pool.shm`). Workers that
-still map an unlinked block keep reading it.
+The block starts with a header (magic bytes and the layout as JSON, written last), so
+``SharedMemoryDataSource(name=...)`` attaches to a block by its name alone, as Grain's
+does, in any process of the machine.
+
+Who removes a block. The process that made it, once: when the source is closed, garbage
+collected, or at exit; copies made by pickling or by attaching never do (``unlink()``
+removes it by hand, as Grain's does). A block the source names itself is called
+``granary_<pid>_src_<token>`` after its maker, so a new worker pool sweeps the blocks of
+makers that died (see :mod:`dataloader.engine.pool.shm`); a block named by the user
+outlives a maker killed by a signal, as a ``ShareableList``'s does. Workers that still
+map an unlinked block keep reading it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import mmap
 import operator
 import os
+import pickle
+import struct
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, SupportsIndex
@@ -41,6 +54,12 @@ SHM_DIR = "/dev/shm"
 # pool knows whose blocks are left over (dataloader.engine.pool.shm.sweep_stale_blocks).
 PREFIX = "granary_"
 ALIGN = 64
+
+# A block of this class begins MAGIC, the header's length (uint32), the header (JSON).
+MAGIC = b"GRANARY\x01"
+_HEAD = struct.Struct("<8sI")
+# The Python types stored as one numpy array, by the dtype that holds them exactly.
+_SCALARS = {bool: np.dtype(np.bool_), int: np.dtype(np.int64), float: np.dtype(np.float64)}
 
 
 def round_up(n: int, to: int = ALIGN) -> int:
@@ -70,6 +89,12 @@ def _unlink(path: str) -> None:
         os.unlink(path)
 
 
+def _unlink_in(pid: int, path: str) -> None:
+    # A forked child inherits the finalizer; only the maker removes the block.
+    if os.getpid() == pid:
+        _unlink(path)
+
+
 class _Pieces(NamedTuple):
     """A part stored as the concatenation of ``pieces`` (written one after another into
     the block, never joined in memory first): ``items`` items of ``dtype``."""
@@ -79,14 +104,39 @@ class _Pieces(NamedTuple):
     pieces: list[Any]  # bytes or numpy arrays of ``dtype``
 
 
-def _layout_of(elements: Any) -> tuple[str, list[tuple[str, np.ndarray | _Pieces]], int]:
+Parts = list[tuple[str, np.ndarray | _Pieces]]
+
+
+def _blobs(kind: str, blobs: list[bytes]) -> tuple[str, Parts, int]:
+    """A part of offsets and one of the ``blobs`` end to end."""
+    offsets = np.zeros(len(blobs) + 1, np.int64)
+    np.cumsum([len(b) for b in blobs], out=offsets[1:])
+    return kind, [("offsets", offsets), ("data", _Pieces(np.dtype(np.uint8), int(offsets[-1]), blobs))], len(blobs)
+
+
+def _pickled(elements: Sequence[Any]) -> tuple[str, Parts, int]:
+    blobs = []
+    for i, element in enumerate(elements):
+        try:
+            blobs.append(pickle.dumps(element, protocol=pickle.HIGHEST_PROTOCOL))
+        except Exception as error:
+            raise TypeError(
+                f"record {i} ({type(element).__name__}) cannot be pickled into shared memory: "
+                f"{error}; use InMemoryDataSource, which workers receive with cloudpickle"
+            ) from error
+    return _blobs("objects", blobs)
+
+
+def _layout_of(elements: Any) -> tuple[str, Parts, int]:
     """``(kind, [(part name, what to store)], length)`` for what ``elements`` is."""
     if isinstance(elements, np.ndarray):
-        if elements.ndim == 0 or elements.dtype == object:
+        if elements.ndim == 0:
             raise TypeError(
-                f"SharedMemoryDataSource needs an array of records along axis 0 with a "
-                f"numeric dtype, got shape {elements.shape} dtype {elements.dtype}"
+                f"SharedMemoryDataSource needs an array of records along axis 0, got a 0-d "
+                f"array of dtype {elements.dtype}; pass array.reshape(1) or a list"
             )
+        if elements.dtype == object:
+            return _pickled(list(elements))
         return "array", [("data", np.ascontiguousarray(elements))], len(elements)
     if isinstance(elements, Mapping):
         columns = {str(k): np.asarray(v) for k, v in elements.items()}
@@ -100,24 +150,18 @@ def _layout_of(elements: Any) -> tuple[str, list[tuple[str, np.ndarray | _Pieces
         return "columns", [(k, np.ascontiguousarray(v)) for k, v in columns.items()], length
     if not isinstance(elements, Sequence) or isinstance(elements, (str, bytes)):
         raise TypeError(
-            f"SharedMemoryDataSource takes a numpy array, a dict of arrays, or a sequence of "
-            f"bytes, str or arrays; got {type(elements).__name__}"
+            f"SharedMemoryDataSource takes a numpy array, a dict of arrays or a sequence of "
+            f"records, got {type(elements).__name__}; pass a list"
         )
-    if not len(elements):
-        raise ValueError("SharedMemoryDataSource got no records; pass at least one")
-    first = elements[0]
-    if isinstance(first, (bytes, str)):
-        kind = "bytes" if isinstance(first, bytes) else "str"
-        wrong = next((i for i, e in enumerate(elements) if type(e) is not type(first)), None)
-        if wrong is not None:
-            raise TypeError(f"record {wrong} is {type(elements[wrong]).__name__}, record 0 is {kind}; use one type")
-        blobs = [e.encode() for e in elements] if kind == "str" else list(elements)
-        offsets = np.zeros(len(blobs) + 1, np.int64)
-        np.cumsum([len(b) for b in blobs], out=offsets[1:])
-        data = _Pieces(np.dtype(np.uint8), int(offsets[-1]), blobs)
-        return kind, [("offsets", offsets), ("data", data)], len(blobs)
-    if isinstance(first, np.ndarray):
-        arrays = [np.asarray(e) for e in elements]
+    types = {type(e) for e in elements}
+    if len(types) != 1:  # none (empty) or mixed
+        return _pickled(elements)
+    (kind_type,) = types
+    if kind_type in (bytes, str):
+        blobs = [e.encode() for e in elements] if kind_type is str else list(elements)
+        return _blobs(kind_type.__name__, blobs)
+    if kind_type is np.ndarray:
+        arrays, first = list(elements), elements[0]
         if any(a.dtype != first.dtype or a.ndim != first.ndim or a.ndim == 0 for a in arrays):
             raise TypeError("a sequence of arrays needs one dtype and one number of dimensions (>= 1)")
         shapes = np.asarray([a.shape for a in arrays], np.int64)
@@ -125,10 +169,10 @@ def _layout_of(elements: Any) -> tuple[str, list[tuple[str, np.ndarray | _Pieces
         np.cumsum([a.size for a in arrays], out=offsets[1:])
         data = _Pieces(first.dtype, int(offsets[-1]), arrays)
         return "arrays", [("shapes", shapes), ("offsets", offsets), ("data", data)], len(arrays)
-    raise TypeError(
-        f"records of type {type(first).__name__} cannot be shared without a copy per process; "
-        f"convert them to arrays or bytes, or use InMemoryDataSource"
-    )
+    if kind_type in _SCALARS:
+        with contextlib.suppress(OverflowError):  # ints beyond int64 are pickled instead
+            return "scalars", [("data", np.array(elements, _SCALARS[kind_type]))], len(elements)
+    return _pickled(elements)
 
 
 def _write(dest: np.ndarray, start: int, part: np.ndarray | _Pieces) -> None:
@@ -141,95 +185,192 @@ def _write(dest: np.ndarray, start: int, part: np.ndarray | _Pieces) -> None:
         start += len(raw)
 
 
+def _check_name(name: object, creating: bool) -> str:
+    """The block's file name in /dev/shm for a name as Grain takes it ("x" or "/x")."""
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, got {type(name).__name__} {name!r}")
+    bare = name[1:] if name.startswith("/") else name  # POSIX spells shm names "/x"
+    if not bare or "/" in bare or "\0" in bare or bare in (".", "..") or len(bare.encode()) > 255:
+        raise ValueError(
+            f"name {name!r} is not a shared-memory block name; pass up to 255 characters "
+            f"without '/', such as 'my_dataset'"
+        )
+    if creating and bare.startswith(PREFIX):
+        raise ValueError(
+            f"name {name!r} starts with {PREFIX!r}, which marks the loader's own blocks (a "
+            f"worker pool removes them once their maker is gone); pick another name"
+        )
+    return bare
+
+
 class SharedMemoryDataSource:
     """An in-memory source stored once in shared memory (see the module docstring).
 
+    Takes Grain's arguments: ``SharedMemoryDataSource(elements)`` stores ``elements``
+    in a new block, ``SharedMemoryDataSource(elements, name="x")`` in a block named
+    ``x``, and ``SharedMemoryDataSource(name="x")`` reads the block ``x`` that another
+    source made (in this process or another one).
+
     Args:
-        elements: a numpy array, a dict of columns, or a sequence of bytes, str or arrays.
+        elements: A numpy array, a dict of columns, or a sequence of records (bytes, str,
+            arrays, numbers or any picklable objects; it may be empty).
+        name: The block's name (``"x"`` or ``"/x"``, the file ``/dev/shm/x``). With
+            ``elements``: a name no block has yet. Alone: the block to read.
 
     Raises:
-        TypeError, ValueError: naming what cannot be shared and what to do.
+        TypeError, ValueError: naming what cannot be stored and what to do.
+        FileExistsError: ``elements`` and a ``name`` that a block already has.
+        FileNotFoundError: ``name`` alone, and no block of that name.
 
     Example:
         >>> source = SharedMemoryDataSource(np.arange(12).reshape(4, 3))
         >>> source[2].tolist(), len(source)
         ([6, 7, 8], 4)
+        >>> SharedMemoryDataSource([3, 1, 2])[1]
+        1
     """
 
-    def __init__(self, elements: Any) -> None:
+    def __init__(self, elements: Any = None, *, name: str | None = None) -> None:
+        if elements is None:
+            if name is None:
+                raise ValueError(
+                    "SharedMemoryDataSource needs records or the name of a block to read; pass "
+                    "SharedMemoryDataSource(records) or SharedMemoryDataSource(name='...')"
+                )
+            self._name = _check_name(name, creating=False)
+            self._attach(missing=f"no shared-memory block is named {self._name!r}; make it first "
+                         f"with SharedMemoryDataSource(records, name={self._name!r})")
+            return
+        bare = None if name is None else _check_name(name, creating=True)
         kind, parts, length = _layout_of(elements)
         layout, offset = [], 0
-        for name, part in parts:
+        for part_name, part in parts:
             if isinstance(part, _Pieces):
                 dtype, shape, nbytes = part.dtype, (part.items,), part.items * part.dtype.itemsize
             else:
                 dtype, shape, nbytes = part.dtype, part.shape, part.nbytes
-            layout.append((name, dtype.str, shape, offset))
+            layout.append((part_name, dtype.str, list(shape), offset))  # offsets from the data
             offset = round_up(offset + nbytes)
-        size = max(offset, 1)
-        self._name = f"{PREFIX}{os.getpid()}_src_{os.urandom(4).hex()}"
+        header = json.dumps({"kind": kind, "length": length, "layout": layout}).encode()
+        start = round_up(_HEAD.size + len(header))
+        self._name = bare or f"{PREFIX}{os.getpid()}_src_{os.urandom(4).hex()}"
         path = os.path.join(SHM_DIR, self._name)
-        target = create_block(self._name, size)
+        try:
+            target = create_block(self._name, start + max(offset, 1))
+        except FileExistsError:
+            raise FileExistsError(
+                f"a shared-memory block named {self._name!r} already exists; read it with "
+                f"SharedMemoryDataSource(name={self._name!r}), pick another name, or remove "
+                f"{path} if it is left over"
+            ) from None
         dest = np.frombuffer(target, np.uint8)  # written in place: no temporary copy
         try:
-            for (_, _, _, start), (_, part) in zip(layout, parts):
-                _write(dest, start, part)
+            for (_, _, _, part_start), (_, part) in zip(layout, parts):
+                _write(dest, start + part_start, part)
+            # The magic goes last: a reader attaching by name never sees a half-made block.
+            target[_HEAD.size : _HEAD.size + len(header)] = header
+            target[: _HEAD.size] = _HEAD.pack(MAGIC, len(header))
         except BaseException:
             _unlink(path)
             raise
         finally:
             del dest  # the mapping closes only once no array views it
             target.close()
-        self._finalizer = weakref.finalize(self, _unlink, path)
-        self._kind, self._layout, self._length, self._size = kind, layout, length, size
-        self._attach()
+        self._finalizer = weakref.finalize(self, _unlink_in, os.getpid(), path)
+        self._attach(missing=f"shared-memory block {self._name!r} vanished as it was made")
 
     @property
     def name(self) -> str:
-        """The shared-memory block holding the records."""
+        """The shared-memory block holding the records (the file ``/dev/shm/<name>``)."""
         return self._name
 
-    def _attach(self) -> None:
-        fd = os.open(os.path.join(SHM_DIR, self._name), os.O_RDONLY)
+    def _attach(self, missing: str) -> None:
+        path = os.path.join(SHM_DIR, self._name)
         try:
-            self._mmap = mmap.mmap(fd, self._size, prot=mmap.PROT_READ)
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise FileNotFoundError(missing) from None
+        try:
+            size = os.fstat(fd).st_size
+            block = mmap.mmap(fd, size, prot=mmap.PROT_READ) if size >= _HEAD.size else None
         finally:
             os.close(fd)
-        base = np.frombuffer(self._mmap, np.uint8)
-        self._parts = {}
-        for name, dtype, shape, start in self._layout:
+        magic, header_size = _HEAD.unpack_from(block) if block is not None else (b"", 0)
+        if block is None or magic != MAGIC:
+            raise ValueError(
+                f"shared-memory block {self._name!r} was not made by SharedMemoryDataSource "
+                f"(or is still being written); pass the name of a block that one made"
+            )
+        header = json.loads(block[_HEAD.size : _HEAD.size + header_size])
+        start = round_up(_HEAD.size + header_size)
+        base = np.frombuffer(block, np.uint8)
+        parts = {}
+        for name, dtype, shape, offset in header["layout"]:
             count = int(np.prod(shape, dtype=np.int64))
-            view = base[start : start + count * np.dtype(dtype).itemsize].view(dtype).reshape(shape)
-            self._parts[name] = view
+            begin = start + offset
+            parts[name] = base[begin : begin + count * np.dtype(dtype).itemsize].view(dtype).reshape(shape)
+        self._kind, self._length, self._size = header["kind"], header["length"], size
+        self._parts: dict[str, np.ndarray] | None = parts
+
+    def close(self) -> None:
+        """Stops reading here; the source that made the block also removes it.
+
+        Records already read stay valid (the mapping closes with the last of them).
+        """
+        self._parts = None
+        finalizer = self.__dict__.get("_finalizer")
+        if finalizer is not None:
+            finalizer()
+
+    def unlink(self) -> None:
+        """Removes the block's name now (Grain's ``unlink``); mappings keep reading it."""
+        finalizer = self.__dict__.get("_finalizer")
+        if finalizer is not None:
+            finalizer()
+        else:
+            _unlink(os.path.join(SHM_DIR, self._name))
+
+    def __enter__(self) -> SharedMemoryDataSource:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def __getstate__(self) -> dict[str, Any]:
-        # The name and the layout only: the receiving process maps the same block.
-        return {k: self.__dict__[k] for k in ("_name", "_kind", "_layout", "_length", "_size")}
+        # The name only: the receiving process maps the same block and reads its header.
+        return {"_name": self._name}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        try:
-            self._attach()
-        except FileNotFoundError:
-            raise FileNotFoundError(
-                f"shared-memory block {self._name} of a SharedMemoryDataSource is gone: the "
-                f"process that made it ended or dropped the source; keep the source alive "
-                f"while workers read it"
-            ) from None
+        self._name = state["_name"]
+        self._attach(
+            missing=f"shared-memory block {self._name} of a SharedMemoryDataSource is gone: the "
+            f"process that made it ended or dropped the source; keep the source alive "
+            f"while workers read it"
+        )
 
     def __len__(self) -> int:
         return self._length
 
     def __getitem__(self, index: SupportsIndex) -> Any:
-        return self._record(check_index(operator.index(index), self._length))
+        return self._record(self._open_parts(), check_index(operator.index(index), self._length))
 
     def __getitems__(self, indices: Sequence[int] | np.ndarray) -> list[Any]:
-        return [self._record(i) for i in as_index_array(indices, self._length).tolist()]
+        parts, array = self._open_parts(), as_index_array(indices, self._length)
+        if self._kind == "scalars":
+            return parts["data"][array].tolist()
+        return [self._record(parts, i) for i in array.tolist()]
 
-    def _record(self, i: int) -> Any:
-        parts, kind = self._parts, self._kind
+    def _open_parts(self) -> dict[str, np.ndarray]:
+        if self._parts is None:
+            raise ValueError(f"{self!r} is closed; read from a source that is open")
+        return self._parts
+
+    def _record(self, parts: dict[str, np.ndarray], i: int) -> Any:
+        kind = self._kind
         if kind == "array":
             return parts["data"][i]
+        if kind == "scalars":
+            return parts["data"][i].item()
         if kind == "columns":
             return {name: column[i] for name, column in parts.items()}
         start, stop = int(parts["offsets"][i]), int(parts["offsets"][i + 1])
@@ -237,7 +378,15 @@ class SharedMemoryDataSource:
             return parts["data"][start:stop].tobytes()
         if kind == "str":
             return parts["data"][start:stop].tobytes().decode()
+        if kind == "objects":
+            return pickle.loads(parts["data"][start:stop].data)
         return parts["data"][start:stop].reshape(tuple(parts["shapes"][i].tolist()))
 
     def __repr__(self) -> str:
-        return f"SharedMemoryDataSource(<{self._kind} of {self._length} records, {self._size / 2**20:.1f} MiB>)"
+        # An automatic name differs per run, so only a name the user chose is shown.
+        name = "" if self._name.startswith(PREFIX) else f", name={self._name!r}"
+        return f"SharedMemoryDataSource(<{self._kind} of {self._length} records, {self._size / 2**20:.1f} MiB>{name})"
+
+    def __str__(self) -> str:
+        # Grain's text, which names the class by the alias grain.python exports it as.
+        return f"InMemoryDataSource(name={self._name}, len={self._length})"

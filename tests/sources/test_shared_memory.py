@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import gc
+import multiprocessing
 import os
 import pickle
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from dataloader.sources import InMemoryDataSource, SharedMemoryDataSource
+from tests.sources._child import read_in_child
 
 
 def _blocks() -> set[str]:
@@ -47,8 +52,6 @@ def test_the_block_is_unlinked_with_the_source():
     source = SharedMemoryDataSource(np.arange(10))
     assert len(_blocks() - before) == 1
     del source
-    import gc
-
     gc.collect()
     assert _blocks() == before
 
@@ -57,19 +60,17 @@ def test_a_source_whose_block_is_gone_says_so_when_unpickled():
     source = SharedMemoryDataSource(np.arange(10))
     data = pickle.dumps(source)
     del source
-    import gc
-
     gc.collect()
     with pytest.raises(FileNotFoundError, match=r"shared-memory block .* is gone: .*keep the source alive"):
         pickle.loads(data)
 
 
 @pytest.mark.parametrize(("elements", "error", "match"), [
-    ([{"a": 1}], TypeError, r"records of type dict cannot be shared without a copy per process"),
-    ([], ValueError, r"got no records"),
     ({"a": np.arange(3), "b": np.arange(4)}, ValueError, r"arrays of one length"),
     (np.array(5), TypeError, r"needs an array of records along axis 0"),
-    ([b"a", "b"], TypeError, r"record 1 is str, record 0 is bytes"),
+    ([np.zeros(2), np.zeros(2, np.int32)], TypeError, r"a sequence of arrays needs one dtype"),
+    ([1, lambda x: x], TypeError, r"record 1 \(function\) cannot be pickled into shared memory: .*use InMemoryDataSource"),
+    ("abc", TypeError, r"takes a numpy array, a dict of arrays or a sequence of records, got str"),
 ])
 def test_what_cannot_be_shared_is_refused_with_a_reason(elements, error, match):
     with pytest.raises(error, match=match):
@@ -85,3 +86,176 @@ def test_an_in_memory_source_sends_a_large_array_through_shared_memory_once():
     assert (copy[7] == array[7]).all() and len(copy) == 1000
     small = InMemoryDataSource([1, 2, 3])
     assert pickle.loads(pickle.dumps(small))[2] == 3
+
+
+# What Grain's SharedMemoryDataSource (grain.python.InMemoryDataSource) takes.
+
+
+def _shm_name(tag: str) -> str:
+    return f"gtest_{os.getpid()}_{tag}_{os.urandom(3).hex()}"
+
+
+def _exists(name: str) -> bool:
+    return os.path.exists(os.path.join("/dev/shm", name))
+
+
+@pytest.mark.parametrize("elements", [
+    list(range(12)),
+    [0.5, -0.0, 1e300, float("inf")],
+    [True, False, True],
+    [2**70, 1, -(2**80)],  # beyond int64: pickled, still exact
+    [1, 2.5, True, None, "a", b"b"],  # mixed, as a ShareableList takes them
+    [{"text": "a", "id": 1}, {"text": "b", "id": 2}],
+    [(1, "x"), (2, "y")],
+    [np.int64(3), np.float32(1.5)],
+    np.array(["a", 1, None], dtype=object),
+])
+def test_python_objects_read_back_with_their_types_here_and_after_pickling(elements):
+    expected = list(elements)
+    source = SharedMemoryDataSource(elements)
+    for s in (source, pickle.loads(pickle.dumps(source))):
+        assert len(s) == len(expected)
+        got = [s[i] for i in range(len(s))]
+        assert got == expected
+        assert [type(g) for g in got] == [type(e) for e in expected]
+        batch = s.__getitems__(np.array([len(s) - 1, 0, 0]))
+        assert batch == [expected[-1], expected[0], expected[0]]
+        assert [type(b) for b in batch] == [type(expected[-1]), type(expected[0]), type(expected[0])]
+
+
+def test_list_iterates_like_grains():
+    assert list(SharedMemoryDataSource(list(range(5)))) == [0, 1, 2, 3, 4]
+
+
+def test_a_record_read_is_a_copy_so_mutating_it_changes_no_later_read():
+    source = SharedMemoryDataSource([{"tokens": [1, 2]}])
+    source[0]["tokens"].append(3)
+    assert source[0] == {"tokens": [1, 2]}
+
+
+def test_an_empty_sequence_is_a_source_of_length_zero():
+    before = _blocks()
+    source = SharedMemoryDataSource([])
+    assert len(source) == 0 and list(source) == [] and source.__getitems__([]) == []
+    with pytest.raises(IndexError, match=r"index 0 is out of range for a source of length 0"):
+        source[0]
+    assert len(pickle.loads(pickle.dumps(source))) == 0
+    del source
+    gc.collect()
+    assert _blocks() == before
+
+
+def test_neither_elements_nor_name_is_refused():
+    with pytest.raises(ValueError, match=r"needs records or the name of a block to read; pass"):
+        SharedMemoryDataSource()
+
+
+def test_a_named_block_is_read_by_name_alone_and_str_is_graines():
+    name = _shm_name("named")
+    source = SharedMemoryDataSource(list(range(12)), name=name)
+    assert source.name == name and _exists(name)
+    assert str(source) == f"InMemoryDataSource(name={name}, len=12)"
+    reader = SharedMemoryDataSource(name=name)
+    assert [reader[i] for i in (3, 11)] == [3, 11] and len(reader) == 12
+    assert repr(reader) == repr(source) and repr(source).endswith(f", name={name!r})")
+    assert SharedMemoryDataSource(name="/" + name)[5] == 5  # the POSIX spelling
+    source.close()
+    source.unlink()  # Grain's users close, then unlink: the second is a no-op here
+    assert not _exists(name)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_processes_read_a_named_block_together():
+    """Grain's own co-read test: three spawned processes read one named source."""
+    name = _shm_name("coread")
+    source = SharedMemoryDataSource(list(range(12)), name=name)
+    indices = [[1, 3, 5], [2, 3, 4], [5, 2, 3]]
+    with multiprocessing.get_context("spawn").Pool(3) as pool:
+        results = pool.starmap(read_in_child, [(source, i) for i in indices])
+    assert [records for _, records in results] == indices
+    assert all(pid != os.getpid() for pid, _ in results)
+    source.close()
+    assert not _exists(name)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(60)
+def test_another_python_process_attaches_by_name():
+    name = _shm_name("attach")
+    source = SharedMemoryDataSource(["a", "bc"], name=name)
+    code = f"from dataloader.sources import SharedMemoryDataSource as S; s = S(name={name!r}); print(s[1], len(s))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50)
+    assert out.stdout.split() == ["bc", "2"], out.stderr
+    assert _exists(name)  # the attaching process ended without removing the maker's block
+    del source
+    gc.collect()
+    assert not _exists(name)
+
+
+def test_only_the_maker_removes_a_named_block_when_collected():
+    name = _shm_name("gc")
+    source = SharedMemoryDataSource([1, 2], name=name)
+    reader, copy = SharedMemoryDataSource(name=name), pickle.loads(pickle.dumps(source))
+    del reader, copy
+    gc.collect()
+    assert _exists(name)
+    del source
+    gc.collect()
+    assert not _exists(name)
+
+
+def test_closing_the_maker_removes_the_block_and_refuses_later_reads():
+    name = _shm_name("close")
+    with SharedMemoryDataSource([b"x", b"y"], name=name) as source:
+        reader = SharedMemoryDataSource(name=name)
+    assert not _exists(name)
+    assert reader[1] == b"y"  # a mapping made before keeps reading
+    with pytest.raises(ValueError, match=r"SharedMemoryDataSource\(<bytes of 2 records.* is closed"):
+        source[0]
+
+
+def test_unlink_from_a_reader_removes_the_name():
+    name = _shm_name("unlink")
+    source = SharedMemoryDataSource([1], name=name)
+    SharedMemoryDataSource(name=name).unlink()
+    assert not _exists(name) and source[0] == 1
+
+
+def test_a_name_already_taken_is_refused():
+    name = _shm_name("taken")
+    source = SharedMemoryDataSource([1], name=name)
+    with pytest.raises(FileExistsError, match=rf"block named '{name}' already exists; read it with "
+                       rf"SharedMemoryDataSource\(name='{name}'\)"):
+        SharedMemoryDataSource([2], name=name)
+    assert source[0] == 1
+
+
+def test_a_missing_name_is_named():
+    name = _shm_name("missing")
+    with pytest.raises(FileNotFoundError, match=rf"no shared-memory block is named '{name}'; make it first"):
+        SharedMemoryDataSource(name=name)
+
+
+def test_a_block_made_by_something_else_is_refused():
+    name = _shm_name("foreign")
+    path = os.path.join("/dev/shm", name)
+    with open(path, "wb") as f:
+        f.write(b"\0" * 64)
+    try:
+        with pytest.raises(ValueError, match=rf"block '{name}' was not made by SharedMemoryDataSource"):
+            SharedMemoryDataSource(name=name)
+    finally:
+        os.unlink(path)
+
+
+@pytest.mark.parametrize(("name", "error", "match"), [
+    ("a/b", ValueError, r"name 'a/b' is not a shared-memory block name"),
+    ("", ValueError, r"name '' is not a shared-memory block name"),
+    ("x" * 256, ValueError, r"up to 255 characters"),
+    ("granary_1_src_ab", ValueError, r"starts with 'granary_', which marks the loader's own blocks"),
+    (7, TypeError, r"name must be a str, got int 7"),
+])
+def test_bad_names_are_refused(name, error, match):
+    with pytest.raises(error, match=match):
+        SharedMemoryDataSource([1], name=name)

@@ -1,191 +1,219 @@
-"""Weighted mixing of several streams: a periodic schedule that is a pure function of position.
+"""Weighted mixing of several streams, in Grain's order, as a pure function of position.
 
-Weights become integer counts ``m_c`` over a period of ``M = sum(m_c)`` positions
-(exactly, for weights that are simple fractions such as 0.3/0.7 -> 3/7 of 10). One
-period is laid out once by Tijdeman's algorithm for the "chairman assignment problem"
-(R. Tijdeman, 1980): slot ``t`` goes, among the components at least ``s = 1/(2k-2)`` of a
-draw behind their share ``t * m_c / M``, to the one whose next draw is due first (the
-smallest ``(count_c + 1 - s) / m_c``; ties to the lower index). So:
+Grain turns the weights into integer proportions ``p_c`` (the smallest weight scaled to
+100, each ``int(w * 100 / min(w))``; equal ``1``s when no weights are given) and lays
+the components out one inside the other, over a period of ``S = sum(p_c)`` positions:
 
-* any ``M`` consecutive positions hold exactly ``m_c`` draws of component ``c``;
-* in every prefix the count of ``c`` stays within ``1 - 1/(2k-2)`` of its share, and in
-  every window within twice that (the tests check both over random weights);
-* position ``i`` maps to ``(c, k)``, the ``k``-th draw of component ``c``, in O(1):
-  ``q, r = divmod(i, M)``, ``c = table[r]``, ``k = q * m_c + rank[r]``.
+* component 0 is spread as evenly as integers allow: among the first ``i`` positions
+  it has ``ceil(i * p_0 / S)`` draws, so position ``i`` is its draw number
+  ``ceil(i * p_0 / S)`` exactly when that count steps up at ``i + 1``;
+* the other positions, renumbered ``0, 1, ...`` (``floor(i * (S - p_0) / S)`` of them
+  before ``i``), are mixed the same way among components ``1, 2, ...`` with total
+  ``S - p_0``; and so on, the last component taking what is left.
 
-The state of a mixture is therefore still a single position. Spec strings as MaxText
-writes them, ``"a*.array_record:0.3;b*.array_record:0.7"``, are parsed by
-:func:`parse_mixture_spec` (the weight follows the last ``:``, so paths such as
-``gs://...`` keep theirs).
+Every level is periodic in its own total, so position ``i = q * S + r`` is draw
+``q * p_c + k_r`` of the component ``c`` that position ``r`` of the first period
+holds: O(number of components) integer steps per position, vectorised in
+:meth:`MixSchedule.locate`, no table, any period. The state of a mixture is therefore
+still a single position. This reproduces Grain's ``MapDataset.mix`` and
+``IterDataset.mix`` element for element (the tests pin sequences computed with Grain
+0.2.18), including the quirk that float weights are read through that scaling:
+0.3/0.7 mixes as 100/233, not 3/7.
+
+Spec strings as MaxText writes them, ``"a*.array_record:0.3;b*.array_record:0.7"``, are
+parsed by :func:`parse_mixture_spec` (the weight follows the last ``:``, so paths such
+as ``gs://...`` keep theirs).
 
 Example:
-    >>> s = MixSchedule([0.3, 0.7])
-    >>> s.period, s.table.tolist()
-    (10, [1, 0, 1, 1, 0, 1, 1, 1, 0, 1])
+    >>> s = MixSchedule([1, 2])
+    >>> s.counts, s.table.tolist()
+    ([100, 200], [0, 1, 1, 0, 1, 1, 0, 1, 1, 0])
 """
 
 from __future__ import annotations
 
-import heapq
 import math
 import numbers
 from collections.abc import Sequence
-from fractions import Fraction
 from typing import Any
 
 import numpy as np
 
-# Longest period laid out; weights whose exact period is longer are rounded to it
-# (largest remainder), i.e. to within 1/65536 of their share.
-MAX_PERIOD = 2**16
-# Weights are read as the nearest fraction with a denominator up to this, so 0.3
-# is 3/10 and 1/3 (as a float) is 1/3.
-_MAX_DENOMINATOR = 10**6
+# Periods up to this are laid out once when ``table`` is asked for; longer ones are
+# only ever located position by position.
+MAX_TABLE = 2**20
+# Above this total, products ``r * S`` could overflow int64: locate with Python ints.
+_INT64_SAFE = 2**31
 
 
-def normalize_weights(weights: Sequence[Any] | None, count: int) -> list[Fraction]:
-    """Checks ``weights`` and returns them as exact fractions summing to 1.
+def check_weights(weights: Sequence[Any] | None, count: int) -> list[Any] | None:
+    """Checks ``weights`` (one finite, positive real per dataset) and returns them as a list.
 
     Raises:
         TypeError: a weight is not a real number.
         ValueError: wrong number of weights, a zero, negative, infinite or NaN weight.
     """
     if weights is None:
-        return [Fraction(1, count)] * count
+        return None
     weights = list(weights)
     if len(weights) != count:
         raise ValueError(
             f"got {len(weights)} weights for {count} datasets; pass one weight per dataset"
         )
-    fractions: list[Fraction] = []
     for i, w in enumerate(weights):
         if isinstance(w, bool) or not isinstance(w, numbers.Real):
             raise TypeError(f"weights[{i}] must be a number, got {w!r} of type {type(w).__name__}")
         if not math.isfinite(w) or w <= 0:
             raise ValueError(
                 f"weights[{i}] is {w!r}; weights must be finite and > 0, as in Grain (they "
-                f"are normalised to sum to 1, so pass e.g. [0.3, 0.7] or [3, 7]; leave a "
-                f"dataset out rather than giving it weight 0)"
+                f"are normalised, so pass e.g. [0.3, 0.7] or [3, 7]; leave a dataset out "
+                f"rather than giving it weight 0)"
             )
-        exact = w if isinstance(w, Fraction) else Fraction(float(w))
-        fractions.append(exact.limit_denominator(_MAX_DENOMINATOR))
-    if not all(fractions):
-        tiny = [w for w, f in zip(weights, fractions) if not f]
-        raise ValueError(
-            f"weights {tiny} are too small beside the others (below 1/{_MAX_DENOMINATOR}) "
-            f"to be drawn; raise them or leave those datasets out"
-        )
-    total = sum(fractions)
-    return [f / total for f in fractions]
+    return weights
 
 
-def integer_counts(shares: Sequence[Fraction], max_period: int = MAX_PERIOD) -> list[int]:
-    """Integer counts per period for shares summing to 1 (exact when the period fits)."""
-    period = math.lcm(*(s.denominator for s in shares))
-    if period <= max_period:
-        return [int(s * period) for s in shares]
-    exact = [s * max_period for s in shares]
-    counts = [math.floor(x) for x in exact]
-    by_remainder = sorted(range(len(shares)), key=lambda c: (-(exact[c] - counts[c]), c))
-    for c in by_remainder[: max_period - sum(counts)]:
-        counts[c] += 1
-    return counts
+def grain_proportions(weights: Sequence[Any] | None, count: int) -> list[int]:
+    """The integer proportions Grain mixes by: ``int(w * (100 / min(weights)))`` each.
+
+    The arithmetic is Grain's own (floats for float weights), so the proportions, and
+    with them the order, are Grain's; ``None`` gives ``[1] * count``.
+
+    Raises:
+        TypeError, ValueError: as :func:`check_weights`; ValueError also for weights so
+            far apart that the scaled proportion is not finite.
+    """
+    checked = check_weights(weights, count)
+    if checked is None:
+        return [1] * count
+    scale = 100 / min(checked)
+    proportions = []
+    for i, w in enumerate(checked):
+        scaled = w * scale
+        if not math.isfinite(scaled):
+            raise ValueError(
+                f"weights[{i}] is {w!r}, {scaled} times the smallest weight once scaled to "
+                f"100; bring the weights closer together"
+            )
+        proportions.append(int(scaled))
+    return proportions
 
 
 class MixSchedule:
     """Which component, and which of its elements, sits at each position of a mixture.
 
     Args:
-        weights: one non-negative weight per component (normalised), or ``None`` for
-            equal weights together with ``count``.
+        weights: one positive weight per component, or ``None`` for equal weights
+            together with ``count``.
         count: the number of components when ``weights`` is None.
 
     Attributes:
-        counts: draws of each component per period.
+        counts: draws of each component per period (Grain's integer proportions).
         period: ``sum(counts)``.
-        table: the component of each slot of the period.
-        rank: how many earlier slots of the period went to the same component.
     """
 
     def __init__(self, weights: Sequence[Any] | None, count: int | None = None) -> None:
         if weights is None and (count is None or count < 1):
             raise ValueError("pass weights, or the number of components to mix equally")
         n = int(count) if count is not None else len(weights)  # type: ignore[arg-type]
-        self._build(normalize_weights(weights, n))
+        self._build(grain_proportions(weights, n))
 
-    def _build(self, shares: list[Fraction]) -> None:
-        n = len(shares)
-        self.shares = shares
-        self.counts = integer_counts(self.shares)
-        self.period = sum(self.counts)
-        table = _layout(self.counts)
-        rank = np.empty(self.period, dtype=np.int64)
-        self._slots: list[np.ndarray] = []
-        for c in range(n):
-            where = np.flatnonzero(table == c)
-            rank[where] = np.arange(where.size)
-            self._slots.append(where)
-        self.table, self.rank = table, rank
-        self._m = np.asarray(self.counts, dtype=np.int64)
+    def _build(self, counts: list[int]) -> None:
+        self.counts = counts
+        self.period = sum(counts)
+        # rest[c]: the total of components c, c+1, ... (the period of level c)
+        self._rest = [sum(counts[c:]) for c in range(len(counts))]
+        self._table: tuple[np.ndarray, np.ndarray] | None = None
 
     def __len__(self) -> int:
         return len(self.counts)
 
-    def locate(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def locate_one(self, position: int) -> tuple[int, int]:
+        """``(component, index within the component)`` of one position (Python ints)."""
+        q, r = divmod(int(position), self.period)
+        a = r
+        for c, (p, rest) in enumerate(zip(self.counts[:-1], self._rest)):
+            # a, a + 1 positions of level c hold ceil(a * p / rest) draws of component c
+            na, nb = a * (rest - p) // rest, (a + 1) * (rest - p) // rest
+            if a - na != a + 1 - nb:
+                return c, q * p + a - na
+            a = na
+        return len(self.counts) - 1, q * self.counts[-1] + a
+
+    def locate(self, positions: Any) -> tuple[np.ndarray, np.ndarray]:
         """``(component, index within the component)`` of each position (int64 arrays)."""
-        q, r = np.divmod(positions, self.period)
-        comp = self.table[r]
-        return comp, q * self._m[comp] + self.rank[r]
+        pos = np.asarray(positions, dtype=np.int64)
+        q, r = np.divmod(pos, self.period) if self.period < 2**62 else (pos * 0, pos)
+        a = r if self.period <= _INT64_SAFE else r.astype(object)
+        comp = np.full(pos.shape, len(self.counts) - 1, dtype=np.int64)
+        idx = np.zeros(pos.shape, dtype=a.dtype)
+        open_ = np.ones(pos.shape, dtype=bool)
+        for c, (p, rest) in enumerate(zip(self.counts[:-1], self._rest)):
+            na, nb = a * (rest - p) // rest, (a + 1) * (rest - p) // rest
+            hit = open_ & (a - na != a + 1 - nb)
+            comp[hit] = c
+            idx[hit] = (a - na)[hit]
+            open_ &= ~hit
+            a = na
+        idx[open_] = a[open_]
+        counts = np.asarray(self.counts, dtype=object if self.period > _INT64_SAFE else np.int64)
+        return comp, (q * counts[comp] + idx).astype(np.int64)
 
     def position_of(self, component: int, k: int) -> int:
-        """The position of component ``component``'s ``k``-th draw (it must have weight)."""
-        q, r = divmod(k, self.counts[component])
-        return q * self.period + int(self._slots[component][r])
+        """The position of component ``component``'s ``k``-th draw (0-based)."""
+        p = self.counts[component]
+        q, r = divmod(int(k), p)
+        rest = self._rest[component]
+        j = r * rest // p  # the r-th draw of component c sits here in level c
+        for c in range(component - 1, -1, -1):
+            # the j-th position of level c + 1 is the j-th position of level c that
+            # component c does not take
+            rest, p_c = self._rest[c], self.counts[c]
+            j = -(-(j + 1) * rest // (rest - p_c)) - 1
+        return q * self.period + j
+
+    @property
+    def table(self) -> np.ndarray:
+        """The component of each position of one period (for periods up to 2**20)."""
+        return self._laid_out()[0]
+
+    @property
+    def rank(self) -> np.ndarray:
+        """Each position's index within its component, over one period."""
+        return self._laid_out()[1]
+
+    def _laid_out(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._table is None:
+            if self.period > MAX_TABLE:
+                raise ValueError(
+                    f"this mixture's period is {self.period} positions (proportions "
+                    f"{self.counts}), too long to lay out; use locate(positions)"
+                )
+            self._table = self.locate(np.arange(self.period, dtype=np.int64))
+        return self._table
+
+    def grain_map_length(self, lengths: Sequence[int | None]) -> int:
+        """The length Grain gives ``MapDataset.mix`` of components of these lengths.
+
+        Grain computes ``int(min(len_c / (p_c / S)))`` in floats (an infinite
+        component counts as ``sys.maxsize``): the components' elements each appear at
+        most about once, though a later component may be asked for one element past
+        its end near the boundary (Grain's sources wrap such an index around).
+        """
+        maxsize = 2**63 - 1
+        ends = [(maxsize if n is None else n) / (p / self.period) for n, p in zip(lengths, self.counts)]
+        return min(maxsize, int(min(ends)))
 
     def describe(self) -> list[str]:
-        return [str(s) for s in self.shares]
+        """Each component's share ``p_c/S``, unreduced (part of a state's signature)."""
+        return [f"{p}/{self.period}" for p in self.counts]
 
-    def __reduce__(self):  # rebuild from the exact shares: small to pickle, same table
-        return (_rebuild, ([(s.numerator, s.denominator) for s in self.shares],))
-
-
-def _layout(counts: list[int]) -> np.ndarray:
-    """One period of Tijdeman's schedule, O(M log k) with two heaps.
-
-    A component's release time (when it is ``s`` behind) and its due time depend only on
-    its own count, so each changes only when the component is drawn.
-    """
-    k, period = len(counts), sum(counts)
-    active = [c for c in range(k) if counts[c]]
-    table = np.full(period, active[0], dtype=np.int64)
-    if len(active) == 1:
-        return table
-    d = 2 * len(active) - 2  # s = 1/d; eligible at slot t (1-based) when d*(t*m - n*M) >= M
-
-    def release(c: int, n: int) -> int:
-        return -(-(d * n + 1) * period // (d * counts[c]))
-
-    def due(c: int, n: int) -> Fraction:
-        return Fraction((n + 1) * d - 1, counts[c])
-
-    drawn = [0] * k
-    waiting = [(release(c, 0), c) for c in active]
-    heapq.heapify(waiting)
-    ready: list[tuple[Fraction, int]] = []
-    for t in range(1, period + 1):
-        while waiting and waiting[0][0] <= t:
-            _, c = heapq.heappop(waiting)
-            heapq.heappush(ready, (due(c, drawn[c]), c))
-        _, c = heapq.heappop(ready)  # never empty: Tijdeman's theorem
-        table[t - 1] = c
-        drawn[c] += 1
-        heapq.heappush(waiting, (release(c, drawn[c]), c))
-    return table
+    def __reduce__(self):  # small to pickle: the proportions
+        return (_rebuild, (list(self.counts),))
 
 
-def _rebuild(shares: list[tuple[int, int]]) -> MixSchedule:
+def _rebuild(counts: list[int]) -> MixSchedule:
     schedule = object.__new__(MixSchedule)
-    schedule._build([Fraction(a, b) for a, b in shares])  # exactly the shares, not re-rounded
+    schedule._build(counts)
     return schedule
 
 
@@ -220,5 +248,6 @@ def parse_mixture_spec(spec: str) -> list[tuple[str, float]]:
                 f"not a number; write e.g. 'a*.array_record:0.3'"
             ) from None
         parts.append((pattern, value))
-    shares = normalize_weights([w for _, w in parts], len(parts))
-    return [(pattern, float(share)) for (pattern, _), share in zip(parts, shares)]
+    weights = check_weights([w for _, w in parts], len(parts)) or []
+    total = sum(weights)
+    return [(pattern, w / total) for (pattern, _), w in zip(parts, weights)]

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 import dataloader as dl
 from dataloader.dataset.compile.mixing import MixSchedule, parse_mixture_spec
+from dataloader.dataset.experimental.mix import MixIterDataset
 
 
 def components_of(ds, n):
@@ -22,43 +23,141 @@ def two_endless(weights, seed=1):
     return dl.MapDataset.mix([a, b], weights)
 
 
-def test_every_window_of_one_period_has_the_exact_proportions():
-    comp = components_of(two_endless([0.3, 0.7]), 400)
-    windows = np.lib.stride_tricks.sliding_window_view(comp, 10)
-    assert set(windows.sum(axis=1).tolist()) == {7}
+# Golden sequences: the components (and, for some, the index within each) of the first
+# 40 elements of grain.MapDataset.mix / grain.IterDataset.mix with these weights, as
+# printed by grain 0.2.18 (mixing MapDataset.range(c * 10**6, ...) and reading c, k off
+# each element). They are also what the nested ceil/floor rule of mixing.py gives by hand:
+# for [0.3, 0.7] the proportions are [100, 233] and component 0 is at positions
+# floor(k * 333 / 100) = 0, 3, 6, 9, 13, ...
+GRAIN_ORDER = [
+    ([0.3, 0.7], "0110110110111011011011101101101110110110", [0, 0, 1, 1, 2, 3, 2, 4, 5, 3, 6, 7]),
+    ([0.7, 0.3], "0001001001000100100100010010010001001001", [0, 1, 2, 0, 3, 4, 1, 5, 6, 2, 7, 8]),
+    ([1, 2, 3], "0121220121220121220121220121220121220121", [0, 0, 0, 1, 1, 2, 1, 2, 3, 3, 4, 5]),
+    ([0.2, 0.3, 0.5], "0121202122012120212201212021220121202122", [0, 0, 0, 1, 1, 1, 2, 2, 3, 4, 2, 3]),
+    ([5, 3, 1, 1], "0101020103010102010301010201030101020103", [0, 0, 1, 1, 2, 0, 3, 2, 4, 0, 5, 3]),
+    ([0.1, 0.2, 0.3, 0.4, 0.5], "0123432413423440123432413423440123432413", [0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2]),
+    ([7, 0.01, 3], "0001002002000200200200020020020002002002", [0, 1, 2, 0, 3, 4, 0, 5, 6, 1, 7, 8]),
+    (None, "0101010101010101010101010101010101010101", [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]),
+]
+
+
+def tagged(n, length=10**5):
+    """Component c holds c * 10**6 + k at index k, so an element says where it came from."""
+    return [dl.MapDataset.range(c * 10**6, c * 10**6 + length) for c in range(n)]
+
+
+@pytest.mark.parametrize(("weights", "order", "within"), GRAIN_ORDER)
+def test_map_dataset_mix_draws_in_grains_order(weights, order, within):
+    n = 2 if weights is None else len(weights)
+    got = dl.MapDataset.mix(tagged(n), weights)[:40]
+    assert "".join(str(x // 10**6) for x in got) == order
+    assert [x % 10**6 for x in got[:12]] == within
+
+
+@pytest.mark.parametrize(("weights", "order", "within"), GRAIN_ORDER)
+def test_iter_dataset_mix_draws_in_grains_order(weights, order, within):
+    n = 2 if weights is None else len(weights)
+    engine = dl.IterDataset.mix([d.to_iter_dataset() for d in tagged(n)], weights)
+    iterator_level = MixIterDataset([d.to_iter_dataset() for d in tagged(n)], weights, None)
+    for ds in (engine, iterator_level):
+        it = iter(ds)
+        got = [next(it) for _ in range(40)]
+        assert "".join(str(x // 10**6) for x in got) == order
+        assert [x % 10**6 for x in got[:12]] == within
+
+
+def test_dict_mixture_draws_in_grains_order_of_sorted_keys():
+    """Grain flattens a dict by sorted keys: k00, k13, k22, k31 mix as 5, 1, 1, 3."""
+    keys, weights = ["k00", "k31", "k22", "k13"], [5, 3, 1, 1]
+    parts = tagged(4)
+    ds = dl.IterDataset.mix(
+        {k: d.to_iter_dataset() for k, d in zip(keys, parts)}, dict(zip(keys, weights))
+    )
+    it = iter(ds)
+    got = "".join(str(next(it) // 10**6) for _ in range(40))
+    assert got == "0302010101030201010103020101010302010101"  # grain 0.2.18's output
+
+
+def nested_order(proportions, n):
+    """The first ``n`` (component, index) pairs built level by level, the way the rule reads.
+
+    Level c spreads component c over the positions the earlier components left, taking
+    position j of the level when ceil((j + 1) * p_c / rest) steps up.
+    """
+    slots = list(range(n))
+    out = [None] * n
+    for c, p in enumerate(proportions):
+        rest = sum(proportions[c:])
+        left = []
+        for j, pos in enumerate(slots):
+            if c == len(proportions) - 1 or -(-(j + 1) * p // rest) != -(-j * p // rest):
+                out[pos] = (c, -(-j * p // rest))
+            else:
+                left.append(pos)
+        slots = left
+    return out
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(1, 40), min_size=2, max_size=6))
-def test_every_prefix_stays_within_tijdemans_bound_of_its_share(counts):
-    s = MixSchedule(counts)
-    k = len(counts)
-    bound = 1 - 1 / (2 * k - 2) if k > 1 else 0
-    table = np.tile(s.table, 2)
-    drawn = np.cumsum(table[:, None] == np.arange(len(counts))[None, :], axis=0)
-    share = np.arange(1, 2 * s.period + 1)[:, None] * np.asarray(s.counts)[None, :] / s.period
-    assert np.abs(drawn - share).max() <= bound + 1e-9
-    assert [int((s.table == c).sum()) for c in range(len(counts))] == s.counts
+@given(st.lists(st.integers(1, 40), min_size=1, max_size=5))
+def test_locate_follows_the_nested_rule_and_position_of_inverts_it(weights):
+    s = MixSchedule(weights)
+    n = 3 * s.period + 5
+    comp, ks = s.locate(np.arange(n))
+    expected = nested_order(s.counts, n)
+    assert list(zip(comp.tolist(), ks.tolist())) == expected
+    assert [s.locate_one(i) for i in range(0, n, 7)] == expected[::7]
+    assert [s.position_of(c, k) for c, k in expected] == list(range(n))
 
 
-def test_any_window_is_within_twice_the_prefix_bound_of_its_share():
+def test_every_window_of_one_period_has_the_exact_proportions():
+    s = MixSchedule([0.3, 0.7])  # Grain reads these as 100 and 233
+    assert (s.counts, s.period) == ([100, 233], 333)
+    comp = components_of(two_endless([0.3, 0.7]), 1200)
+    windows = np.lib.stride_tricks.sliding_window_view(comp, 333)
+    assert set(windows.sum(axis=1).tolist()) == {233}
+
+
+def test_any_window_is_within_one_of_the_first_components_share():
     comp = components_of(two_endless([0.25, 0.75]), 300)
     cums = np.concatenate([[0], np.cumsum(comp)])
     for width in (3, 7, 13, 50):
         counts = cums[width:] - cums[:-width]
-        assert np.abs(counts - 0.75 * width).max() <= 1.0  # 2 * (1 - 1/2) for two components
+        assert np.abs(counts - 0.75 * width).max() <= 1.0
 
 
-def test_weights_are_normalised():
-    assert MixSchedule([3, 7]).table.tolist() == MixSchedule([0.3, 0.7]).table.tolist()
+def test_weights_in_the_same_ratio_mix_alike_through_grains_scaling():
+    assert MixSchedule([1, 2]).table.tolist() == MixSchedule([0.5, 1]).table.tolist()
+    assert MixSchedule([2, 4]).counts == [100, 200]
+    # 3/7 and 0.3/0.7 are not read alike: int(0.7 * (100 / 0.3)) is 233, as in Grain
+    assert MixSchedule([3, 7]).counts == [100, 233] == MixSchedule([0.3, 0.7]).counts
+    assert MixSchedule([0.7, 0.3]).counts == [233, 100]
 
 
 def test_position_maps_to_the_component_and_its_index_in_o1():
     s = MixSchedule([1, 2])
     positions = np.concatenate([np.arange(12), 10**15 + np.arange(4)]).astype(np.int64)
     comp, ks = s.locate(positions)
-    assert comp[:4].tolist() == [1, 0, 1, 1] and ks[:4].tolist() == [0, 0, 1, 2]
+    assert comp[:4].tolist() == [0, 1, 1, 0] and ks[:4].tolist() == [0, 0, 1, 1]
     assert [s.position_of(int(c), int(k)) for c, k in zip(comp, ks)] == positions.tolist()
+
+
+def test_a_long_period_is_located_without_a_table():
+    s = MixSchedule([1, 1e-9])  # proportions [100000000000, 100]: Grain accepts it too
+    assert s.counts == [10**11, 100] and s.period > 2**31
+    positions = np.asarray([0, 1, 999_999_999, 1_000_000_000, 1_000_000_001, 3 * 10**12 + 7])
+    comp, ks = s.locate(positions)
+    assert [s.locate_one(int(p)) for p in positions] == list(zip(comp.tolist(), ks.tolist()))
+    assert comp.tolist()[:2] == [0, 0] and int((comp == 1).sum()) >= 1
+    assert [s.position_of(int(c), int(k)) for c, k in zip(comp, ks)] == positions.tolist()
+    with pytest.raises(ValueError, match=r"period is 100000000100 positions .* use locate"):
+        _ = s.table
+
+
+def test_grain_map_length_is_grains_float_formula():
+    s = MixSchedule([0.3, 0.7])
+    assert s.grain_map_length([10, 10]) == int(min(10 / (100 / 333), 10 / (233 / 333))) == 14
+    assert s.grain_map_length([None, 7]) == 10
 
 
 def test_mixture_sampler_refuses_float_positions_as_index_sampler_does():
@@ -114,9 +213,9 @@ def test_zero_and_negative_weights_are_refused_as_in_grain(weights, bad):
         dl.MapDataset.mix([dl.MapDataset.range(2), dl.MapDataset.range(2)], weights)
 
 
-def test_a_weight_too_small_to_be_drawn_is_refused():
-    with pytest.raises(ValueError, match=r"weights \[1e-09\] are too small beside the others"):
-        dl.MapDataset.mix([dl.MapDataset.range(2), dl.MapDataset.range(2)], [1, 1e-9])
+def test_weights_too_far_apart_to_scale_are_refused():
+    with pytest.raises(ValueError, match=r"weights\[1\] is 1e\+300, inf times the smallest"):
+        MixSchedule([1e-300, 1e300])
 
 
 def test_wrong_number_of_weights_is_refused():
@@ -144,7 +243,7 @@ def test_spec_builds_array_record_components(tmp_path):
     spec = f"{tmp_path}/a-*.array_record:0.3;{tmp_path}/b-*.array_record:0.7"
     ds = dl.MapDataset.mix_from_spec(spec, seed=3, shuffle=True, num_epochs=None).map(int)
     first = ds[:20]
-    assert sum(x >= 1000 for x in first) == 14
+    assert sum(x >= 1000 for x in first) == 13  # Grain's order: 01101101101110110110...
     assert {x for x in first if x < 1000} <= {0, 1, 2, 3, 4, 10, 11, 12, 13, 14}
 
 
@@ -153,9 +252,11 @@ def test_spec_shuffle_that_is_not_a_bool_is_refused():
         dl.MapDataset.mix_from_spec("a*.array_record:1", seed=3, shuffle="yes")
 
 
-def test_schedule_sent_to_a_worker_has_the_same_table():
+def test_schedule_sent_to_a_worker_locates_alike():
     import pickle
 
-    s = MixSchedule([123456789, 987654321, 5])  # a period too long to be exact: rounded once
-    assert pickle.loads(pickle.dumps(s)).table.tolist() == s.table.tolist()
-    assert s.period == 2**16
+    s = MixSchedule([123456789, 987654321, 5])  # a period of about 2.2e10 positions
+    positions = np.arange(0, 10**12, 10**9 + 7)
+    copy = pickle.loads(pickle.dumps(s))
+    assert copy.counts == s.counts
+    assert all(np.array_equal(x, y) for x, y in zip(copy.locate(positions), s.locate(positions)))

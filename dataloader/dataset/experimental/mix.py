@@ -10,8 +10,8 @@ Two ways, chosen by what is mixed:
 * **At the iterator level** (anything else: a packed stream, a user's ``IterDataset``,
   batched or prefetched streams, and every dict of named datasets): output ``i`` is the
   next element of the component that :class:`~dataloader.dataset.MixSchedule` puts at
-  position ``i``, so the proportions are exact over the outputs, deterministic, and
-  independent of timing and worker counts. The state is the position and each
+  position ``i`` (Grain's order), so the proportions hold over the outputs,
+  deterministically, independent of timing and worker counts. The state is the position and each
   component's state; a restore sets each component's state, nothing is replayed.
 
 As in Grain, the mixture ends as soon as a component it draws from is exhausted, and
@@ -118,7 +118,9 @@ class MixDatasetIterator(DatasetIterator):
         self, parents: list[DatasetIterator], schedule: MixSchedule, keys: list[str] | None
     ) -> None:
         super().__init__(parents)
-        self._table = schedule.table.tolist()
+        self._schedule = schedule
+        # a short period is looked up in a list; a long one is located position by position
+        self._table = schedule.table.tolist() if schedule.period <= 4096 else None
         self._keys = keys
         self._starts = [p.get_state() for p in parents]  # for components a state lacks
         self._position = 0
@@ -127,7 +129,10 @@ class MixDatasetIterator(DatasetIterator):
     def __next__(self) -> Any:
         if self._stopped:  # as in Grain: no draw after a component ran out
             raise StopIteration
-        component = self._table[self._position % len(self._table)]
+        if self._table is not None:
+            component = self._table[self._position % len(self._table)]
+        else:
+            component = self._schedule.locate_one(self._position)[0]
         try:
             value = next(self._parents[component])
         except StopIteration:

@@ -107,3 +107,13 @@ def test_mix_checks_its_arguments():
         dl.IterDataset.mix([a, Counted([1])], weights=[1, -1])
     with pytest.raises(ValueError, match="at least one dataset"):
         dl.IterDataset.mix([])
+
+
+def test_an_iterator_level_mixture_with_a_long_period_draws_in_grains_order():
+    """Weights 1 and 1e-4 are Grain's proportions [1000000, 100]: no table is laid out."""
+    small = Counted(list(range(-20, 0)))
+    big = dl.MapDataset.range(10**6).to_iter_dataset()
+    it = iter(dl.IterDataset.mix([big, small], weights=[1, 1e-4]))
+    out = [next(it) for _ in range(30000)]
+    where = [i for i, x in enumerate(out) if x < 0]
+    assert where == [10000, 20001]  # what grain 0.2.18 gives for the same mixture

@@ -13,9 +13,9 @@ from dataloader.maxtext.config import (
 )
 from dataloader.maxtext.eval import EvalBatches, padding_batch
 from dataloader.maxtext.format import KEYS, MaxTextFormat, PadToLength, maxtext_layout
+from dataloader.maxtext.mixture import load_mixture_config, mixture_parts
 from dataloader.maxtext.pipeline import (
     eval_dataset,
-    mixture_parts,
     tokenizer,
     train_dataset,
     train_iterator,
@@ -31,6 +31,7 @@ __all__ = [
     "encode_example",
     "eval_dataset",
     "load_maxtext_config",
+    "load_mixture_config",
     "maxtext_layout",
     "mixture_parts",
     "padding_batch",

@@ -3,12 +3,15 @@
 For the training stream, as MaxText's Grain pipeline does it (and the same for eval,
 with the differences noted)::
 
-    records   ArrayRecord files (one pattern, or a weighted mixture) or Parquet rows,
-              globally shuffled with data_shuffle_seed, num_epoch passes
+    records   ArrayRecord or Parquet records by index, globally shuffled with
+              data_shuffle_seed, num_epoch passes; or TFRecord files read in order,
+              window-shuffled (:mod:`.reading`); one pattern, a weighted mixture of
+              patterns, or named components (grain_train_mixture_config_path)
     text      each record's text (UTF-8, a JSON object's or a tf.train.Example's column;
               a Parquet row's column)
     tokens    Tokenize (tokenizer_path, add_bos, add_eos, trimmed under use_truncation)
     shard     this host's share: ShardByJaxProcess, interleaved after the global shuffle
+              (TFRecord: this host's files)
     rows      packed (first_fit | best_fit | concat_then_split) into max_target_length,
               or one sequence per row, padded (packing: false)
     batches   per_device_batch_size * devices / processes rows per host; for training
@@ -16,11 +19,16 @@ with the differences noted)::
               dropped: batch_and_pad_with_mask)
     layout    MaxText's six arrays (:mod:`.format`)
 
-The records, text and tokens steps run in ``grain_worker_count`` worker processes; the
-packer and what follows run in this process on the ordered stream, so the batches do
-not depend on the number of workers, and a state (a few hundred bytes) resumes exactly.
-Global arrays across hosts come from the device feed: :func:`train_iterator` puts the
-stream behind ``dl.device_prefetch`` with a sharding of the batch axis over a mesh.
+For records read by index, the records, text and tokens steps run in
+``grain_worker_count`` worker processes (a named mixture: each component has its own);
+the packer and what follows run in this process on the ordered stream, so the batches
+do not depend on the number of workers, and a state (a few hundred bytes) resumes
+exactly. A named mixture's state keeps each component's under its name, so it restores
+into a mixture with other weights or components. With ``grain_use_elastic_iterator``
+the rows are padded, formatted and batched by ``ElasticIterator``, whose state restores
+on another number of hosts. Global arrays across hosts come from the device feed:
+:func:`train_iterator` puts the stream behind ``dl.device_prefetch`` with a sharding of
+the batch axis over a mesh.
 """
 
 from __future__ import annotations
@@ -31,34 +39,23 @@ from typing import Any
 
 import numpy as np
 
-from dataloader.dataset.base import IterDataset
-from dataloader.dataset.compile.mixing import parse_mixture_spec
+from dataloader.dataset.base import DatasetIterator, IterDataset
 from dataloader.dataset.map_dataset import MapDataset
 from dataloader.dataset.transformations.packing import (
     BestFitPackIterDataset,
     ConcatThenSplitIterDataset,
     FirstFitPackIterDataset,
 )
+from dataloader.maxtext import reading
 from dataloader.maxtext.config import MaxTextConfig
 from dataloader.maxtext.format import MaxTextFormat, PadToLength
+from dataloader.maxtext.mixture import mixture_parts
 from dataloader.maxtext.records import parse_example
 from dataloader.operations import MapTransform, Tokenize
 from dataloader.operations.packing import BOSHandling
 from dataloader.operations.padding import batch_and_pad_with_mask
-from dataloader.options import MultiprocessingOptions
+from dataloader.options import AutoWorkers, MultiprocessingOptions, ReadOptions
 from dataloader.samplers import ShardByJaxProcess, ShardOptions
-
-
-def mixture_parts(spec: str) -> list[tuple[str, float]]:
-    """``grain_train_files`` as (pattern, weight) parts: one pattern (weight 1), or
-    MaxText's ``"a*,0.3;b*,0.7"`` (``:`` also separates a weight, as in ``mix_from_spec``)."""
-    if ";" not in spec:
-        return [(spec, 1.0)]
-    parts = []
-    for part in spec.split(";"):
-        pattern, comma, weight = part.strip().rpartition(",")
-        parts.append(f"{pattern}:{weight}" if comma and pattern else part.strip())
-    return parse_mixture_spec(";".join(parts))
 
 
 class TextOf(MapTransform):
@@ -106,39 +103,99 @@ def tokenizer(config: MaxTextConfig, *, check: bool = True) -> Tokenize:
                     max_length=config.max_target_length if config.use_truncation else None, check=check)
 
 
-def _records(config: MaxTextConfig, files: str, *, shuffle: bool, num_epochs: int | None) -> MapDataset:
-    from dataloader.sources import ArrayRecordDataSource, ParquetDataSource
-
-    parts = mixture_parts(files)
-    if config.file_type == "parquet" and len(parts) > 1:
-        raise ValueError(f"a mixture of files ({files!r}) works with grain_file_type: arrayrecord only, "
-                         f"as in MaxText")
-    components = []
-    for c, (pattern, _) in enumerate(parts):
-        source = (ParquetDataSource(pattern) if config.file_type == "parquet"
-                  else ArrayRecordDataSource(pattern))
-        ds = MapDataset.source(source)
-        if shuffle:
-            ds = ds.shuffle(seed=config.seed + c)
-        if num_epochs != 1:
-            ds = ds.repeat(num_epochs)
-        components.append(ds)
-    if len(components) == 1:
-        return components[0]
-    return MapDataset.mix(components, [w for _, w in parts])
-
-
-def _pipeline(config: MaxTextConfig, *, files: str, column: str, tokenize: bool, shuffle: bool,
-              num_epochs: int | None, batch_size: int, pad_last: bool, shard_options: ShardOptions,
-              workers: int | str, buffer_size: int, tok: Tokenize | None) -> IterDataset:
-    ds = _records(config, files, shuffle=shuffle, num_epochs=num_epochs)
+def _tokens(config: MaxTextConfig, ds: Any, column: str, tok: Tokenize | None) -> Any:
+    """Records -> ``{"tokens": ids}`` (a ``MapDataset`` or an ``IterDataset``)."""
     ds = ds.map(TextOf(config.record_format, column))
-    if tokenize:
-        assert tok is not None
-        ds = ds.map(tok)
+    return ds.map(tok) if tok is not None else ds.map(_token_ids)
+
+
+def _meminfo() -> dict[str, int]:
+    """``MemTotal`` and ``MemAvailable`` of ``/proc/meminfo`` in bytes (empty where there is none)."""
+    found: dict[str, int] = {}
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key in ("MemTotal", "MemAvailable"):
+                    found[key] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        return {}
+    return found
+
+
+def auto_workers(ram_budget_mb: int, meminfo: dict[str, int] | None = None) -> AutoWorkers:
+    """``worker_count="auto"`` whose workers may take ``ram_budget_mb`` of the memory
+    available now (MaxText's ``grain_ram_budget_mb``): the pool adds a worker only while
+    ``min_free_memory`` of the machine's memory stays available, here what is available
+    now less the budget. Without ``/proc/meminfo``, ``AutoWorkers()``'s own bound.
+
+    Example:
+        >>> auto_workers(1024, {"MemTotal": 8 << 30, "MemAvailable": 4 << 30}).min_free_memory
+        0.375
+    """
+    info = _meminfo() if meminfo is None else meminfo
+    total, available = info.get("MemTotal"), info.get("MemAvailable")
+    if not total or available is None:
+        return AutoWorkers()
+    keep = (available - ram_budget_mb * 2**20) / total
+    return AutoWorkers(min_free_memory=min(max(keep, 0.0), 0.99))
+
+
+def read_options(config: MaxTextConfig, *, eval: bool = False) -> ReadOptions:
+    """``grain_num_threads`` and ``grain_prefetch_buffer_size`` (``_eval``) as the read-ahead
+    of the in-process path (used with 0 workers; records counted in work units)."""
+    threads = config.num_threads_eval if eval else config.num_threads
+    records = config.prefetch_buffer_size_eval if eval else config.prefetch_buffer_size
+    return ReadOptions(num_threads=threads, prefetch_buffer_size=reading.prefetch_units(records))
+
+
+def _read(config: MaxTextConfig, files: str, *, column: str, tok: Tokenize | None, shuffle: bool,
+          num_epochs: int | None, shard_options: ShardOptions, eval: bool) -> IterDataset:
+    """One pattern, or a ``;`` mixture of patterns, tokenized and sharded."""
+    threads = config.num_threads_eval if eval else config.num_threads
+    parts = mixture_parts(files)
+    if config.file_type != "arrayrecord" and len(parts) > 1:
+        raise ValueError(f"a mixture of files ({files!r}) works with grain_file_type: arrayrecord only, "
+                         f"as in MaxText; for {config.file_type} name the components in a "
+                         f"grain_train_mixture_config_path file")
+    if config.file_type == "tfrecord":
+        stream = reading.file_stream(config, files, shuffle=shuffle, num_epochs=num_epochs,
+                                     shard_options=shard_options, num_threads=threads)
+        return _tokens(config, stream, column, tok)
+    sources = reading.open_sources(config, [pattern for pattern, _ in parts])
+    components = [reading.indexed_records(config, source, shuffle=shuffle, num_epochs=num_epochs,
+                                          seed=config.seed + c) for c, source in enumerate(sources)]
+    ds = components[0] if len(components) == 1 else MapDataset.mix(components, [w for _, w in parts])
+    return _tokens(config, ds, column, tok).to_iter_dataset(read_options(config, eval=eval),
+                                                          shard_options=shard_options)
+
+
+def _read_named(config: MaxTextConfig, *, tok: Tokenize | None, shard_options: ShardOptions) -> IterDataset:
+    """The named mixture of ``grain_train_mixture_config_path``: ``IterDataset.mix`` of a
+    dict, whose state restores by name. Every component is shuffled with
+    ``data_shuffle_seed`` (as in MaxText), so a component keeps its order whatever else
+    is mixed."""
+    mixture = config.train_mixture
+    assert mixture is not None
+    column, epochs = config.train_column, config.num_epoch
+    components: dict[str, IterDataset] = {}
+    if config.file_type == "tfrecord":
+        for c in mixture:
+            stream = reading.file_stream(config, c.path, shuffle=config.shuffle, num_epochs=epochs,
+                                         shard_options=shard_options, num_threads=config.num_threads)
+            components[c.name] = _tokens(config, stream, column, tok)
     else:
-        ds = ds.map(_token_ids)
-    stream = ds.to_iter_dataset(shard_options=shard_options)
+        sources = reading.open_sources(config, [c.path for c in mixture])
+        for c, source in zip(mixture, sources):
+            records = reading.indexed_records(config, source, shuffle=config.shuffle, num_epochs=epochs,
+                                              seed=config.seed)
+            components[c.name] = _tokens(config, records, column, tok).to_iter_dataset(
+                read_options(config), shard_options=shard_options)
+    return IterDataset.mix(components, {c.name: c.weight for c in mixture})
+
+
+def _rows_and_batches(config: MaxTextConfig, stream: IterDataset, *, batch_size: int, pad_last: bool,
+                      tok: Tokenize | None, workers: int | str, buffer_size: int) -> IterDataset:
     length = config.max_target_length
     rows: IterDataset
     if not config.packing:
@@ -157,7 +214,48 @@ def _pipeline(config: MaxTextConfig, *, files: str, column: str, tokenize: bool,
     else:
         batched = rows.batch(batch_size, drop_remainder=True)
     out = batched.map(MaxTextFormat(pad_id=0))
-    return out.mp_prefetch(MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=buffer_size))
+    return out.mp_prefetch(MultiprocessingOptions(num_workers=_workers(config, workers),
+                                                  per_worker_buffer_size=buffer_size))
+
+
+def _workers(config: MaxTextConfig, count: int | str) -> int | AutoWorkers:
+    """A worker count, with MaxText's -1 (``"auto"``) held to ``grain_ram_budget_mb``."""
+    if isinstance(count, str):  # "auto", the only string the config lets through
+        return auto_workers(config.ram_budget_mb)
+    return count
+
+
+class ElasticDataset(IterDataset):
+    """``grain_use_elastic_iterator``: each ``iter()`` is an ``ElasticIterator`` over the
+    padded, formatted rows, batched ``global_batch_size / shard_count`` per host; its
+    state (``global_next_index``) restores on any host count that divides it."""
+
+    def __init__(self, rows: MapDataset, global_batch_size: int, shard_options: ShardOptions,
+                 read_options: ReadOptions, workers: int | AutoWorkers, buffer_size: int) -> None:
+        super().__init__()
+        self._rows, self._global, self._shard_options = rows, global_batch_size, shard_options
+        self._read_options = read_options
+        self._mp = MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=buffer_size) if workers else None
+
+    def __iter__(self) -> DatasetIterator:
+        from dataloader.dataset.experimental.elastic import ElasticIterator
+
+        return ElasticIterator(self._rows, self._global, self._shard_options, read_options=self._read_options,
+                               multiprocessing_options=self._mp)
+
+    def __repr__(self) -> str:
+        return f"ElasticDataset({self._rows!r}, global_batch_size={self._global})"
+
+
+def _elastic(config: MaxTextConfig, *, per_host: int, shard_options: ShardOptions, tok: Tokenize | None) -> IterDataset:
+    assert config.train_files is not None
+    (source,) = reading.open_sources(config, [config.train_files])
+    records = reading.indexed_records(config, source, shuffle=config.shuffle, num_epochs=config.num_epoch,
+                                      seed=config.seed)
+    rows = _tokens(config, records, config.train_column, tok).map(PadToLength(config.max_target_length))
+    return ElasticDataset(rows.map(MaxTextFormat(pad_id=0)), per_host * shard_options.shard_count, shard_options,
+                          read_options(config), _workers(config, config.worker_count),
+                          config.per_worker_buffer_size)
 
 
 def _hosts(batch_size: int | None, eval: bool, config: MaxTextConfig) -> tuple[int, int]:
@@ -183,13 +281,18 @@ def train_dataset(config: MaxTextConfig, *, global_batch_size: int | None = None
         shard_options: this host's shard (default: ``ShardByJaxProcess(drop_remainder=True)``).
     """
     per_host, _ = _hosts(global_batch_size, False, config)
-    return _pipeline(
-        config, files=config.train_files, column=config.train_column,
-        tokenize=config.tokenize_train_data, shuffle=config.shuffle, num_epochs=config.num_epoch,
-        batch_size=per_host, pad_last=False,
-        shard_options=shard_options or ShardByJaxProcess(drop_remainder=True),
-        workers=config.worker_count, buffer_size=config.per_worker_buffer_size,
-        tok=tokenizer(config) if config.tokenize_train_data else None)
+    shard_options = shard_options or ShardByJaxProcess(drop_remainder=True)
+    tok = tokenizer(config) if config.tokenize_train_data else None
+    if config.use_elastic_iterator:
+        return _elastic(config, per_host=per_host, shard_options=shard_options, tok=tok)
+    if config.train_mixture is not None:
+        stream = _read_named(config, tok=tok, shard_options=shard_options)
+    else:
+        assert config.train_files is not None
+        stream = _read(config, config.train_files, column=config.train_column, tok=tok, shuffle=config.shuffle,
+                       num_epochs=config.num_epoch, shard_options=shard_options, eval=False)
+    return _rows_and_batches(config, stream, batch_size=per_host, pad_last=False, tok=tok,
+                             workers=config.worker_count, buffer_size=config.per_worker_buffer_size)
 
 
 def eval_dataset(config: MaxTextConfig, *, global_batch_size: int | None = None,
@@ -206,12 +309,11 @@ def eval_dataset(config: MaxTextConfig, *, global_batch_size: int | None = None,
     if config.eval_files is None:
         raise ValueError("grain_eval_files is empty; name the eval files to build the eval pipeline")
     per_host, _ = _hosts(global_batch_size, True, config)
-    return _pipeline(
-        config, files=config.eval_files, column=config.eval_column,
-        tokenize=config.tokenize_eval_data, shuffle=False, num_epochs=1, batch_size=per_host,
-        pad_last=True, shard_options=shard_options or ShardByJaxProcess(drop_remainder=False),
-        workers=config.worker_count_eval, buffer_size=config.per_worker_buffer_size_eval,
-        tok=tokenizer(config) if config.tokenize_eval_data else None)
+    tok = tokenizer(config) if config.tokenize_eval_data else None
+    stream = _read(config, config.eval_files, column=config.eval_column, tok=tok, shuffle=False, num_epochs=1,
+                   shard_options=shard_options or ShardByJaxProcess(drop_remainder=False), eval=True)
+    return _rows_and_batches(config, stream, batch_size=per_host, pad_last=True, tok=tok,
+                             workers=config.worker_count_eval, buffer_size=config.per_worker_buffer_size_eval)
 
 
 def train_iterator(config: MaxTextConfig, sharding: Any = None, *, global_batch_size: int | None = None,

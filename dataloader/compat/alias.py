@@ -104,6 +104,12 @@ class GrainAliasModule(types.ModuleType):
     def __dir__(self) -> list[str]:
         return sorted({*self.__dict__, *MODULES[self.__name__].names, *submodules(self.__name__)})
 
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        # By name, as pickle treats modules: a function pickled by value (a lambda in
+        # __main__) that refers to `grain` reaches a worker, which imports it there.
+        # cloudpickle dispatches on the exact type ModuleType, so a subclass needs this.
+        return importlib.import_module, (self.__name__,)
+
 
 def _resolves(module: str, name: str) -> bool:
     try:

@@ -1,0 +1,92 @@
+"""Grain's private ``_TFRecordReader`` / ``_TFRecordDatasetIterator``, as MaxText uses them."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+import dataloader as dl
+from dataloader.compat.tfrecord import _TFRecordDatasetIterator, _TFRecordReader
+
+RECORDS = [b"a", b"bb", b"", b"dddd" * 100]
+
+
+@pytest.fixture
+def path(tmp_path):
+    file = tmp_path / "four.tfrecord"
+    dl.write_tfrecord(file, RECORDS)
+    return str(file)
+
+
+def test_the_reader_yields_every_record_then_stops(path):
+    reader = _TFRecordReader(path)
+    assert list(reader) == RECORDS
+    with pytest.raises(StopIteration):
+        next(reader)
+    reader.close()
+
+
+def test_tell_and_seek_resume_at_a_record(path):
+    reader = _TFRecordReader(path)
+    next(reader)
+    offset = reader.tell()
+    assert offset == 8 + 4 + 1 + 4
+    rest = list(reader)
+    reader.seek(offset)
+    assert list(reader) == rest == RECORDS[1:]
+
+
+def test_the_iterator_state_is_graines_reader_offset_and_restores(path):
+    it = _TFRecordDatasetIterator(path)
+    assert next(it) == b"a"
+    state = it.get_state()
+    assert state == {"reader_offset": 17}
+    rest = list(it)
+    again = _TFRecordDatasetIterator(path)
+    again.set_state(state)
+    assert list(again) == rest == RECORDS[1:]
+    with pytest.raises(ValueError, match=r"state is \{'reader_offset': int\}, got \{'offset': 3\}"):
+        again.set_state({"offset": 3})
+
+
+def test_maxtexts_subclasses_read_from_a_file_object_of_their_own(path):
+    """MaxText's GCS reader skips __init__ and sets self._reader to a BlobReader."""
+    with open(path, "rb") as f:
+        content = f.read()
+
+    class BlobTFRecordReader(_TFRecordReader):
+        def __init__(self, path: str) -> None:
+            self._reader = io.BytesIO(content)
+
+    class BlobIterator(_TFRecordDatasetIterator):
+        def __init__(self, path: str) -> None:
+            dl.DatasetIterator.__init__(self)
+            self._reader = BlobTFRecordReader(path)
+
+    it = BlobIterator("gs://bucket/four.tfrecord")
+    assert next(it) == b"a"
+    state = it.get_state()
+    assert list(it) == RECORDS[1:]
+    it.set_state(state)
+    assert next(it) == b"bb"
+
+
+def test_a_corrupt_record_fails_naming_the_file_and_offset(path):
+    with open(path, "rb") as f:
+        content = bytearray(f.read())
+    content[17 + 12] ^= 0xFF  # the first byte of the second record's data
+    reader = _TFRecordReader(path)
+    reader._reader = io.BytesIO(bytes(content))
+    assert next(reader) == b"a"
+    with pytest.raises(ValueError, match=r"has a record of 2 bytes that fails its CRC check \(byte offset 17\)"):
+        next(reader)
+
+
+def test_a_truncated_file_fails_naming_the_file_and_offset(tmp_path, path):
+    with open(path, "rb") as f:
+        content = f.read()
+    cut = tmp_path / "cut.tfrecord"
+    cut.write_bytes(content[:-3])
+    with pytest.raises(ValueError, match=r"cut\.tfrecord' ends inside a record of 400 bytes \(byte offset 51\)"):
+        list(_TFRecordReader(str(cut)))

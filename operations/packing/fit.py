@@ -52,7 +52,7 @@ class FitPack:
     Args:
         length_struct: feature -> row length, e.g. ``{"inputs": 2048, "targets": 2048}``.
         num_packing_bins: rows packed together in one round (more: fuller rows).
-        seed: keys the shuffle of a round's rows.
+        seed: keys the shuffle of a round's rows (as Grain's: ``seed + rows before``).
         shuffle_bins: hand a round's rows out in a random order (else in row order).
         shuffle_bins_group_by_feature: with ``shuffle_bins``, order rows by the mean of
             the distinct non-zero values of this output feature (then by the shuffle).
@@ -134,17 +134,20 @@ class FitPack:
         return out
 
     def row_order(self, rows: list[dict[str, Any]], counter: int) -> list[int]:
-        """The order a round's rows are handed out in; ``counter`` counts the rows of
-        earlier rounds (so each round has its own shuffle)."""
+        """The order a round's rows are handed out in, Grain's: ``counter`` counts the
+        rows of earlier rounds, so each round has its own shuffle.
+
+        Grain permutes the round's ``n`` rows with ``default_rng(seed + counter)``, and
+        with ``shuffle_bins_group_by_feature`` sorts the rows by (the mean of the
+        distinct non-zero values of that feature, the row's entry in that permutation,
+        the row), which is what this does, so the rows come out in Grain's order.
+        """
         n = len(rows)
         if not self.shuffle_bins:
             return list(range(n))
-        key = np.random.SeedSequence([self.seed, counter]).generate_state(2, np.uint64)
-        shuffled = np.random.Generator(np.random.Philox(key=key)).permutation(n)
+        shuffled = np.random.default_rng(self.seed + counter).permuted(np.arange(n))
         if self.group_by is None:
             return shuffled.tolist()
-        rank = np.empty(n, np.int64)
-        rank[shuffled] = np.arange(n)
 
         def group_mean(row: dict[str, Any]) -> float:
             if self.group_by not in row:
@@ -156,7 +159,8 @@ class FitPack:
             nonzero = np.count_nonzero(distinct)
             return float(distinct.sum() / nonzero) if nonzero else 0.0
 
-        return sorted(range(n), key=lambda r: (group_mean(rows[r]), rank[r]))
+        keys = [(group_mean(rows[r]), int(shuffled[r]), r) for r in range(n)]
+        return [r for *_, r in sorted(keys)]
 
 
 class FirstFitPack(FitPack):

@@ -134,3 +134,44 @@ def test_a_batch_before_a_packer_is_refused_with_a_hint():
     with pytest.raises(ValueError, match=r"operations\[1\] is a Batch before the packer operations\[2\] .* put the Batch after it"):
         dl.DataLoader(dl.RangeDataSource(10), dl.IndexSampler(10),
                       [dl.MapTransform(tokens), dl.Batch(2), dl.ConcatThenSplit({"tokens": 8})])
+
+
+# Row order, pinned to Grain's: sequence i + 1 (lengths below) is a run of the value i + 1,
+# and each row is listed as the sequences it holds, in the order Grain 0.2.18's
+# FirstFitPackIterDataset / BestFitPackIterDataset hand the rows out (length_struct
+# {"t": 8}, 3 bins). Grain permutes a round's rows with default_rng(seed + rows before).
+ORDER_LENGTHS = [4, 5, 3, 2, 6, 1, 7, 2, 3, 5, 4, 4, 1, 6, 2, 3]
+GRAIN_ROWS = [
+    ("first", {}, [[5], [1, 3, 6], [2, 4], [10], [8, 9], [7], [11, 12], [13, 14], [15, 16]]),
+    ("best", {}, [[5], [1, 4, 6], [2, 3], [10], [8, 9], [7], [11, 12], [13, 14], [15, 16]]),
+    ("first", {"seed": 5}, [[2, 4], [5], [1, 3, 6], [8, 9], [10], [7], [13, 14], [11, 12], [15, 16]]),
+    ("best", {"seed": 5}, [[2, 3], [5], [1, 4, 6], [8, 9], [10], [7], [13, 14], [11, 12], [15, 16]]),
+    ("first", {"shuffle_bins": False}, [[1, 3, 6], [2, 4], [5], [7], [8, 9], [10], [11, 12], [13, 14], [15, 16]]),
+    ("first", {"shuffle_bins_group_by_feature": "t_segment_ids"},
+     [[5], [2, 4], [1, 3, 6], [10], [7], [8, 9], [11, 12], [13, 14], [15, 16]]),
+    ("best", {"shuffle_bins_group_by_feature": "t"},
+     [[2, 3], [1, 4, 6], [5], [7], [8, 9], [10], [11, 12], [13, 14], [15, 16]]),
+]
+
+
+def order_stream():
+    return dl.MapDataset.source(
+        [{"t": np.full(n, i + 1, np.int32)} for i, n in enumerate(ORDER_LENGTHS)]).to_iter_dataset()
+
+
+def held(row):
+    return [int(x) for x in dict.fromkeys(row["t"].tolist()) if x]
+
+
+@pytest.mark.parametrize(("packer", "kwargs", "expected"), GRAIN_ROWS)
+def test_fit_packers_hand_out_rows_in_grains_order(packer, kwargs, expected):
+    cls = dl.experimental.FirstFitPackIterDataset if packer == "first" else dl.experimental.BestFitPackIterDataset
+    ds = cls(order_stream(), length_struct={"t": 8}, num_packing_bins=3, **kwargs)
+    rows = list(ds)
+    assert [held(r) for r in rows] == expected
+    # Grain's first row with the default seed, whole: segments and positions too
+    if packer == "first" and not kwargs:
+        assert rows[1]["t"].tolist() == [1, 1, 1, 1, 3, 3, 3, 6]
+        assert rows[1]["t_segment_ids"].tolist() == [1, 1, 1, 1, 2, 2, 2, 3]
+        assert rows[1]["t_positions"].tolist() == [0, 1, 2, 3, 0, 1, 2, 0]
+    assert_restores_everywhere(lambda: iter(ds), limit=len(expected))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -143,3 +145,105 @@ def test_a_mixture_draws_from_both_patterns(base_keys, text_data):
                                             text_data, add_bos=True, add_eos=True)}
     rows = [tuple(s) for b in batches for s in _segments(b)]
     assert sum(r in source0 for r in rows) == 10  # exactly a quarter of 40 rows
+
+
+def _mixture_file(tmp_path, components, name="mix.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps({k: {"path": p, "weight": w} for k, (p, w) in components.items()}))
+    return str(path)
+
+
+def _unpacked_rows(batches):
+    return [tuple(s) for b in batches for s in _segments(b)]
+
+
+@pytest.fixture
+def named(base_keys, text_data, tmp_path):
+    """A named mixture's keys (rows unpacked, records in file order, endless) and each
+    component's rows in order."""
+    folder = text_data["folder"]
+    files = {"a": f"{folder}/train-0.array_record", "b": f"{folder}/train-1.array_record",
+             "c": f"{folder}/eval.array_record"}
+    keys = {**base_keys, "packing": False, "enable_data_shuffling": False, "num_epoch": None}
+    config = parse_maxtext_config(keys)
+    op = dl.maxtext.tokenizer(config)
+    rows = {k: [tuple(op.map(r)["tokens"].tolist()) for r in dl.ArrayRecordDataSource(p)] for k, p in files.items()}
+
+    def keys_for(weights, name="mix.json"):
+        path = _mixture_file(tmp_path, {k: (files[k], w) for k, w in weights.items()}, name)
+        return {**keys, "grain_train_mixture_config_path": path}
+
+    return keys_for, rows
+
+
+def test_a_named_mixture_draws_by_weight_from_its_components(named):
+    keys_for, rows = named
+    config = parse_maxtext_config(keys_for({"a": 1, "b": 3}))
+    drawn = _unpacked_rows(_take(train_dataset(config, global_batch_size=4), 10))
+    from_a = [r for r in drawn if r in rows["a"]]
+    assert len(from_a) == 10 and from_a == rows["a"][:10]  # a quarter of 40, in a's order
+    assert [r for r in drawn if r not in rows["a"]] == rows["b"][:30]
+
+
+def test_a_named_mixture_restores_by_name_with_other_weights_and_components(named):
+    keys_for, rows = named
+    it = iter(train_dataset(parse_maxtext_config(keys_for({"a": 1, "b": 3})), global_batch_size=4))
+    take(it, 3)  # 12 rows: 3 of a, 9 of b
+    state = it.get_state()
+    it.close()
+    reweighted = iter(train_dataset(parse_maxtext_config(keys_for({"a": 1, "b": 1}, "two.json")), global_batch_size=4))
+    reweighted.set_state(state)
+    after = _unpacked_rows(take(reweighted, 2))
+    reweighted.close()
+    assert [r for r in after if r in rows["a"]] == rows["a"][3:7]  # each continues where it was
+    assert [r for r in after if r in rows["b"]] == rows["b"][9:13]
+    changed = iter(train_dataset(parse_maxtext_config(keys_for({"a": 1, "c": 1}, "three.json")), global_batch_size=4))
+    changed.set_state(state)  # b is dropped, c is new
+    after = _unpacked_rows(take(changed, 2))
+    changed.close()
+    assert [r for r in after if r in rows["a"]] == rows["a"][3:7]
+    assert [r for r in after if r in rows["c"]] == rows["c"][:4]
+
+
+def test_a_named_mixture_of_tfrecord_files(named, text_data):
+    keys_for, rows = named
+    folder = text_data["folder"]
+    keys = keys_for({"a": 1, "b": 1})
+    path = _mixture_file(text_data["folder"].parent, {"a": (f"{folder}/train-0.tfrecord", 1),
+                                                       "b": (f"{folder}/train-1.tfrecord", 1)}, "tf.json")
+    config = parse_maxtext_config({**keys, "grain_file_type": "tfrecord", "grain_train_mixture_config_path": path})
+    drawn = _unpacked_rows(_take(train_dataset(config, global_batch_size=4), 4))
+    assert [r for r in drawn if r in rows["a"]] == rows["a"][:8]
+    assert [r for r in drawn if r in rows["b"]] == rows["b"][:8]
+
+
+def test_the_ram_budget_bounds_the_auto_workers():
+    from dataloader.maxtext.pipeline import auto_workers
+
+    gib = 1 << 30
+    assert auto_workers(1024, {"MemTotal": 16 * gib, "MemAvailable": 9 * gib}).min_free_memory == 0.5
+    assert auto_workers(64 * 1024, {"MemTotal": 16 * gib, "MemAvailable": 9 * gib}).min_free_memory == 0.0
+    assert auto_workers(1024, {}) == dl.AutoWorkers()
+
+
+def test_elastic_batches_restore_on_another_host_count(base_keys):
+    config = parse_maxtext_config({**base_keys, "grain_use_elastic_iterator": True, "packing": False})
+    # One JAX process here: global_batch_size is what each host loads, 2 rows on each of 2 hosts.
+    hosts = [iter(train_dataset(config, global_batch_size=2, shard_options=dl.ShardOptions(h, 2))) for h in range(2)]
+    for it in hosts:
+        take(it, 3)
+    state = hosts[0].get_state()
+    assert state["global_next_index"] == 12
+    two = [take(it, 2) for it in hosts]
+    for it in hosts:
+        it.close()
+    one = iter(train_dataset(config, global_batch_size=4, shard_options=dl.ShardOptions(0, 1)))
+    one.set_state(state)
+    alone = take(one, 2)
+    one.close()
+    for step in range(2):
+        assert alone[step]["inputs"].shape == (4, 24)
+        assert sorted(KEYS) == sorted(alone[step])
+        together = np.concatenate([two[0][step]["inputs"], two[1][step]["inputs"]])
+        assert sorted(map(tuple, alone[step]["inputs"].tolist())) == sorted(map(tuple, together.tolist()))
+    assert np.array_equal(alone[0]["targets"][:, :-1], alone[0]["inputs"][:, 1:])

@@ -25,6 +25,14 @@ TFRecord is read through Apache Beam's TFRecord codec, so its reader lives in
 standard library). CSV files are UTF-8, with a header row and the ``excel`` dialect of
 Python's ``csv`` module (quoted cells may hold commas and newlines).
 
+File names. The format is told from the extension, wherever the shard numbers are
+(Beam's ``x-00000-of-00004.tfrecord``, TensorFlow's and TFDS's
+``mnist-train.tfrecord-00000-of-00016``), and a ``.gz`` at the end (or before the
+shard numbers) means gzip: TFRecord, JSON lines and CSV files are then read through
+the standard library's ``gzip``, streaming, as TensorFlow's and Beam's readers do
+(:func:`for_file`). Parquet and numpy files are read in slices, so a gzipped one is
+refused: decompress it first.
+
 Each reader takes ``open_file``, a function from a path to a binary file object, so
 the same code reads local files (the default, ``open(path, "rb")``) and, on Beam,
 files of any Beam file system (``gs://``, ``s3://``, ``hdfs://``). Errors are
@@ -41,11 +49,16 @@ from __future__ import annotations
 
 import base64
 import csv
+import functools
+import gzip
 import io
 import itertools
 import json
 import os
+import posixpath
+import re
 import zipfile
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
@@ -59,6 +72,48 @@ EXTENSIONS = {
     ".npy": "npy", ".npz": "npz", ".tfrecord": "tfrecord", ".tfrecords": "tfrecord",
 }
 FORMATS = ("jsonl", "csv", "parquet", "npy", "npz", "tfrecord")
+# The formats read as one stream from the start, which a gzip stream can be.
+STREAMED = ("jsonl", "csv", "tfrecord")
+_SHARD_NUMBERS = re.compile(r"-\d+-of-\d+$")
+
+
+@dataclass(frozen=True)
+class FileName:
+    """A file name cut into ``stem + extension + shard + compression``.
+
+    Attributes:
+        stem: the name without the parts below (``mnist-train``).
+        extension: a known format's extension, lower case (``.tfrecord``), or ``""``:
+            an unknown extension stays in ``stem``.
+        shard: shard numbers after the extension (``-00000-of-00016``), else ``""``.
+        gzip: the name ends in ``.gz`` (before or after the shard numbers).
+    """
+
+    stem: str
+    extension: str
+    shard: str
+    gzip: bool
+
+
+def split_name(path: str) -> FileName:
+    """Cuts the file name of ``path`` (local or ``scheme://``) into its parts.
+
+    Example:
+        >>> split_name("gs://b/mnist-train.tfrecord-00003-of-00016.gz")
+        FileName(stem='mnist-train', extension='.tfrecord', shard='-00003-of-00016', gzip=True)
+    """
+    name = posixpath.basename(path.replace(os.sep, "/").rstrip("/"))
+    shard, compressed = "", False
+    for _ in range(2):  # the shard numbers and .gz, in either order
+        match = _SHARD_NUMBERS.search(name)
+        if match and not shard:
+            shard, name = match.group(), name[: match.start()]
+        if name.lower().endswith(".gz") and not compressed:
+            compressed, name = True, name[:-3]
+    stem, extension = os.path.splitext(name)
+    if extension.lower() not in EXTENSIONS:
+        stem, extension = name, ""
+    return FileName(stem, extension.lower(), shard, compressed)
 
 
 def open_local(path: str) -> IO[bytes]:
@@ -67,18 +122,95 @@ def open_local(path: str) -> IO[bytes]:
 
 
 def input_format(path: str, fmt: str | None = None) -> str:
-    """The format named by ``fmt``, or by the file's extension (``data-0001.tfrecord``)."""
+    """The format named by ``fmt``, or by the file's extension.
+
+    ``data-0001.tfrecord``, ``data.tfrecord-00001-of-00010`` and ``data.tfrecord.gz``
+    are all TFRecord (see the module docstring).
+
+    Raises:
+        ValueError: an unknown ``fmt`` or extension, or a gzipped file of a format
+            that is not read as a stream.
+    """
     if fmt is not None:
         if fmt not in FORMATS:
             raise ValueError(f"format {fmt!r} is not one of {', '.join(FORMATS)}")
-        return fmt
-    ext = os.path.splitext(path)[1].lower()
-    if ext not in EXTENSIONS:
+    else:
+        parts = split_name(path)
+        if not parts.extension:
+            if re.search(r"\.array_?record(-\d+-of-\d+)?$", path, re.IGNORECASE):
+                raise ValueError(
+                    f"{path!r} is already ArrayRecord; read it with ArrayRecordDataSource "
+                    "(convert writes ArrayRecord from other formats)"
+                )
+            raise ValueError(
+                f"cannot tell the format of {path!r} from its extension; name it with "
+                f"--format ({', '.join(FORMATS)})"
+            )
+        fmt = EXTENSIONS[parts.extension]
+    if split_name(path).gzip and fmt not in STREAMED:
         raise ValueError(
-            f"cannot tell the format of {path!r} from its extension; name it with "
-            f"--format ({', '.join(FORMATS)})"
+            f"{path!r} is gzip-compressed {fmt}, which is read in slices, not as one "
+            f"stream; decompress it first (gunzip), or compress only {', '.join(STREAMED)} files"
         )
-    return EXTENSIONS[ext]
+    return fmt
+
+
+class _GzipInput(gzip.GzipFile):
+    """A gzip stream over a file it closes with itself (GzipFile leaves it open)."""
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        super().__init__(fileobj=raw, mode="rb")
+        self._raw = raw
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._raw.close()
+
+
+def _open_gzip(open_file: Opener, path: str) -> IO[bytes]:
+    raw = open_file(path)
+    try:
+        return _GzipInput(raw)  # type: ignore[return-value]  # GzipFile is a binary file, not typed as IO
+    except BaseException:
+        raw.close()
+        raise
+
+
+_GZIP_ERRORS = (gzip.BadGzipFile, EOFError, zlib.error)
+
+
+def _gzip_error(path: str, error: Exception) -> ValueError:
+    return ValueError(f"{path}: its gzip data is damaged or truncated ({error}); rewrite or drop the file")
+
+
+def _count_gzip(count: Callable[..., int], path: str, open_file: Opener = open_local) -> int:
+    try:
+        return count(path, functools.partial(_open_gzip, open_file))
+    except _GZIP_ERRORS as error:
+        raise _gzip_error(path, error) from None
+
+
+def _read_gzip(read: Callable[..., Iterator[bytes]], path: str, open_file: Opener = open_local,
+               start: int = 0, stop: int | None = None) -> Iterator[bytes]:
+    try:
+        yield from read(path, functools.partial(_open_gzip, open_file), start, stop)
+    except _GZIP_ERRORS as error:
+        raise _gzip_error(path, error) from None
+
+
+def for_file(fmt: RecordFormat, path: str) -> RecordFormat:
+    """``fmt`` as it reads ``path``: through gzip when the name says it is compressed.
+
+    Example:
+        >>> for_file(RECORD_FORMATS["jsonl"], "rows.jsonl.gz").count("rows.jsonl.gz")  # doctest: +SKIP
+        5
+    """
+    if not split_name(path).gzip:
+        return fmt
+    return RecordFormat(fmt.name, functools.partial(_count_gzip, fmt.count),
+                        functools.partial(_read_gzip, fmt.read))
 
 
 @dataclass(frozen=True)

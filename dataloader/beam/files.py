@@ -17,7 +17,7 @@ from apache_beam.io.filesystems import FileSystems
 from dataloader.beam.plan import SUFFIX, local_outputs
 from dataloader.beam.tfrecord import TFRECORD
 from dataloader.sources import expand_paths
-from dataloader.sources.record_files import RECORD_FORMATS, RecordFormat, input_format
+from dataloader.sources.record_files import RECORD_FORMATS, RecordFormat, for_file, input_format
 
 
 def is_local(path: str) -> bool:
@@ -33,9 +33,9 @@ def open_input(path: str) -> IO[bytes]:
 
 
 def record_format(path: str, fmt: str | None) -> RecordFormat:
-    """How to read ``path``: by ``fmt``, or by its extension."""
+    """How to read ``path``: by ``fmt``, or by its extension; through gzip for ``.gz``."""
     name = input_format(path, fmt)
-    return TFRECORD if name == "tfrecord" else RECORD_FORMATS[name]
+    return for_file(TFRECORD if name == "tfrecord" else RECORD_FORMATS[name], path)
 
 
 def expand_inputs(inputs: list[str]) -> list[str]:

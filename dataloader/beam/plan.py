@@ -18,10 +18,10 @@ plans, names and refuses exactly as the pipeline does.
 from __future__ import annotations
 
 import glob
-import posixpath
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from dataloader.sources.record_files import split_name
 
 SUFFIX = ".array_record"
 
@@ -32,10 +32,14 @@ def shard_path(prefix: str, index: int, count: int) -> str:
 
 
 def matched_path(prefix: str, input_path: str) -> str:
-    """``PREFIX-<input name without extension>.array_record`` (``--match_shards``)."""
-    stem = posixpath.basename(input_path.rstrip("/"))
-    stem = re.sub(r"\.(tfrecords?|jsonl|json|csv|parquet|npy|npz)$", "", stem, flags=re.I)
-    return f"{prefix}-{stem}{SUFFIX}"
+    """``PREFIX-<input name without its format>.array_record`` (``--match_shards``).
+
+    The format's extension and ``.gz`` go, shard numbers stay at the end:
+    ``mnist-train.tfrecord-00003-of-00016.gz`` gives
+    ``PREFIX-mnist-train-00003-of-00016.array_record``.
+    """
+    name = split_name(input_path)
+    return f"{prefix}-{name.stem}{name.shard}{SUFFIX}"
 
 
 def local_outputs(prefix: str) -> list[str]:

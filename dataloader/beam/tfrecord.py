@@ -11,12 +11,17 @@ reading a file in one ``DoFn`` loses no parallelism.
 
 Counting and skipping use the framing only: they read each 12-byte header, check the
 length's CRC and seek past the data, so cutting a file into shards does not read its
-data twice. Reading checks both CRCs of every record.
+data twice. Reading checks both CRCs of every record. A gzipped file
+(:func:`dataloader.sources.record_files.for_file` opens it) is a stream that seeks
+forward only by decompressing, so skipping never seeks back and never asks for the
+stream's size; offsets in messages are then offsets in the decompressed data.
 """
 
 from __future__ import annotations
 
+import gzip
 import io
+import itertools
 import struct
 from collections.abc import Iterator
 from typing import IO
@@ -30,16 +35,22 @@ _FOOTER = 4  # masked CRC of the data
 
 
 def _frames(path: str, f: IO[bytes]) -> Iterator[tuple[int, int]]:
-    """(byte offset, data length) of every record, checking only the headers."""
-    size = f.seek(0, io.SEEK_END)
+    """(byte offset, data length) of every record, checking only the headers.
+
+    ``f`` is past a record when it is yielded: at the start of the next one.
+    """
+    # A gzip stream learns its size by decompressing all of it: find the end by reading.
+    size = None if isinstance(f, gzip.GzipFile) else f.seek(0, io.SEEK_END)
     f.seek(0)
     offset = 0
-    while offset < size:
+    while size is None or offset < size:
         header = f.read(_HEADER)
+        if not header and size is None:
+            return
         if len(header) < _HEADER:
             raise ValueError(
                 f"{path}: truncated at byte offset {offset}: {len(header)} bytes left of "
-                f"a {_HEADER}-byte record header (file size {size})"
+                f"a {_HEADER}-byte record header (file size {offset + len(header) if size is None else size})"
             )
         length, length_crc = struct.unpack("<QI", header)
         if _TFRecordUtil._masked_crc32c(header[:8]) != length_crc:
@@ -48,23 +59,20 @@ def _frames(path: str, f: IO[bytes]) -> Iterator[tuple[int, int]]:
                 "corrupt file, or not a TFRecord file)"
             )
         end = offset + _HEADER + length + _FOOTER
-        if end > size:
+        # A gzip stream's seek stops at its end and says where.
+        reached = f.seek(end) if size is None or end <= size else size
+        if reached < end:
             raise ValueError(
                 f"{path}: truncated at byte offset {offset}: the record there needs "
-                f"{end - offset} bytes, the file has {size - offset} left (file size {size})"
+                f"{end - offset} bytes, the file has {reached - offset} left (file size {reached})"
             )
         yield offset, length
         offset = end
-        f.seek(offset)
 
 
 def _seek_to_record(path: str, f: IO[bytes], index: int) -> bool:
     """Moves ``f`` to record ``index`` by its framing; False when there is no such record."""
-    for i, (offset, _) in enumerate(_frames(path, f)):
-        if i == index:
-            f.seek(offset)
-            return True
-    return False
+    return sum(1 for _ in itertools.islice(_frames(path, f), index)) == index
 
 
 def count(path: str, open_file: Opener = open_local) -> int:

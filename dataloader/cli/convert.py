@@ -30,13 +30,13 @@ from dataloader.cli.progress import Progress
 from dataloader.errors import ConvertError
 from dataloader.options import check_int
 from dataloader.sources import expand_paths, write_array_record
-from dataloader.sources.record_files import RECORD_FORMATS, RecordFormat, input_format
+from dataloader.sources.record_files import RECORD_FORMATS, RecordFormat, for_file, input_format
 
 
 def _record_format(path: str, fmt: str | None) -> RecordFormat:
     name = input_format(path, fmt)
     if name != "tfrecord":
-        return RECORD_FORMATS[name]
+        return for_file(RECORD_FORMATS[name], path)
     try:
         from dataloader.beam.tfrecord import TFRECORD
     except ImportError:
@@ -44,7 +44,7 @@ def _record_format(path: str, fmt: str | None) -> RecordFormat:
             f"{path}: TFRecord files are read with Apache Beam's TFRecord codec; "
             "install it with pip install 'granary[beam]'"
         ) from None
-    return TFRECORD
+    return for_file(TFRECORD, path)
 
 
 def convert(

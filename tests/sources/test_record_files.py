@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 
@@ -10,7 +11,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dataloader.sources.record_files import RECORD_FORMATS, input_format
+from dataloader.sources.record_files import (
+    RECORD_FORMATS,
+    FileName,
+    for_file,
+    input_format,
+    split_name,
+)
 
 
 def read(fmt, path, start=0, stop=None):
@@ -95,3 +102,69 @@ def test_format_comes_from_the_extension_or_the_flag():
     assert input_format("d/rows.txt", "jsonl") == "jsonl"
     with pytest.raises(ValueError, match=r"cannot tell the format of 'rows\.txt' from its extension; name it with --format"):
         input_format("rows.txt")
+
+
+@pytest.mark.parametrize(("path", "fmt"), [
+    ("d/data.tfrecord-00000-of-00003", "tfrecord"),  # TensorFlow's sharded names
+    ("d/mnist-train.tfrecord-00007-of-00016", "tfrecord"),  # TFDS
+    ("d/data.tfrecord.gz", "tfrecord"),
+    ("d/data.tfrecord-00000-of-00003.gz", "tfrecord"),
+    ("gs://b/part-00001-of-00004.tfrecords.GZ", "tfrecord"),
+    ("d/rows.jsonl-00001-of-00002", "jsonl"),
+    ("d/rows.csv.gz", "csv"),
+])
+def test_format_is_told_past_shard_numbers_and_gz(path, fmt):
+    assert input_format(path) == fmt
+
+
+@pytest.mark.parametrize(("path", "parts"), [
+    ("gs://b/mnist-train.tfrecord-00003-of-00016.gz", ("mnist-train", ".tfrecord", "-00003-of-00016", True)),
+    ("d/data.tfrecord.gz-00000-of-00002", ("data", ".tfrecord", "-00000-of-00002", True)),
+    ("d/part-00001-of-00004.tfrecord", ("part-00001-of-00004", ".tfrecord", "", False)),
+    ("d/c.data", ("c.data", "", "", False)),  # an unknown extension stays in the stem
+    ("d/b.JSONL", ("b", ".jsonl", "", False)),
+])
+def test_split_name_cuts_stem_extension_shard_and_gzip(path, parts):
+    assert split_name(path) == FileName(*parts)
+
+
+def test_array_record_inputs_are_told_they_need_no_conversion():
+    with pytest.raises(ValueError, match=r"'d/x\.array_record-00000-of-00010' is already ArrayRecord; read it with ArrayRecordDataSource"):
+        input_format("d/x.array_record-00000-of-00010")
+
+
+@pytest.mark.parametrize("name", ["t.parquet.gz", "a.npy.gz", "z.npz-00000-of-00002.gz"])
+def test_gzipped_formats_read_in_slices_are_refused(name):
+    with pytest.raises(ValueError, match=rf"'{name}' is gzip-compressed .*; decompress it first \(gunzip\)"):
+        input_format(name)
+
+
+def test_gzipped_jsonl_and_csv_read_like_the_plain_files(tmp_path):
+    lines = "".join(f'{{"i": {i}}}\n' for i in range(7))
+    table = "id,text\n" + "".join(f"{i},t{i}\n" for i in range(5))
+    for name, text in (("r.jsonl", lines), ("t.csv", table)):
+        plain, packed = tmp_path / name, tmp_path / f"{name}.gz"
+        plain.write_text(text)
+        with gzip.open(packed, "wt") as f:
+            f.write(text)
+        fmt = RECORD_FORMATS[input_format(str(plain))]
+        gz = for_file(fmt, str(packed))
+        assert for_file(fmt, str(plain)) is fmt
+        assert gz.count(str(packed)) == fmt.count(str(plain))
+        assert list(gz.read(str(packed), start=2, stop=4)) == list(fmt.read(str(plain), start=2, stop=4))
+        assert list(gz.read(str(packed))) == list(fmt.read(str(plain)))
+
+
+def test_a_damaged_gzip_file_is_named(tmp_path):
+    path = tmp_path / "r.jsonl.gz"
+    with gzip.open(path, "wt") as f:
+        f.write("".join(f'{{"i": {i}}}\n' for i in range(2000)))
+    path.write_bytes(path.read_bytes()[:-30])
+    fmt = for_file(RECORD_FORMATS["jsonl"], str(path))
+    with pytest.raises(ValueError, match=r"r\.jsonl\.gz: its gzip data is damaged or truncated"):
+        fmt.count(str(path))
+    with pytest.raises(ValueError, match=r"r\.jsonl\.gz: its gzip data is damaged or truncated"):
+        list(fmt.read(str(path)))
+    path.write_bytes(b"not gzip at all")
+    with pytest.raises(ValueError, match=r"r\.jsonl\.gz: its gzip data is damaged or truncated \(Not a gzipped file"):
+        fmt.count(str(path))

@@ -19,7 +19,7 @@ from dataloader.beam import ReadRecordFiles, WriteToArrayRecord, convert, verify
 from dataloader.beam.files import expand_inputs
 from dataloader.cli.convert import convert as convert_in_process
 from dataloader.errors import ConvertError
-from dataloader.sources import write_array_record
+from dataloader.sources import write_array_record, write_tfrecord
 from tests.dataloader.beam.helpers import beam_tfrecords, corrupt, parse_tfrecord
 
 
@@ -215,3 +215,25 @@ def test_write_to_array_record_checks_its_writer_options_at_construction(tmp_pat
     with pytest.raises(ValueError, match=r"writer_options 'group_size:0': group_size must be a positive integer"):
         WriteToArrayRecord(str(tmp_path / "w"), writer_options="group_size:0")
     assert files_in(tmp_path) == []
+
+
+def test_match_shards_names_tfds_and_gzipped_inputs_by_stem_and_shard(tmp_path):
+    import gzip
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    expected = {}
+    for i in range(2):  # TFDS's names, the second shard gzipped
+        records = [b"mnist-%d-%d" % (i, j) for j in range(3 + i)]
+        path = folder / f"mnist-train.tfrecord-{i:05d}-of-00002"
+        write_tfrecord(path, records)
+        if i == 1:
+            with gzip.open(f"{path}.gz", "wb") as f:
+                f.write(path.read_bytes())
+            path.unlink()
+        expected[f"m-mnist-train-{i:05d}-of-00002.array_record"] = records
+    result = convert([str(folder / "mnist-train.tfrecord-*")], str(tmp_path / "out" / "m"), match_shards=True,
+                     progress=False)
+    assert [os.path.basename(p) for p in result.paths] == list(expected)
+    for path, records in zip(result.paths, expected.values(), strict=True):
+        assert read_back([path]) == records

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import gzip
 import pathlib
+import tracemalloc
 
+import numpy as np
 import pytest
 
 from dataloader.beam import tfrecord
+from dataloader.sources import write_tfrecord
+from dataloader.sources.record_files import for_file
 from tests.dataloader.beam.helpers import beam_tfrecords, corrupt, parse_tfrecord
 
 
@@ -54,3 +59,71 @@ def test_a_truncated_file_names_the_offset_of_the_cut_record(files, tmp_path):
         tfrecord.count(str(cut))
     with pytest.raises(ValueError, match=rf"cut\.tfrecord: record {len(records) - 1} at byte offset {last}: truncated"):
         list(tfrecord.read(str(cut)))
+
+
+# Gzipped TFRecord files (``NAME.tfrecord.gz``), written by granary's own writer.
+
+
+def _gzipped(folder: pathlib.Path, records: list[bytes], name: str = "data.tfrecord.gz") -> str:
+    plain = folder / "plain.tfrecord"
+    write_tfrecord(plain, records)
+    path = folder / name
+    with gzip.open(path, "wb") as f:
+        f.write(plain.read_bytes())
+    return str(path)
+
+
+def _records(n: int) -> list[bytes]:
+    return [b"rec-%04d-" % i + b"y" * (i % 23) for i in range(n)]
+
+
+@pytest.mark.parametrize(("start", "stop"), [(0, None), (0, 3), (5, None), (7, 12), (40, 40), (100, None)])
+def test_a_gzipped_file_reads_like_the_plain_one(tmp_path, start, stop):
+    records = _records(40)
+    path = _gzipped(tmp_path, records)
+    fmt = for_file(tfrecord.TFRECORD, path)
+    assert fmt.count(path) == 40
+    assert list(fmt.read(path, start=start, stop=stop)) == records[start:stop]
+
+
+def test_a_gzipped_file_is_streamed_not_loaded_whole(tmp_path):
+    rng = np.random.default_rng(0)
+    records = [rng.bytes(10_000) for _ in range(1500)]  # 15 MB that gzip cannot shrink
+    path = _gzipped(tmp_path, records)
+    fmt = for_file(tfrecord.TFRECORD, path)
+    tracemalloc.start()
+    try:
+        count = fmt.count(path)
+        last = None
+        for record in fmt.read(path, start=700):
+            last = record
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert count == 1500 and last == records[-1]
+    assert peak < 2_000_000, peak
+
+
+def test_a_record_cut_inside_a_whole_gzip_stream_is_named(tmp_path):
+    records = _records(10)
+    plain = tmp_path / "plain.tfrecord"
+    write_tfrecord(plain, records)
+    path = tmp_path / "cut.tfrecord.gz"
+    with gzip.open(path, "wb") as f:
+        f.write(plain.read_bytes()[:-5])
+    last = plain.stat().st_size - 16 - len(records[-1])
+    fmt = for_file(tfrecord.TFRECORD, str(path))
+    with pytest.raises(ValueError, match=rf"cut\.tfrecord\.gz: truncated at byte offset {last}: the record there needs"):
+        fmt.count(str(path))
+    with pytest.raises(ValueError, match=rf"cut\.tfrecord\.gz: record 9 at byte offset {last}: truncated"):
+        list(fmt.read(str(path)))
+
+
+def test_a_truncated_gzip_stream_is_named(tmp_path):
+    path = pathlib.Path(_gzipped(tmp_path, _records(300)))
+    path.write_bytes(path.read_bytes()[:-100])
+    fmt = for_file(tfrecord.TFRECORD, str(path))
+    with pytest.raises(ValueError, match=r"data\.tfrecord\.gz: its gzip data is damaged or truncated"):
+        fmt.count(str(path))
+    with pytest.raises(ValueError, match=r"data\.tfrecord\.gz: its gzip data is damaged or truncated"):
+        list(fmt.read(str(path)))

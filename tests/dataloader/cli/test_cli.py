@@ -132,3 +132,39 @@ def test_python_m_dataloader_demo_picks_the_digits_or_the_language_model(tmp_pat
     assert bad.returncode == 2
     assert bad.stderr.strip().startswith("config error: stpes: unknown key; did you mean steps?")
     assert os.path.isdir(tmp_path / "data")  # nothing removed before the config was checked
+
+
+def _tensorflow_shards(folder, name: str, count: int, gz: bool = False) -> list[list[bytes]]:
+    """Writes ``name-0000i-of-0000N`` files as TensorFlow and TFDS name them; returns their records."""
+    import gzip
+
+    from dataloader.sources import write_tfrecord
+
+    shards = [[b"%s-%d-%d" % (name.encode(), i, j) for j in range(4 + i)] for i in range(count)]
+    for i, records in enumerate(shards):
+        path = folder / f"{name}-{i:05d}-of-{count:05d}"
+        write_tfrecord(path, records)
+        if gz:
+            with gzip.open(f"{path}.gz", "wb") as f:
+                f.write(path.read_bytes())
+            path.unlink()
+    return shards
+
+
+def test_python_m_dataloader_convert_reads_tensorflow_sharded_tfrecord_names(tmp_path):
+    shards = _tensorflow_shards(tmp_path, "data.tfrecord", 3)
+    out = subprocess.run(
+        [sys.executable, "-m", "dataloader", "convert", str(tmp_path / "data.tfrecord-*"),
+         f"--output={tmp_path / 'out' / 'data'}", "--num_shards=2"],
+        capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr
+    paths = sorted(str(p) for p in (tmp_path / "out").iterdir())
+    assert [os.path.basename(p) for p in paths] == ["data-00000-of-00002.array_record", "data-00001-of-00002.array_record"]
+    assert read_all(paths) == [r for records in shards for r in records]
+
+
+@pytest.mark.parametrize("name", ["mnist-train.tfrecord", "data.tfrecord"])
+def test_convert_in_process_reads_gzipped_and_tfds_named_tfrecords(tmp_path, name):
+    shards = _tensorflow_shards(tmp_path, name, 2, gz=True)
+    paths = convert([str(tmp_path / f"{name}-*.gz")], str(tmp_path / "out" / "x"), num_shards=3, progress=False)
+    assert read_all(paths) == [r for records in shards for r in records]

@@ -125,6 +125,9 @@ _EXPORTS: dict[str, str] = {
     "CheckpointRestore": "dataloader.checkpoint",
     "CheckpointSave": "dataloader.checkpoint",
     "IteratorCheckpointHandler": "dataloader.checkpoint",
+    "PyGrainCheckpointHandler": "dataloader.checkpoint",
+    "PyGrainCheckpointRestore": "dataloader.checkpoint",
+    "PyGrainCheckpointSave": "dataloader.checkpoint",
     # stats: advice, a flat view for metrics, an absl log line
     "Advice": "dataloader.engine.stats",
     "advise": "dataloader.engine.stats",

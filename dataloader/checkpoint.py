@@ -31,6 +31,17 @@ global batch size). A state that does not fit the loader is refused with
 :class:`~dataloader.StateMismatchError`, whose message names the file and every
 difference.
 
+Grain's names. Code written for Grain's Orbax handler runs unchanged:
+:class:`PyGrainCheckpointHandler` with :class:`PyGrainCheckpointSave` and
+:class:`PyGrainCheckpointRestore` (Grain exports them from ``grain.python`` and, without
+the prefix, from ``grain.checkpoint``). Its contract is Grain's: synchronous
+``save(directory, item=None, args=None)`` and ``restore(directory, item=None, args=None)``
+that a subclass overrides and calls back (MaxText's ``GrainCheckpointHandler`` does), the
+state taken when ``save`` runs, the same file names. On top of Grain's, its restore reads
+process 0's file on another process count (as above) and converts a state that Grain's
+own ``DataLoader`` wrote where the continuation is exact
+(:mod:`dataloader.engine.grain_state`).
+
 This module imports Orbax and JAX; ``import dataloader`` loads it only on first use of
 one of its names, so worker processes never import either.
 """
@@ -46,6 +57,7 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
+from dataloader.engine import grain_state
 from dataloader.errors import StateMismatchError
 
 _FILE = re.compile(r"^process_(\d+)-of-(\d+)\.json$")
@@ -66,11 +78,14 @@ def _check_iterator(iterator: Any, role: str) -> None:
             )
 
 
-def _state_text(iterator: Any) -> str:
-    """The iterator's state now, as JSON text."""
+def _state_text(iterator: Any, indent: int | None = None) -> str:
+    """The iterator's state now, as JSON text (JSON bytes, which Grain's DataLoader hands
+    out, are decoded as they are)."""
     state = iterator.get_state()
+    if isinstance(state, (bytes, bytearray)):
+        return bytes(state).decode()
     try:
-        return json.dumps(state)
+        return json.dumps(state, indent=indent)
     except TypeError as error:
         raise TypeError(
             f"{type(iterator).__name__}.get_state() returned a state that is not JSON-able "
@@ -113,6 +128,25 @@ def find_state_file(directory: epath.Path, process_index: int, process_count: in
     )
 
 
+def _restore_from(path: epath.Path, iterator: Any) -> Any:
+    """Sets ``iterator`` to the state in ``path`` and returns it (the state without one).
+
+    A state that Grain's DataLoader wrote is converted first, where that is exact.
+    """
+    state = json.loads(path.read_text())
+    if iterator is None:
+        return state
+    try:
+        if grain_state.is_grain_state(state):
+            current = iterator.get_state()
+            if isinstance(current, dict) and "made_for" in current:
+                state = grain_state.from_grain(state, current)
+        iterator.set_state(state)
+    except StateMismatchError as error:
+        raise StateMismatchError(f"{path}: {error}") from error
+    return iterator
+
+
 class IteratorCheckpointHandler(ocp.handlers.AsyncCheckpointHandler):
     """Saves and restores an iterator's state, one JSON file per JAX process.
 
@@ -147,15 +181,7 @@ class IteratorCheckpointHandler(ocp.handlers.AsyncCheckpointHandler):
             FileNotFoundError: the checkpoint holds no state for this process.
         """
         path = find_state_file(epath.Path(directory), jax.process_index(), jax.process_count())
-        state = json.loads(path.read_text())
-        iterator = None if args is None else args.item
-        if iterator is None:
-            return state
-        try:
-            iterator.set_state(state)
-        except StateMismatchError as error:
-            raise StateMismatchError(f"{path}: {error}") from error
-        return iterator
+        return _restore_from(path, None if args is None else args.item)
 
     def metadata(self, directory: epath.Path) -> list[str]:
         """The names of the state files of a saved checkpoint item."""
@@ -204,3 +230,119 @@ class CheckpointRestore(ocp.args.CheckpointArgs):
     def __post_init__(self) -> None:
         if self.item is not None:
             _check_iterator(self.item, "CheckpointRestore")
+
+
+def _item(item: Any, args: Any, method: str) -> Any:
+    """Grain's rule: the ``item`` argument (older Orbax API), else ``args.item``."""
+    if item is None and args is not None:
+        item = getattr(args, "item", None)
+    if item is None and method == "save":
+        raise ValueError(
+            "PyGrainCheckpointHandler.save needs the iterator: pass "
+            "args=PyGrainCheckpointSave(iterator) (or item=iterator)"
+        )
+    if item is not None:
+        _check_iterator(item, f"PyGrainCheckpointHandler.{method}")
+    return item
+
+
+class PyGrainCheckpointHandler(ocp.CheckpointHandler):
+    """Grain's Orbax handler, by name and contract, writing granary's states.
+
+    Orbax finds it through :class:`PyGrainCheckpointSave` and
+    :class:`PyGrainCheckpointRestore`. Unlike :class:`IteratorCheckpointHandler` it is
+    synchronous, as Grain's is: ``save`` takes the state and writes the file when Orbax
+    calls it (still in ``mngr.save``, before the background commit), so a subclass that
+    overrides ``save`` and ``restore`` and calls ``super()`` (MaxText's
+    ``GrainCheckpointHandler``) sees every call. Both take ``item`` (the older Orbax
+    API) or ``args``, and the directory as Orbax gives it.
+
+    Files are Grain's: ``process_<i>-of-<n>.json`` with the state as indented JSON. A
+    restore on another process count reads process 0's file (see the module
+    docstring); a state written by Grain's own ``DataLoader`` is converted where the
+    continuation is exact, else refused with :class:`~dataloader.StateMismatchError`.
+
+    Example:
+        >>> mngr.save(step, args=ocp.args.Composite(        # doctest: +SKIP
+        ...     iter=dl.PyGrainCheckpointSave(iterator)))
+        >>> mngr.restore(step, args=ocp.args.Composite(     # doctest: +SKIP
+        ...     iter=dl.PyGrainCheckpointRestore(iterator)))
+    """
+
+    def save(self, directory: epath.Path, item: Any = None, args: Any = None) -> None:
+        """Writes the iterator's state now to this process's file in ``directory``.
+
+        Raises:
+            ValueError: neither ``item`` nor ``args.item`` is given.
+            TypeError: the item has no ``get_state()`` (or its state is not JSON-able).
+        """
+        item = _item(item, args, "save")
+        path = epath.Path(directory) / state_filename(jax.process_index(), jax.process_count())
+        path.write_text(_state_text(item, indent=4))
+
+    def restore(self, directory: epath.Path, item: Any = None, args: Any = None) -> Any:
+        """Moves the iterator to the saved state and returns it (the state dict when no
+        iterator is given). Starts its prefetch, as Grain's does, so the first batches
+        are computed while the model restores.
+
+        Raises:
+            ValueError: the checkpoint holds no state for this process (Grain raises a
+                ``ValueError`` there too); the message lists what it holds.
+            StateMismatchError: the state does not fit the iterator.
+        """
+        item = _item(item, args, "restore")
+        try:
+            path = find_state_file(epath.Path(directory), jax.process_index(), jax.process_count())
+        except FileNotFoundError as error:
+            raise ValueError(str(error)) from None
+        restored = _restore_from(path, item)
+        start = getattr(item, "start_prefetch", None)
+        if item is not None and callable(start):
+            start()
+        return restored
+
+    def structure(self, directory: epath.Path) -> Any:
+        """None: iterator states have no tree structure (Grain's answer)."""
+        del directory
+        return None
+
+    def metadata(self, directory: epath.Path) -> Any:
+        """None, as Grain's handler answers."""
+        del directory
+        return None
+
+    def finalize(self, directory: epath.Path) -> None:
+        del directory
+
+    def close(self) -> None:
+        pass
+
+
+@ocp.args.register_with_handler(PyGrainCheckpointHandler, for_save=True)
+@dataclasses.dataclass
+class PyGrainCheckpointSave(ocp.args.CheckpointArgs):
+    """Grain's save args: ``item`` is the iterator whose state ``save`` writes.
+
+    As in Grain, the state is read when the handler's ``save`` runs (inside
+    ``mngr.save``), not when this object is made.
+
+    Example:
+        >>> mngr.save(step, args=ocp.args.Composite(        # doctest: +SKIP
+        ...     params=ocp.args.StandardSave(params), iter=dl.PyGrainCheckpointSave(it)))
+    """
+
+    item: Any
+
+
+@ocp.args.register_with_handler(PyGrainCheckpointHandler, for_restore=True)
+@dataclasses.dataclass
+class PyGrainCheckpointRestore(ocp.args.CheckpointArgs):
+    """Grain's restore args: ``item`` is the iterator to move to the saved state (None:
+    the restore returns the saved state dict instead).
+
+    Example:
+        >>> mngr.restore(step, args=ocp.args.Composite(     # doctest: +SKIP
+        ...     iter=dl.PyGrainCheckpointRestore(it)))
+    """
+
+    item: Any

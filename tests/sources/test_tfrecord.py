@@ -3,6 +3,7 @@ corruption and truncation named by file and byte offset, positions resumable."""
 
 from __future__ import annotations
 
+import gzip
 import os
 
 import pytest
@@ -124,3 +125,60 @@ def test_close_releases_the_file(tmp_path):
     reader.close()
     assert reader.closed and not open_files_under(tmp_path)
 
+
+
+# ``NAME.tfrecord.gz``: TensorFlow's compression_type="GZIP", read through gzip.
+
+
+def _gzip_file(path, data: bytes):
+    with gzip.open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
+def test_a_gzipped_file_reads_and_resumes_by_decompressed_offset(tmp_path):
+    records = [b"%d" % i * i for i in range(20)]
+    write_tfrecord(tmp_path / "r.tfrecord", records)
+    path = _gzip_file(tmp_path / "r.tfrecord.gz", (tmp_path / "r.tfrecord").read_bytes())
+    with TFRecordReader(path) as reader:
+        assert reader.size is None
+        reader.check_first_record()
+        offsets = []
+        for _ in range(20):
+            offsets.append(reader.offset)
+            reader.read()
+        assert reader.read() is None
+    with TFRecordReader(tmp_path / "r.tfrecord") as plain:
+        assert list(plain) == records and plain.offset == reader.offset  # offsets of the same data
+    for i in (0, 7, 19):
+        with TFRecordReader(path, offsets[i]) as resumed:
+            assert list(resumed) == records[i:]
+    assert not open_files_under(tmp_path)
+
+
+def test_a_gzipped_file_tensorflow_would_write_reads_back(tmp_path):
+    with TFRecordReader(_gzip_file(tmp_path / "m.tfrecord.GZ", MORRIS_FILE)) as reader:
+        assert list(reader) == MORRIS
+
+
+def test_an_offset_past_the_end_of_a_gzipped_file_is_refused(tmp_path):
+    path = _gzip_file(tmp_path / "m.tfrecord.gz", MORRIS_FILE)
+    with pytest.raises(ValueError, match=r"offset 1000 is outside TFRecord file .* \(gzip\)"):
+        TFRecordReader(path, 1000)
+    with TFRecordReader(path) as reader:
+        reader.read()
+        with pytest.raises(ValueError, match=r"offset 1000 is outside"):
+            reader.seek(1000)
+        assert reader.read() == MORRIS[1]  # still where it was
+    assert not open_files_under(tmp_path)
+
+
+def test_damaged_gzip_data_is_named(tmp_path):
+    big = b"".join(MORRIS_FILE for _ in range(400))
+    path = _gzip_file(tmp_path / "cut.tfrecord.gz", big)
+    path.write_bytes(path.read_bytes()[:-20])
+    with TFRecordReader(path) as reader, pytest.raises(ValueError, match=r"cut\.tfrecord\.gz': its gzip data is damaged or truncated"):
+        list(reader)
+    (tmp_path / "not.tfrecord.gz").write_bytes(MORRIS_FILE)
+    with TFRecordReader(tmp_path / "not.tfrecord.gz") as reader, pytest.raises(ValueError, match=r"gzip data is damaged .*Not a gzipped file"):
+        reader.check_first_record()

@@ -21,12 +21,15 @@ key                                   default          meaning here
                                                        streams, :mod:`.reading`)
 ``grain_packing_type``                ``first_fit``    ``first_fit``, ``best_fit``, ``concat_then_split``
 ``grain_worker_count``                1                worker processes (``_eval`` for eval);
-                                                       -1: ``"auto"``, the pool picks its count
+                                                       -1: ``"auto"``, the pool picks its count.
+                                                       TFRecord streams are read and tokenized in
+                                                       this process (logged), not in workers
 ``grain_per_worker_buffer_size``      1                work units in flight per worker (``_eval``)
 ``grain_ram_budget_mb``               1024             with a worker count of -1: the memory the
-                                                       auto-scaled workers may take, in MB
-                                                       (``AutoWorkers.min_free_memory`` leaves the
-                                                       rest of the memory available then free)
+                                                       auto-scaled workers may take, in MB (as
+                                                       ``AutoWorkers.min_free_memory``: what is
+                                                       available when the pipeline is built, less
+                                                       the budget, stays free)
 ``grain_num_threads``                 16               with 0 workers: threads reading ahead
                                                        (``ReadOptions.num_threads``); TFRecord:
                                                        files interleaved at most (``_eval`` too)

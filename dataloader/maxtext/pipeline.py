@@ -38,6 +38,7 @@ import json
 from typing import Any
 
 import numpy as np
+from absl import logging
 
 from dataloader.dataset.base import DatasetIterator, IterDataset
 from dataloader.dataset.map_dataset import MapDataset
@@ -149,6 +150,16 @@ def read_options(config: MaxTextConfig, *, eval: bool = False) -> ReadOptions:
     return ReadOptions(num_threads=threads, prefetch_buffer_size=reading.prefetch_units(records))
 
 
+def _note_stream_workers(config: MaxTextConfig, *, eval: bool) -> None:
+    """One log line where MaxText would read TFRecord files in worker processes."""
+    key = "grain_worker_count_eval" if eval else "grain_worker_count"
+    count = config.worker_count_eval if eval else config.worker_count
+    if count:
+        logging.info("granary: %s=%r with grain_file_type tfrecord: the files are read and tokenized in "
+                     "this process (a prefetch thread), in order; worker processes compute only "
+                     "records read by index (arrayrecord, parquet)", key, count)
+
+
 def _read(config: MaxTextConfig, files: str, *, column: str, tok: Tokenize | None, shuffle: bool,
           num_epochs: int | None, shard_options: ShardOptions, eval: bool) -> IterDataset:
     """One pattern, or a ``;`` mixture of patterns, tokenized and sharded."""
@@ -159,6 +170,7 @@ def _read(config: MaxTextConfig, files: str, *, column: str, tok: Tokenize | Non
                          f"as in MaxText; for {config.file_type} name the components in a "
                          f"grain_train_mixture_config_path file")
     if config.file_type == "tfrecord":
+        _note_stream_workers(config, eval=eval)
         stream = reading.file_stream(config, files, shuffle=shuffle, num_epochs=num_epochs,
                                      shard_options=shard_options, num_threads=threads)
         return _tokens(config, stream, column, tok)
@@ -180,6 +192,7 @@ def _read_named(config: MaxTextConfig, *, tok: Tokenize | None, shard_options: S
     column, epochs = config.train_column, config.num_epoch
     components: dict[str, IterDataset] = {}
     if config.file_type == "tfrecord":
+        _note_stream_workers(config, eval=False)
         for c in mixture:
             stream = reading.file_stream(config, c.path, shuffle=config.shuffle, num_epochs=epochs,
                                          shard_options=shard_options, num_threads=config.num_threads)

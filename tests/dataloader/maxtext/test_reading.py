@@ -159,3 +159,14 @@ def test_a_mixtures_sources_open_in_grain_data_source_max_workers_threads(base_k
     sources = reading.open_sources(config, [f"{folder}/train-0.array_record", f"{folder}/train-1.array_record",
                                             f"{folder}/eval.array_record"])
     assert [len(s) for s in sources] == [60, 60, 40] and pools == [2]
+
+
+def test_tfrecord_with_workers_says_where_it_is_read(base_keys, text_data, caplog):
+    caplog.set_level("INFO")
+    config = parse_maxtext_config(_tfrecord_keys(base_keys, text_data, grain_worker_count_eval=2))
+    batches = _take(eval_dataset(config, global_batch_size=4), 2)
+    logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("granary: grain_worker")]
+    assert len(logged) == 1
+    assert "grain_worker_count_eval=2 with grain_file_type tfrecord: the files are read and tokenized in " \
+           "this process" in logged[0]
+    assert len(batches) == 2

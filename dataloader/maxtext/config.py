@@ -11,10 +11,13 @@ key                                   default          meaning here
 ====================================  ===============  =========================================
 ``grain_train_files``                 (required)       a path or glob, or a mixture
                                                        ``"a*.array_record,0.3;b*.array_record,0.7"``
-                                                       (MaxText's ``,``; ``:`` works too)
+                                                       (MaxText's ``,``; ``:`` works too); not
+                                                       needed with a mixture file
 ``grain_train_mixture_config_path``   ``""``           a JSON file of named components
                                                        (:mod:`.mixture`); when given, it is
                                                        read instead of ``grain_train_files``
+                                                       (for every file type; MaxText reads it
+                                                       for ``arrayrecord`` only)
 ``grain_eval_files``                  ``""``           the same, for the eval pipeline (one pass)
 ``grain_file_type``                   ``arrayrecord``  ``arrayrecord``, ``parquet`` (both read
                                                        by index) or ``tfrecord`` (read as file
@@ -47,7 +50,9 @@ key                                   default          meaning here
                                                        no mixture (as in MaxText)
 ``packing``                           true             pack sequences into rows (else pad each)
 ``max_target_length``                 2048             the row length
-``max_segments_per_seq``              -1               most sequences per row (-1: any)
+``max_segments_per_seq``              -1               most sequences per row (-1: any), for
+                                                       ``first_fit`` and ``best_fit`` (MaxText:
+                                                       ``first_fit`` only)
 ``per_device_batch_size``             12.0             times the device count: the global batch
 ``eval_per_device_batch_size``        0.0              0: as ``per_device_batch_size``
 ``enable_data_shuffling``             true             shuffle the records (train)

@@ -112,6 +112,8 @@ _EXPORTS: dict[str, str] = {
     "ZipMapDataset": "dataloader.experimental",
     "assert_equal_output_after_checkpoint": "dataloader.experimental",
     "index_shuffle": "dataloader.experimental",
+    "PerformanceConfig": "dataloader.experimental",
+    "pick_performance_config": "dataloader.experimental",
     "DatasetSelectionMap": "dataloader.dataset",
     "MapDataset": "dataloader.dataset",
     "MixSchedule": "dataloader.dataset",

@@ -11,6 +11,7 @@ from dataloader.dataset.device_put import device_put
 from dataloader.dataset.experimental.cache import CacheIterDataset
 from dataloader.dataset.experimental.elastic import ElasticIterator
 from dataloader.dataset.experimental.limit import LimitIterDataset
+from dataloader.dataset.experimental.performance import PerformanceConfig, pick_performance_config
 from dataloader.dataset.experimental.rebatch import RebatchIterDataset
 from dataloader.dataset.experimental.repeat import RepeatIterDataset
 from dataloader.dataset.experimental.zip import ZipIterDataset, ZipMapDataset
@@ -58,6 +59,7 @@ __all__ = [
     "MapWithIndexTransform",
     "PackAndBatchOperation",
     "ParquetIterDataset",
+    "PerformanceConfig",
     "RebatchIterDataset",
     "RepeatIterDataset",
     "ShapeDtypeStruct",
@@ -77,5 +79,6 @@ __all__ = [
     "get_next_index",
     "index_shuffle",
     "multithread_prefetch",
+    "pick_performance_config",
     "set_next_index",
 ]

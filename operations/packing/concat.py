@@ -2,14 +2,16 @@
 
 Elements go into the current row in stream order; the element that does not fit is
 split (each packed feature at the cells its row has left) and its rest opens the next
-row. No token is dropped, none is reordered: reading the rows' segments in order gives
-back the stream. A row is complete when one of its features is full. Meta features in
-``length_struct`` are never split: one that does not fit completes the row.
+row. No token is dropped. As in Grain, a row is complete only when an element does not
+fit in it whole (a full row still takes an element whose features that are full are
+empty), and meta features in ``length_struct`` are never split: one that does not fit
+completes the row, and every piece of a split element carries the element's meta
+features whole.
 
-``split_full_length_features=False`` keeps an element whose feature fills its row
-exactly in one row of its own: the row being filled is completed (padded) first, so
-the order still holds (Grain instead hands such elements out ahead of the row being
-filled, reordering the stream).
+``split_full_length_features=False`` passes an element one of whose features (meta
+features included) exactly fills its row, none being longer, through as a row of its
+own, as Grain does: such rows come out right after the row being filled when they
+arrived, so they are handed out a little later than their place in the stream.
 
 BOS handling. With ``BOSHandling.REPLACE_FIRST_TOKEN_WITH_BOS`` every segment of the
 ``bos_features`` starts with ``bos_token_id``: where a segment's first token is not
@@ -50,7 +52,7 @@ class ConcatThenSplit:
         length_struct: feature -> row length (a flat dict).
         meta_features: features packed without segment ids and positions, never split.
         split_full_length_features: split an element whose feature is exactly a row long
-            like any other (default), or keep it in a row of its own.
+            like any other (default), or pass it through as a row of its own.
         bos_handling: ``BOSHandling.DO_NOTHING`` or ``REPLACE_FIRST_TOKEN_WITH_BOS``.
         bos_features: the features whose segments start with BOS.
         bos_token_id: the BOS token, needed with ``REPLACE_FIRST_TOKEN_WITH_BOS``.
@@ -67,6 +69,11 @@ class ConcatThenSplit:
         bos_token_id: int | None = None,
     ) -> None:
         self.spec = PackSpec(length_struct, tuple(meta_features))
+        if self.spec.nested:
+            raise ValueError(
+                f"ConcatThenSplit packs flat dicts of sequences, as Grain's does; length_struct "
+                f"{self.spec.length_struct} nests: flatten those features first (a map)"
+            )
         unpacked = [k for k in self.spec.meta if k not in self.spec.names]
         if unpacked:
             raise ValueError(
@@ -113,6 +120,27 @@ class ConcatThenSplit:
     def new_row(self) -> ConcatRow:
         return ConcatRow(self)
 
+    def passes_through(self, element: Any) -> bool:
+        """Whether a fresh element is a row of its own (``split_full_length_features=False``):
+        a feature, meta or not, fills its row exactly (with the BOS it would get), none
+        is longer, as Grain decides."""
+        if self.split_full_length_features:
+            return False
+        full = False
+        for key, array, cap in zip(self.spec.names, self.spec.arrays(element), self.spec.lengths.tolist()):
+            n = len(array) + int(key in self.bos_features and len(array) > 0 and array[0] != self.bos_token_id)
+            if n > cap:
+                return False
+            full = full or n == cap
+        return full
+
+    def single_row(self, element: Any) -> dict[str, Any]:
+        """The row of an element that :meth:`passes_through`."""
+        row = self.new_row()
+        rest = row.add(element, None)
+        assert rest is None, "single_row() of an element that does not fit one row"
+        return row.finish()
+
 
 class ConcatRow:
     """One row being filled; :meth:`add` puts in what fits and says what is left."""
@@ -137,12 +165,12 @@ class ConcatRow:
         that fits nowhere in this non-empty row comes back whole (offsets all 0 or as
         given) and completes the row.
         """
-        spec, op = self._spec, self._op
+        spec = self._spec
         arrays = spec.arrays(element)
-        starts = [0 if offsets is None else int(offsets.get(k, 0)) for k in spec.names]
+        # a meta feature is never split: each piece of the element carries it whole
+        starts = [0 if offsets is None or meta else int(offsets.get(k, 0))
+                  for k, meta in zip(spec.names, spec.is_meta)]
         whole = {k: s for k, s in zip(spec.names, starts)}
-        if not op.split_full_length_features and not self.empty and self._full_length(arrays, starts):
-            return whole  # it keeps a row of its own: this row is complete
         parts, rest = [], False
         for i, (key, array, cap) in enumerate(zip(spec.names, arrays, spec.lengths.tolist())):
             piece = array[starts[i]:]
@@ -161,13 +189,15 @@ class ConcatRow:
             take = min(len(piece), max(left - int(bos), 0))
             rest = rest or take < len(piece)
             parts.append((piece[:take], bos and take > 0))
-        if not any(len(p) for p, _ in parts) and any(len(a) > s for a, s in zip(arrays, starts)):
+        packed = [i for i, meta in enumerate(spec.is_meta) if not meta]
+        if not any(len(parts[i][0]) for i in packed) and any(len(arrays[i]) > starts[i] for i in packed):
             if self.empty:
                 raise ValueError(f"rows of {spec.length_struct} cannot hold a BOS and a token")
             return whole  # nothing fits here any more
         self._place(element, arrays, parts)
         if rest:
-            return {k: s + len(p) for k, s, (p, _) in zip(spec.names, starts, parts)}
+            return {k: 0 if meta else s + len(p)
+                    for k, meta, s, (p, _) in zip(spec.names, spec.is_meta, starts, parts)}
         return None
 
     def _bos_needed(self, i: int, piece: np.ndarray) -> bool:
@@ -176,12 +206,6 @@ class ConcatRow:
             op.bos_handling is BOSHandling.REPLACE_FIRST_TOKEN_WITH_BOS
             and op._bos[i]
             and (len(piece) == 0 or piece[0] != op.bos_token_id)
-        )
-
-    def _full_length(self, arrays: list[np.ndarray], starts: list[int]) -> bool:
-        return any(
-            starts[i] == 0 and len(a) == cap and key not in self._spec.meta
-            for i, (key, a, cap) in enumerate(zip(self._spec.names, arrays, self._spec.lengths.tolist()))
         )
 
     @property

@@ -50,7 +50,8 @@ class FitPack:
     """A first-fit or best-fit packing stage (see the module docstring).
 
     Args:
-        length_struct: feature -> row length, e.g. ``{"inputs": 2048, "targets": 2048}``.
+        length_struct: feature -> row length, e.g. ``{"inputs": 2048, "targets": 2048}``
+            (nested dicts for meta features, see :mod:`.spec`).
         num_packing_bins: rows packed together in one round (more: fuller rows).
         seed: keys the shuffle of a round's rows (as Grain's: ``seed + rows before``).
         shuffle_bins: hand a round's rows out in a random order (else in row order).
@@ -126,11 +127,8 @@ class FitPack:
         out = []
         caps = spec.lengths.tolist()
         for j in range(n):
-            piece, cut = dict(element), []
-            for key, array, cap in zip(spec.names, arrays, caps):
-                piece[key] = array[j * cap : (j + 1) * cap]
-                cut.append(piece[key])
-            out.append(Piece(piece, cut, np.asarray([len(a) for a in cut], np.int64)))
+            cut = [array[j * cap : (j + 1) * cap] for array, cap in zip(arrays, caps)]
+            out.append(Piece(spec.replace(element, cut), cut, np.asarray([len(a) for a in cut], np.int64)))
         return out
 
     def row_order(self, rows: list[dict[str, Any]], counter: int) -> list[int]:

@@ -12,6 +12,7 @@ from dataloader.operations.packing import (
     BOSHandling,
     ConcatThenSplit,
     FirstFitPack,
+    PackAndBatchOperation,
 )
 
 lengths = st.lists(st.integers(min_value=1, max_value=30), min_size=1, max_size=60)
@@ -35,19 +36,18 @@ def fit_pack(op, seqs):
 
 
 def concat_pack(op, seqs):
-    rows, row = [], op.new_row()
+    """All rows of a stream through concat-then-split, fill by fill (as the stage drives
+    it): rows of full-length sequences passed through come after the row being filled."""
+    rows, row, alone = [], op.new_row(), []
     for seq in seqs:
-        offsets = None
-        while True:
-            rest = row.add({"t": seq}, offsets)
-            if rest is None:
-                if row.full:
-                    rows.append(row.finish())
-                    row = op.new_row()
-                break
-            rows.append(row.finish())
-            row, offsets = op.new_row(), rest
-    return rows + ([] if row.empty else [row.finish()])
+        element, offsets = {"t": seq}, None
+        if op.passes_through(element):
+            alone.append(op.single_row(element))
+            continue
+        while (offsets := row.add(element, offsets)) is not None:
+            rows += [row.finish(), *alone]
+            row, alone = op.new_row(), []
+    return rows + ([] if row.empty else [row.finish()]) + alone
 
 
 def segments(row, key="t"):
@@ -102,13 +102,17 @@ def test_concat_then_split_loses_and_reorders_no_token(lengths, cap, split_full)
     for row in rows:
         check_row_layout(row, cap)
     tokens = np.concatenate([s for row in rows for s in segments(row)])
-    assert tokens.tolist() == np.concatenate(seqs).tolist()
-    if split_full:  # rows are full but the last
+    if split_full:  # rows are full but the last, and hold the stream in order
+        assert tokens.tolist() == np.concatenate(seqs).tolist()
         assert all((r["t_segment_ids"] > 0).all() for r in rows[:-1])
-    else:  # a sequence exactly a row long keeps a row of its own
-        for seq in seqs:
-            if len(seq) == cap:
-                assert any(r["t"].tolist() == seq.tolist() for r in rows)
+    else:  # a sequence exactly a row long is a row of its own; the others keep their order
+        full = [seq for seq in seqs if len(seq) == cap]
+        for seq in full:
+            assert any(r["t"].tolist() == seq.tolist() and (r["t_segment_ids"] == 1).all() for r in rows)
+        rest = [s for s in seqs if len(s) != cap]
+        kept = [t for t in tokens.tolist() if len(seqs[t // 1000]) != cap]
+        assert kept == (np.concatenate(rest).tolist() if rest else [])
+        assert sorted(tokens.tolist()) == sorted(np.concatenate(seqs).tolist())
 
 
 @settings(max_examples=60, deadline=None)
@@ -214,3 +218,107 @@ def test_an_element_without_a_packed_feature_is_named():
         packing.add({"text": "abc"})
     with pytest.raises(TypeError, match=r"packing needs dict elements with the features \['tokens'\], got list"):
         packing.add([1, 2])
+
+
+def runs(lengths_, key="t"):
+    """Sequence i is a run of the value i + 1 (its length from ``lengths_``)."""
+    return [{key: np.full(n, i + 1, np.int32)} for i, n in enumerate(lengths_)]
+
+
+def test_full_length_sequences_pass_through_after_the_row_being_filled_as_in_grain():
+    """Grain's own example (its ConcatThenSplit docstring; grain 0.2.18 prints the same)."""
+    op = ConcatThenSplit({"t": 6}, split_full_length_features=False)
+    rows = concat_pack(op, [e["t"] for e in runs([3, 6, 2, 5, 6, 4])])
+    assert [r["t"].tolist() for r in rows] == [
+        [1, 1, 1, 3, 3, 4], [2, 2, 2, 2, 2, 2], [4, 4, 4, 4, 6, 6], [5, 5, 5, 5, 5, 5], [6, 6, 0, 0, 0, 0]]
+    assert op.passes_through({"t": np.zeros(6)}) and not op.passes_through({"t": np.zeros(5)})
+    assert not ConcatThenSplit({"t": 6}).passes_through({"t": np.zeros(6)})  # the default splits
+
+
+def test_full_length_counts_the_bos_that_would_be_inserted():
+    op = ConcatThenSplit({"t": 4}, split_full_length_features=False,
+                         bos_handling=BOSHandling.REPLACE_FIRST_TOKEN_WITH_BOS, bos_features=["t"], bos_token_id=0)
+    assert op.passes_through({"t": np.array([5, 6, 7])})  # BOS + 3 tokens fill the row
+    assert not op.passes_through({"t": np.array([5, 6, 7, 8])})  # BOS + 4 would not fit
+    assert op.passes_through({"t": np.array([0, 6, 7, 8])})  # it starts with BOS already
+    assert op.single_row({"t": np.array([5, 6, 7])})["t"].tolist() == [0, 5, 6, 7]
+
+
+def test_every_piece_of_a_split_element_carries_its_meta_features_whole():
+    """As grain 0.2.18: element 2 is split over both rows, and both rows hold its meta [20, 20]."""
+    op = ConcatThenSplit({"t": 6, "m": 4}, meta_features=["m"])
+    elements = [{"t": np.full(n, i + 1, np.int32), "m": np.full(2, 10 * (i + 1), np.int32)}
+                for i, n in enumerate([4, 5, 3])]
+    rows, row, offsets = [], op.new_row(), None
+    for e in elements:
+        offsets = None
+        while (offsets := row.add(e, offsets)) is not None:
+            rows.append(row.finish())
+            row = op.new_row()
+    rows.append(row.finish())
+    assert [(r["t"].tolist(), r["m"].tolist()) for r in rows] == [
+        ([1, 1, 1, 1, 2, 2], [10, 10, 20, 20]), ([2, 2, 2, 3, 3, 3], [20, 20, 30, 30])]
+    assert "m_segment_ids" not in rows[0]
+
+
+def test_a_full_feature_does_not_complete_the_row_while_another_has_room():
+    """As grain 0.2.18: ``a`` is full after two elements, yet element 3's ``b`` still fits
+    in the first row; its ``a`` opens the second."""
+    op = ConcatThenSplit({"a": 6, "b": 6})
+    elements = [{"a": np.full(n, i + 1, np.int32), "b": np.full(m, i + 1, np.int32)}
+                for i, (n, m) in enumerate([(4, 2), (2, 1), (3, 2)])]
+    row = op.new_row()
+    assert row.add(elements[0], None) is None and row.add(elements[1], None) is None
+    rest = row.add(elements[2], None)
+    assert rest == {"a": 0, "b": 2}
+    first = row.finish()
+    assert first["a"].tolist() == [1, 1, 1, 1, 2, 2]
+    assert first["b"].tolist() == [1, 1, 2, 3, 3, 0] and first["b_segment_ids"].tolist() == [1, 1, 2, 3, 3, 0]
+    second = op.new_row()
+    assert second.add(elements[2], rest) is None
+    assert second.finish()["a"].tolist() == [3, 3, 3, 0, 0, 0]
+
+
+def test_nested_length_struct_packs_meta_features_into_nested_rows_as_grain():
+    """Rows as grain 0.2.18's FirstFitPackIterDataset gives them (2 bins, no shuffle)."""
+    op = FirstFitPack({"t": 8, "x": {"ids": 4, "k": 2}}, 2, shuffle_bins=False, meta_features=["x"])
+    elements = [{"t": np.full(n, i + 1, np.int32), "x": {"ids": np.full(2, i + 1), "k": i}}
+                for i, n in enumerate([3, 4, 2, 5])]
+    rows = fit_pack_elements(op, elements)
+    assert [r["t"].tolist() for r in rows] == [[1, 1, 1, 2, 2, 2, 2, 0], [3, 3, 4, 4, 4, 4, 4, 0]]
+    assert [{k: v.tolist() for k, v in r["x"].items()} for r in rows] == [
+        {"ids": [1, 1, 2, 2], "k": [0, 1]}, {"ids": [3, 3, 4, 4], "k": [2, 3]}]
+    assert sorted(rows[0]) == ["t", "t_positions", "t_segment_ids", "x"]
+    assert op.describe()["length_struct"] == {"t": 8, "x": {"ids": 4, "k": 2}}
+
+
+def test_a_nested_meta_feature_that_does_not_fit_closes_the_round():
+    op = FirstFitPack({"t": 8, "x": {"ids": 3}}, 1, shuffle_bins=False, meta_features=["x"])
+    elements = [{"t": np.full(2, i + 1), "x": {"ids": np.full(2, i + 1)}} for i in range(2)]
+    rows = fit_pack_elements(op, elements)
+    assert [r["t"].tolist() for r in rows] == [[1, 1, 0, 0, 0, 0, 0, 0], [2, 2, 0, 0, 0, 0, 0, 0]]
+
+
+def fit_pack_elements(op, elements):
+    rows, packing = [], op.new_round()
+    for element in elements:
+        for piece in packing.pieces(element):
+            if not packing.add(piece):
+                rows += packing.rows()
+                packing = op.new_round()
+                assert packing.add(piece)
+    return rows + packing.rows()
+
+
+def test_a_nested_feature_that_is_not_meta_is_refused_naming_it():
+    with pytest.raises(ValueError, match=r"length_struct\['x'\] is a nested dict; nested features are packed "
+                                         r"only as meta features .* add 'x' to meta_features"):
+        BestFitPack({"t": 8, "x": {"ids": 4}}, 2)
+    with pytest.raises(ValueError, match=r"length_struct\['x/ids'\] must be a positive integer, got 0"):
+        FirstFitPack({"t": 8, "x": {"ids": 0}}, 2, meta_features=["x"])
+    with pytest.raises(ValueError, match=r"ConcatThenSplit packs flat dicts of sequences, as Grain's does"):
+        ConcatThenSplit({"t": 8, "x": {"ids": 4}}, meta_features=["x"])
+    with pytest.raises(ValueError, match=r"length_struct\['x'\] is a nested dict"):  # it has no meta features
+        PackAndBatchOperation({"t": 8, "x": {"ids": 4}}, 2)
+    with pytest.raises(KeyError, match=r"the element's 'x' has no feature 'ids' of length_struct \(it has \['k'\]\)"):
+        FirstFitPack({"t": 8, "x": {"ids": 4}}, 2, meta_features=["x"]).new_round().add({"t": [1], "x": {"k": 1}})

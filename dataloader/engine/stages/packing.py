@@ -7,9 +7,11 @@ the number of workers) and resume from a small state without replaying the strea
   current round starts (the parent's state before the round's first element, and which
   piece of that element) plus how many of the round's rows were handed out: a restore
   re-packs that one round, never more (``num_packing_bins`` rows).
-* :class:`ConcatIterator` (concat-then-split) fills one row at a time. Its state is the
-  parent's state before the element the next row starts in and the offset into it: a
-  restore reads that one element again.
+* :class:`ConcatIterator` (concat-then-split) fills one row at a time (plus, with
+  ``split_full_length_features=False``, the full-length rows that arrive meanwhile). Its
+  state is the parent's state before the element the next fill starts in and the offset
+  into it: a restore reads that one element again; while a fill's rows are still being
+  handed out, ``skip`` says how many came out, and a restore fills that one row again.
 
 A state records the packer it was made for (lengths, bins, seed, ...), and a state of
 another packer is refused with :class:`~dataloader.StateMismatchError`.
@@ -122,7 +124,12 @@ class FitPackIterator(DatasetIterator):
 
 
 class ConcatIterator(DatasetIterator):
-    """Concat-then-split packing of the parent's elements, one row at a time."""
+    """Concat-then-split packing of the parent's elements, one fill at a time.
+
+    A fill is Grain's: elements go into one row until one does not fit whole; with
+    ``split_full_length_features=False`` the elements that arrive meanwhile and fill a
+    row exactly become rows of their own, handed out after the filled row.
+    """
 
     _stats_batches = False  # stats(): its rows are the elements out
 
@@ -133,49 +140,77 @@ class ConcatIterator(DatasetIterator):
         self._describe = op.describe()
         self._carry: tuple[Any, dict[str, int], Any] | None = None  # (element, offsets, state before)
         self._ended = False
+        self._ready: list[dict[str, Any]] = []  # the rows of the last fill
+        self._handed = 0  # of them, handed out
+        self._fill_start: tuple[Any, dict[str, int]] = (None, {})  # where the last fill began
 
     def __next__(self) -> dict[str, Any]:
-        if self._ended:
-            raise StopIteration
+        if self._handed >= len(self._ready):
+            self._fill()
+            if not self._ready:
+                raise StopIteration
+        row = self._ready[self._handed]
+        self._handed += 1
+        return row
+
+    def _fill(self) -> None:
         op, parent = self._op, self._parent
-        row = op.new_row()
+        self._fill_start = self._position()
+        self._ready, self._handed = [], 0
+        row, alone = op.new_row(), []
         while True:
             if self._carry is not None:
                 element, offsets, before = self._carry
                 self._carry = None
             else:
+                if self._ended:
+                    break
                 before = parent.get_state()
                 try:
                     element = next(parent)
                 except StopIteration:
                     self._ended = True
-                    if row.empty:
-                        raise
-                    return row.finish()
+                    break
                 offsets = None
             try:
+                if offsets is None and op.passes_through(element):
+                    alone.append(op.single_row(element))
+                    continue
                 rest = row.add(element, offsets)
             except (TypeError, KeyError, ValueError) as exc:
                 raise _failed(op, exc) from exc
             if rest is not None:
                 self._carry = (element, rest, before)
-                return row.finish()
-            if row.full:
-                return row.finish()
+                break
+        self._ready = ([] if row.empty else [row.finish()]) + alone
 
-    def get_state(self) -> dict[str, Any]:
+    def _position(self) -> tuple[Any, dict[str, int]]:
+        """Where the next fill begins: the parent's state before its first element, and
+        the offsets into that element (empty: a fresh element)."""
         if self._carry is not None:
             _, offsets, before = self._carry
-            return {"parent": before, "offsets": dict(offsets), "packer": self._describe}
-        return {"parent": self._parent.get_state(), "offsets": {}, "packer": self._describe}
+            return before, dict(offsets)
+        return self._parent.get_state(), {}
+
+    def get_state(self) -> dict[str, Any]:
+        if self._handed < len(self._ready):  # rows of this fill still to come: fill it again
+            parent, offsets = self._fill_start
+            return {"parent": parent, "offsets": dict(offsets), "skip": self._handed,
+                    "packer": self._describe}
+        parent, offsets = self._position()
+        return {"parent": parent, "offsets": offsets, "packer": self._describe}
 
     def set_state(self, state: dict[str, Any]) -> None:
         state = _check_packer(state, self._op, "a concat-then-split packer")
         self._parent.set_state(state["parent"])
-        self._carry, self._ended = None, False
+        self._carry, self._ended, self._ready, self._handed = None, False, [], 0
         offsets = {str(k): int(v) for k, v in dict(state["offsets"]).items()}
         if offsets:
             self._carry = (next(self._parent), offsets, state["parent"])
+        skip = int(state.get("skip", 0))  # states without it (none to skip) restore as before
+        if skip:
+            self._fill()
+            self._handed = skip
 
 
 def packing_stage(parent: DatasetIterator, op: Any) -> DatasetIterator:

@@ -175,3 +175,35 @@ def test_fit_packers_hand_out_rows_in_grains_order(packer, kwargs, expected):
         assert rows[1]["t_segment_ids"].tolist() == [1, 1, 1, 1, 2, 2, 2, 3]
         assert rows[1]["t_positions"].tolist() == [0, 1, 2, 3, 0, 1, 2, 0]
     assert_restores_everywhere(lambda: iter(ds), limit=len(expected))
+
+
+def test_concat_then_split_passing_full_length_rows_through_restores_at_every_step():
+    """A fill's row and the full-length rows after it: a state between them fills again."""
+    lengths = [3, 6, 2, 5, 6, 4, 6, 6, 1, 2, 6, 3, 5]
+    stream = dl.MapDataset.source([{"t": np.full(n, i + 1, np.int32)} for i, n in enumerate(lengths)])
+    ds = dl.experimental.ConcatThenSplitIterDataset(
+        stream.to_iter_dataset(), length_struct={"t": 6}, split_full_length_features=False)
+    rows = assert_restores_everywhere(lambda: iter(ds), limit=20)
+    assert [r["t"].tolist() for r in rows] == [  # what grain 0.2.18 gives
+        [1, 1, 1, 3, 3, 4], [2, 2, 2, 2, 2, 2], [4, 4, 4, 4, 6, 6], [5, 5, 5, 5, 5, 5],
+        [6, 6, 9, 10, 10, 12], [7, 7, 7, 7, 7, 7], [8, 8, 8, 8, 8, 8], [11, 11, 11, 11, 11, 11],
+        [12, 12, 13, 13, 13, 13], [13, 0, 0, 0, 0, 0]]
+    it = iter(ds)
+    next(it)
+    state = it.get_state()
+    assert state["skip"] == 1 and state["offsets"] == {}  # row 2 comes from the fill of row 1
+    it = iter(ds)
+    it.set_state(json.loads(json.dumps(state)))
+    assert next(it)["t"].tolist() == [2, 2, 2, 2, 2, 2]
+
+
+def test_nested_meta_features_pack_and_restore_at_every_step():
+    stream = dl.MapDataset.range(40).map(lambda i: {
+        "t": np.full(i % 7 + 1, i, np.int32), "x": {"ids": np.full(i % 3 + 1, i), "k": np.int64(i)}})
+    ds = dl.experimental.BestFitPackIterDataset(
+        stream.to_iter_dataset(), length_struct={"t": 16, "x": {"ids": 8, "k": 4}}, num_packing_bins=3,
+        meta_features=["x"])
+    rows = assert_restores_everywhere(lambda: iter(ds), limit=30)
+    assert all(sorted(r["x"]) == ["ids", "k"] and r["x"]["k"].shape == (4,) for r in rows)
+    held = sorted(int(k) for r in rows for k, s in zip(r["x"]["k"], range(4)) if s < len(set(r["t_segment_ids"]) - {0}))
+    assert held == list(range(40))

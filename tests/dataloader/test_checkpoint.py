@@ -202,6 +202,11 @@ def dataset_iterator():
     return iter(ds)
 
 
+def dataset_iterator_with_workers():
+    ds = dl.MapDataset.range(40).seed(5).shuffle().map(lambda x: x * 3).to_iter_dataset().batch(4)
+    return iter(ds.mp_prefetch(dl.MultiprocessingOptions(num_workers=2)))
+
+
 def elastic_iterator(shard=(0, 1)):
     ds = dl.MapDataset.range(48).seed(2).shuffle()
     return dl.experimental.ElasticIterator(ds, 8, dl.ShardOptions(*shard))
@@ -210,6 +215,7 @@ def elastic_iterator(shard=(0, 1)):
 GRAIN_ITERATORS = {
     "loader": lambda: iter(make_loader()),
     "dataset": dataset_iterator,
+    "dataset-workers": pytest.param(dataset_iterator_with_workers, marks=pytest.mark.multiprocess),
     "elastic": elastic_iterator,
     "device": lambda: dl.device_prefetch(iter(make_loader()), cpu_buffer_size=2, device_buffer_size=2),
 }
@@ -219,10 +225,9 @@ def as_lists(batches):
     return [np.asarray(b).tolist() for b in batches]
 
 
-@pytest.mark.parametrize("kind", list(GRAIN_ITERATORS))
+@pytest.mark.parametrize("make", list(GRAIN_ITERATORS.values()), ids=list(GRAIN_ITERATORS))
 @pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
-def test_grain_args_restore_every_batch_after_the_step(tmp_path, kind, asynchronous):
-    make = GRAIN_ITERATORS[kind]
+def test_grain_args_restore_every_batch_after_the_step(tmp_path, make, asynchronous):
     with make() as whole:
         expected = as_lists(whole)
     it = make()

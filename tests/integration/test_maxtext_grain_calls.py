@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import itertools
 import json
+import os
 from typing import Any
 
 import numpy as np
@@ -134,14 +135,19 @@ def records_of(grain: Any, files: list[str], *, hosts: tuple[int, int] = (0, 1),
     return ds.to_iter_dataset(read_options=grain.ReadOptions(**READ))
 
 
-def padded_pipeline(grain: Any, data: dict[str, Any], workers: Any) -> Any:
-    """MaxText's pretraining pipeline without packing, ending in mp_prefetch as MaxText does."""
+def padded_batches(grain: Any, data: dict[str, Any]) -> Any:
+    """MaxText's pretraining pipeline without packing, up to its batch."""
     ds = records_of(grain, data["array_record"]).map(parse_text)
     ds = ds.map(functools.partial(tokenize, model=data["model"])).map(pad_to_length)
-    ds = ds.batch(BATCH, batch_fn=functools.partial(grain.experimental.batch_and_pad, batch_size=BATCH, pad_value=PAD))
+    return ds.batch(BATCH, batch_fn=functools.partial(grain.experimental.batch_and_pad, batch_size=BATCH,
+                                                      pad_value=PAD))
+
+
+def padded_pipeline(grain: Any, data: dict[str, Any], workers: Any) -> Any:
+    """The batches behind mp_prefetch, as MaxText ends every pipeline (workers 0 included)."""
     if not isinstance(workers, grain.MultiprocessingOptions):
         workers = grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=1)
-    return ds.mp_prefetch(workers)
+    return padded_batches(grain, data).mp_prefetch(workers)
 
 
 def packed_pipeline(grain: Any, data: dict[str, Any], workers: int, packing: str = "first_fit") -> Any:
@@ -340,6 +346,18 @@ def test_worker_counts_do_not_change_maxtexts_batches(grain, data, packing):
         runs = [first(packed_pipeline(grain, data, w, packing), 12) for w in (0, 2)]
     assert len(runs[0]) == 12
     assert as_lists(runs[1]) == as_lists(runs[0])
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_pick_performance_config_as_maxtext_calls_it_gives_options_that_keep_the_batches(grain, data):
+    config = grain.experimental.pick_performance_config(ds=padded_batches(grain, data), ram_budget_mb=1024,
+                                                        max_workers=None, max_buffer_size=None)
+    options = config.multiprocessing_options
+    assert isinstance(options, grain.MultiprocessingOptions)
+    assert 0 <= options.num_workers <= (os.cpu_count() or 1) and options.per_worker_buffer_size >= 1
+    reference = first(padded_pipeline(grain, data, 0), 10)
+    assert as_lists(first(padded_pipeline(grain, data, options), 10)) == as_lists(reference)
 
 
 def _elastic(grain: Any, ds: Any, shard: int, shards: int) -> Any:

@@ -4,17 +4,28 @@ is built: worker processes (``mp_prefetch``) and dataset options (``WithOptionsI
 An outer dataset sets a context variable around ``iter(parent)``; the datasets that make
 their iterators inside read it. So options reach the engine-backed stream at the bottom
 of a pipeline without the datasets between them knowing of it.
+
+Code that never calls ``mp_prefetch`` (torchtitan's Grain loader uses threads only) gets
+worker processes from the environment: ``GRANARY_WORKER_COUNT=N`` (or ``auto``) gives
+every engine-backed stream that asked for none ``N`` workers. The output does not change
+with it (worker count is not part of the output), so this is a deployment setting, not
+a change to the pipeline. Worker processes see ``0``: a stream built inside one stays in
+that process.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
 from collections.abc import Iterator
 from typing import Any
 
 from dataloader.dataset.base import IterDataset
+from dataloader.errors import ConfigError
 from dataloader.options import DatasetOptions, MultiprocessingOptions
+
+WORKERS_VARIABLE = "GRANARY_WORKER_COUNT"
 
 _WORKERS: contextvars.ContextVar[tuple[MultiprocessingOptions, Any] | None] = (
     contextvars.ContextVar("granary_workers", default=None)
@@ -25,8 +36,33 @@ _OPTIONS: contextvars.ContextVar[DatasetOptions | None] = contextvars.ContextVar
 
 
 def inherited_workers() -> tuple[MultiprocessingOptions, Any] | None:
-    """The ``(options, worker_init_fn)`` of an enclosing ``mp_prefetch``, if any."""
-    return _WORKERS.get()
+    """The ``(options, worker_init_fn)`` of an enclosing ``mp_prefetch``, else those of
+    ``GRANARY_WORKER_COUNT``, else None."""
+    found = _WORKERS.get()
+    return found if found is not None else default_workers()
+
+
+def default_workers() -> tuple[MultiprocessingOptions, Any] | None:
+    """The workers ``GRANARY_WORKER_COUNT`` asks for (None when unset, empty or 0).
+
+    Raises:
+        ConfigError: the value is neither a count >= 0 nor ``auto``.
+    """
+    value = os.environ.get(WORKERS_VARIABLE, "").strip()
+    if value in ("", "0"):
+        return None
+    count: int | str = value
+    if value != "auto":
+        try:
+            count = int(value)
+        except ValueError:
+            count = -1
+        if count < 0:
+            raise ConfigError(
+                f"{WORKERS_VARIABLE}={value!r}: expected a worker count (an integer >= 0) "
+                f"or 'auto'; set it to 0 or unset it to compute in this process"
+            )
+    return MultiprocessingOptions(num_workers=count), None
 
 
 def inherited_options() -> DatasetOptions | None:

@@ -84,6 +84,10 @@ def worker_env() -> dict[str, str]:
         GRANARY_SYS_PATH=json.dumps(sys.path),
         GRANARY_HOME=_PACKAGE_HOME,
         JAX_PLATFORMS="cpu",
+        # A stream built inside a worker (a user's map that iterates a dataset) stays in
+        # that worker: the default worker count (dataloader.dataset.context) is for the
+        # training process.
+        GRANARY_WORKER_COUNT="0",
     )
 
 

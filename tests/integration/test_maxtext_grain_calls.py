@@ -40,15 +40,15 @@ READ = {"num_threads": 16, "prefetch_buffer_size": 500}  # base.yml's grain_num_
 
 @pytest.fixture(scope="module")
 def grain():
-    """``import grain`` on granary, as MaxText's process sees it; removed after the module."""
+    """``import grain.python as grain`` on granary, as MaxText's pipeline modules say it;
+    the alias is removed after the module."""
     from dataloader.compat import install_grain_alias, uninstall_grain_alias
 
     install_grain_alias()
-    import grain as alias
     import grain.experimental
     import grain.python
 
-    yield alias
+    yield grain.python
     uninstall_grain_alias()
 
 
@@ -340,6 +340,8 @@ def test_padded_pipeline_in_process_gives_the_batches_computed_from_the_records(
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("packing", ["false", "first_fit", "concat_then_split"])
 def test_worker_counts_do_not_change_maxtexts_batches(grain, data, packing):
+    # Granary's promise, stronger than Grain's: under Grain 0.2.18 each worker batches (and
+    # packs) its own slice of the stream, so grain_worker_count changes MaxText's batches.
     if packing == "false":
         runs = [first(padded_pipeline(grain, data, w), 12) for w in (0, 2)]
     else:
@@ -452,7 +454,7 @@ def _handler_and_args(grain: Any) -> tuple[Any, Any, Any]:
     CheckpointHandler, writing one ``process_<i>-of-<n>.json`` per iterator it is given."""
     import orbax.checkpoint as ocp
 
-    class IteratorHandler(grain.python.PyGrainCheckpointHandler, ocp.CheckpointHandler):
+    class IteratorHandler(grain.PyGrainCheckpointHandler, ocp.CheckpointHandler):
         def save(self, directory, item=None, args=None):
             item = item or args.item
             for iterator, index, count in item if isinstance(item, list) else [(item, 0, 1)]:
@@ -509,11 +511,11 @@ def test_grains_own_checkpoint_args_save_and_restore_a_dataset_iterator(grain, d
     it = iter(padded_pipeline(grain, data, 0))
     for _ in range(3):
         next(it)
-    handlers = {"iter": grain.python.PyGrainCheckpointHandler()}
+    handlers = {"iter": grain.PyGrainCheckpointHandler()}
     manager = ocp.CheckpointManager(tmp_path, item_names=("iter",), item_handlers=handlers)
-    manager.save(3, args=ocp.args.Composite(iter=grain.python.PyGrainCheckpointSave(it)))
+    manager.save(3, args=ocp.args.Composite(iter=grain.PyGrainCheckpointSave(it)))
     manager.wait_until_finished()
     fresh = iter(padded_pipeline(grain, data, 0))
-    manager = ocp.CheckpointManager(tmp_path, item_names=("iter",), item_handlers={"iter": grain.python.PyGrainCheckpointHandler()})
-    manager.restore(3, args=ocp.args.Composite(iter=grain.python.PyGrainCheckpointRestore(fresh)))
+    manager = ocp.CheckpointManager(tmp_path, item_names=("iter",), item_handlers={"iter": grain.PyGrainCheckpointHandler()})
+    manager.restore(3, args=ocp.args.Composite(iter=grain.PyGrainCheckpointRestore(fresh)))
     assert as_lists([next(fresh) for _ in range(5)]) == reference[3:8]

@@ -97,11 +97,21 @@ class InMemoryDataSource:
     The ``repr`` names the type and length of the sequence, never its
     elements, so it stays short and the same in every process.
 
+    Grain's ``InMemoryDataSource`` (``grain.python``'s name for its
+    ``SharedMemoryDataSource``) is this class: it takes the same arguments, and
+    ``close()``/``unlink()``. With ``name`` the records live in a named
+    :class:`SharedMemoryDataSource` block (numbers and other small picklable
+    records included), which other processes can read by that name.
+
     Args:
-        elements: The records.
+        elements: The records. ``None`` with a ``name``: read the block of that name.
+        name: Store ``elements`` in a shared-memory block of this name, or with
+            ``elements=None`` read the block of this name.
 
     Raises:
         TypeError: ``elements`` is a mapping, an iterator or has no length.
+        ValueError, FileExistsError, FileNotFoundError: see :class:`SharedMemoryDataSource`
+            (with ``name``).
 
     Example:
         >>> source = InMemoryDataSource(["a", "b", "c"])
@@ -109,7 +119,20 @@ class InMemoryDataSource:
         ('c', ['b', 'b', 'a'], 'InMemoryDataSource(<list of 3 elements>)')
     """
 
-    def __init__(self, elements: Sequence[Any]) -> None:
+    def __init__(self, elements: Sequence[Any] | None = None, *, name: str | None = None) -> None:
+        if name is not None:
+            from .shared_memory import SharedMemoryDataSource
+
+            shared = SharedMemoryDataSource(elements, name=name)
+            if elements is not None:
+                self._shared = shared  # made here: removed with this source
+            self._elements: Any = shared  # a sequence in all but type: len and indexing
+            return
+        if elements is None:
+            raise TypeError(
+                "InMemoryDataSource needs elements, a sequence of records; pass "
+                "InMemoryDataSource([...]), or name='...' to read a shared-memory block"
+            )
         if isinstance(elements, Mapping):
             raise TypeError(
                 f"InMemoryDataSource needs a sequence indexed by position, got a "
@@ -172,5 +195,35 @@ class InMemoryDataSource:
             self._elements = shared._parts["data"]  # a read-only view of the shared block
             self._shared = shared
 
+    def _blocks(self) -> list[Any]:
+        """The shared-memory sources behind this one (made here, or read by name)."""
+        from .shared_memory import SharedMemoryDataSource
+
+        blocks: list[Any] = []
+        for block in (self.__dict__.get("_shared"), self._elements):
+            if isinstance(block, SharedMemoryDataSource) and all(block is not b for b in blocks):
+                blocks.append(block)
+        return blocks
+
+    def close(self) -> None:
+        """Frees what this process holds in shared memory (Grain's ``close``).
+
+        A block this source made (with ``name``, or to send a large array to worker
+        processes) is removed; a given sequence stays readable, a named block does not.
+        """
+        for block in self._blocks():
+            block.close()
+        self.__dict__.pop("_shared", None)
+
+    def unlink(self) -> None:
+        """Removes the name of the shared-memory block behind this source (Grain's ``unlink``)."""
+        for block in self._blocks():
+            block.unlink()
+
     def __repr__(self) -> str:
         return f"InMemoryDataSource(<{type(self._elements).__name__} of {len(self)} elements>)"
+
+    def __str__(self) -> str:
+        # Grain's text for records in a shared-memory block; the repr otherwise.
+        blocks = self._blocks()
+        return str(self._elements) if any(b is self._elements for b in blocks) else repr(self)

@@ -25,11 +25,13 @@ does, in any process of the machine.
 
 Who removes a block. The process that made it, once: when the source is closed, garbage
 collected, or at exit; copies made by pickling or by attaching never do (``unlink()``
-removes it by hand, as Grain's does). A block the source names itself is called
-``granary_<pid>_src_<token>`` after its maker, so a new worker pool sweeps the blocks of
-makers that died (see :mod:`dataloader.engine.pool.shm`); a block named by the user
-outlives a maker killed by a signal, as a ``ShareableList``'s does. Workers that still
-map an unlinked block keep reading it.
+removes it by hand, as Grain's does). A maker killed by a signal removes nothing, so: a
+block the source names itself is called ``granary_<pid>_src_<token>`` after its maker,
+and a new worker pool sweeps the blocks of makers that died (see
+:mod:`dataloader.engine.pool.shm`); a block named by the user records its maker's pid in
+its header, and making a block of that name again replaces it once that process is gone
+(a test killed by a timeout does not block its next run). Workers that still map an
+unlinked block keep reading it.
 """
 
 from __future__ import annotations
@@ -87,6 +89,33 @@ def create_block(name: str, size: int) -> mmap.mmap:
 def _unlink(path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _maker_if_gone(name: str) -> int | None:
+    """The pid that made block ``name`` if it is a block of this class whose maker died."""
+    try:
+        with open(os.path.join(SHM_DIR, name), "rb") as f:
+            magic, size = _HEAD.unpack(f.read(_HEAD.size))
+            maker = json.loads(f.read(size)).get("maker") if magic == MAGIC else None
+    except (OSError, ValueError, struct.error):
+        return None
+    return maker if isinstance(maker, int) and maker > 0 and not pid_alive(maker) else None
 
 
 def _unlink_in(pid: int, path: str) -> None:
@@ -251,18 +280,21 @@ class SharedMemoryDataSource:
                 dtype, shape, nbytes = part.dtype, part.shape, part.nbytes
             layout.append((part_name, dtype.str, list(shape), offset))  # offsets from the data
             offset = round_up(offset + nbytes)
-        header = json.dumps({"kind": kind, "length": length, "layout": layout}).encode()
+        header = json.dumps({"kind": kind, "length": length, "layout": layout, "maker": os.getpid()}).encode()
         start = round_up(_HEAD.size + len(header))
         self._name = bare or f"{PREFIX}{os.getpid()}_src_{os.urandom(4).hex()}"
         path = os.path.join(SHM_DIR, self._name)
         try:
             target = create_block(self._name, start + max(offset, 1))
         except FileExistsError:
-            raise FileExistsError(
-                f"a shared-memory block named {self._name!r} already exists; read it with "
-                f"SharedMemoryDataSource(name={self._name!r}), pick another name, or remove "
-                f"{path} if it is left over"
-            ) from None
+            if _maker_if_gone(self._name) is None:
+                raise FileExistsError(
+                    f"a shared-memory block named {self._name!r} already exists; read it with "
+                    f"SharedMemoryDataSource(name={self._name!r}), pick another name, or remove "
+                    f"{path} if it is left over"
+                ) from None
+            _unlink(path)  # left by a maker that died without removing it
+            target = create_block(self._name, start + max(offset, 1))
         dest = np.frombuffer(target, np.uint8)  # written in place: no temporary copy
         try:
             for (_, _, _, part_start), (_, part) in zip(layout, parts):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 
 import numpy as np
@@ -107,3 +108,40 @@ def test_in_memory_source_index_out_of_range_names_index_and_length():
 def test_in_memory_source_getitems_out_of_range_names_first_bad_index():
     with pytest.raises(IndexError, match=r"index 7 is out of range for a source of length 3"):
         InMemoryDataSource([1, 2, 3]).__getitems__([0, 7, 9])
+
+
+# grain.python.InMemoryDataSource is this class: Grain's arguments and methods.
+
+
+def test_in_memory_source_over_python_numbers_pickles_and_reads():
+    for elements in (list(range(12)), [0.5, 1.5], [True, False], [1, "a", None, {"k": 2}]):
+        source = InMemoryDataSource(elements=elements)
+        copy = pickle.loads(pickle.dumps(source))
+        assert [copy[i] for i in range(len(copy))] == elements == list(source)
+
+
+def test_in_memory_source_with_a_name_is_read_by_name_and_freed_by_close():
+    name = f"gtest_{os.getpid()}_inmem"
+    source = InMemoryDataSource(list(range(12)), name=name)
+    assert str(source) == f"InMemoryDataSource(name={name}, len=12)"
+    reader = InMemoryDataSource(name=name)
+    assert reader.__getitems__([11, 0]) == [11, 0] and len(reader) == 12
+    assert pickle.loads(pickle.dumps(source))[5] == 5
+    source.close()
+    source.unlink()  # Grain's users close, then unlink
+    assert not os.path.exists(f"/dev/shm/{name}")
+
+
+def test_close_frees_the_block_a_large_array_was_sent_through_and_reads_go_on():
+    array = np.arange(300_000, dtype=np.int64)
+    source = InMemoryDataSource(array)
+    block = pickle.loads(pickle.dumps(source))._shared.name
+    assert os.path.exists(f"/dev/shm/{block}")
+    source.close()
+    assert not os.path.exists(f"/dev/shm/{block}")
+    assert source[7] == 7 and str(source) == repr(source)
+
+
+def test_in_memory_source_needs_elements_or_a_name():
+    with pytest.raises(TypeError, match=r"needs elements, a sequence of records; pass InMemoryDataSource\(\[\.\.\.\]\), or name="):
+        InMemoryDataSource()

@@ -259,3 +259,16 @@ def test_a_block_made_by_something_else_is_refused():
 def test_bad_names_are_refused(name, error, match):
     with pytest.raises(error, match=match):
         SharedMemoryDataSource([1], name=name)
+
+
+@pytest.mark.timeout(60)
+def test_a_named_block_left_by_a_killed_maker_is_replaced_by_the_next_one():
+    name = _shm_name("killed")
+    code = (f"import os, signal; from dataloader.sources import SharedMemoryDataSource as S; "
+            f"s = S([1, 2], name={name!r}); os.kill(os.getpid(), signal.SIGKILL)")
+    subprocess.run([sys.executable, "-c", code], timeout=50)
+    assert _exists(name) and SharedMemoryDataSource(name=name)[1] == 2  # left behind
+    source = SharedMemoryDataSource(["new"], name=name)
+    assert source[0] == "new" and len(source) == 1
+    source.close()
+    assert not _exists(name)

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from dataloader.sources.shared_memory import ALIGN, PREFIX, SHM_DIR, create_block
+from dataloader.sources.shared_memory import pid_alive as _pid_alive
 from dataloader.sources.shared_memory import round_up as _round_up
 
 
@@ -40,22 +41,6 @@ def shm_free_bytes() -> int:
     """Bytes that can still be allocated in ``/dev/shm``."""
     st = os.statvfs(SHM_DIR)
     return st.f_bavail * st.f_frsize
-
-
-def _pid_alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def unlink_if_orphaned(head: str, owner_pid: int, wait_s: float = 0.0) -> int:

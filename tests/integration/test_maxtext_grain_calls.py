@@ -150,9 +150,16 @@ def padded_pipeline(grain: Any, data: dict[str, Any], workers: Any) -> Any:
     return padded_batches(grain, data).mp_prefetch(workers)
 
 
-def packed_pipeline(grain: Any, data: dict[str, Any], workers: int, packing: str = "first_fit") -> Any:
-    """MaxText's pretraining pipeline with packing (two epochs, so it outlasts the tests)."""
-    ds = records_of(grain, data["array_record"], epochs=2).map(parse_text)
+def packed_pipeline(grain: Any, data: dict[str, Any], workers: int, packing: str = "first_fit",
+                    mixture: bool = False) -> Any:
+    """MaxText's pretraining pipeline with packing (two epochs, so it outlasts the tests),
+    reading one pattern or, with ``mixture``, two mixed 3:1 by name."""
+    if mixture:
+        parts = {"alpha": records_of(grain, data["array_record"][:2], epochs=2),
+                 "beta": records_of(grain, data["array_record"][2:], epochs=2)}
+        ds = grain.IterDataset.mix(parts, {"alpha": 0.75, "beta": 0.25}).map(parse_text)
+    else:
+        ds = records_of(grain, data["array_record"], epochs=2).map(parse_text)
     ds = ds.map(functools.partial(tokenize, model=data["model"]))
     ds = packer(grain, ds, packing).map(maxtext_names)
     ds = ds.batch(BATCH, batch_fn=functools.partial(grain.experimental.batch_and_pad, batch_size=BATCH, pad_value=PAD))
@@ -338,14 +345,15 @@ def test_padded_pipeline_in_process_gives_the_batches_computed_from_the_records(
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("packing", ["false", "first_fit", "concat_then_split"])
+@pytest.mark.parametrize("packing", ["false", "first_fit", "concat_then_split", "first_fit of a mixture"])
 def test_worker_counts_do_not_change_maxtexts_batches(grain, data, packing):
     # Granary's promise, stronger than Grain's: under Grain 0.2.18 each worker batches (and
     # packs) its own slice of the stream, so grain_worker_count changes MaxText's batches.
     if packing == "false":
         runs = [first(padded_pipeline(grain, data, w), 12) for w in (0, 2)]
     else:
-        runs = [first(packed_pipeline(grain, data, w, packing), 12) for w in (0, 2)]
+        kind, _, mixture = packing.partition(" of a ")
+        runs = [first(packed_pipeline(grain, data, w, kind, mixture=bool(mixture)), 12) for w in (0, 2)]
     assert len(runs[0]) == 12
     assert as_lists(runs[1]) == as_lists(runs[0])
 
@@ -362,16 +370,23 @@ def test_pick_performance_config_as_maxtext_calls_it_gives_options_that_keep_the
     assert as_lists(first(padded_pipeline(grain, data, options), 10)) == as_lists(reference)
 
 
-def _elastic(grain: Any, ds: Any, shard: int, shards: int) -> Any:
+def _elastic(grain: Any, ds: Any, shard: int, shards: int, workers: int = 0) -> Any:
+    """MaxText's ElasticIterator: options only with grain_worker_count > 0."""
+    options = grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=1) if workers > 0 else None
     return grain.experimental.ElasticIterator(
         ds, global_batch_size=2 * BATCH, shard_options=grain.ShardOptions(shard_index=shard, shard_count=shards),
-        read_options=grain.ReadOptions(**READ), multiprocessing_options=None)
+        read_options=grain.ReadOptions(**READ), multiprocessing_options=options)
+
+
+def _elastic_source(grain: Any, data: dict[str, Any]) -> Any:
+    """MaxText's elastic path: shuffled and repeated, never sliced, mapped up to the padding."""
+    ds = grain.MapDataset.source(grain.ArrayRecordDataSource(data["array_record"])).shuffle(seed=SEED).repeat(1)
+    return ds.map(parse_text).map(functools.partial(tokenize, model=data["model"])).map(pad_to_length)
 
 
 @pytest.mark.parametrize("shards", [1, 2])
 def test_elastic_iterator_deals_each_global_batch_across_shards_and_resumes(grain, data, shards):
-    ds = grain.MapDataset.source(grain.ArrayRecordDataSource(data["array_record"])).shuffle(seed=SEED).repeat(1)
-    ds = ds.map(parse_text).map(functools.partial(tokenize, model=data["model"])).map(pad_to_length)
+    ds = _elastic_source(grain, data)
     order = [e["inputs"].tolist() for e in (ds[i] for i in range(len(ds)))]
     iterators = [_elastic(grain, ds, s, shards) for s in range(shards)]
     per_shard = 2 * BATCH // shards
@@ -389,6 +404,20 @@ def test_elastic_iterator_deals_each_global_batch_across_shards_and_resumes(grai
         it.set_state(state)
     rows = sorted(row for it in resumed for row in next(it)["inputs"].tolist())
     assert rows == sorted(order[3 * 2 * BATCH:4 * 2 * BATCH])
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_elastic_iterator_with_maxtexts_worker_options_gives_the_in_process_batches(grain, data):
+    ds = _elastic_source(grain, data)
+    runs = []
+    for workers in (0, 2):
+        it = _elastic(grain, ds, 1, 2, workers)
+        try:
+            runs.append(as_lists([next(it) for _ in range(5)]))
+        finally:
+            close(it)
+    assert runs[1] == runs[0]
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "tfrecord"])

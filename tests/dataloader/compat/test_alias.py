@@ -41,8 +41,9 @@ IMPORT_FORMS = [
     "from grain._src.core.sharding import ShardOptions",
     "from grain.sharding import *",
 ]
-# Every name MaxText and torchtitan read from Grain (their `grain.<...>` uses), but
-# those granary does not have (pick_performance_config, MapOperation: see below).
+# Every name MaxText's src/ and torchtitan read from Grain (an AST scan of their
+# `grain.<...>` uses), but grain.python.MapOperation (MaxText's RL pipeline), which
+# granary does not have.
 USED_NAMES = [
     "grain.DataLoader", "grain.MapDataset", "grain.IterDataset", "grain.DatasetIterator",
     "grain.ReadOptions", "grain.MultiprocessingOptions", "grain.RecordMetadata",
@@ -58,6 +59,7 @@ USED_NAMES = [
     "grain.experimental.PackAndBatchOperation", "grain.experimental.FlatMapTransform",
     "grain.experimental.FirstFitPackIterDataset", "grain.experimental.BestFitPackIterDataset",
     "grain.experimental.BOSHandling", "grain.experimental.TFRecordIterDataset",
+    "grain.experimental.pick_performance_config",
     "grain.transforms.Map", "grain.transforms.Batch", "grain.sources.RandomAccessDataSource",
     "grain.sharding.ShardOptions",
 ]

@@ -17,14 +17,31 @@ from dataloader.operations import (
     RandomMapTransform,
 )
 
-# Grain's range for seeds of the dataset API.
-_SEED_LIMIT = 2**32
+# Key widths of what the seeds feed: permutations (IndexSampler) take 63 bits, per-record
+# generators (record_rng) 64.
+SHUFFLE_BITS = 63
+RNG_BITS = 64
 
 
-def check_seed(seed: Any, what: str) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < _SEED_LIMIT:
-        raise ValueError(f"{what} must be an integer in [0, 2**32), got {seed!r}")
-    return int(seed)
+def check_seed(seed: Any, what: str, *, bits: int | None = None) -> int:
+    """``seed`` checked: any non-negative integer, as Grain takes (it seeds numpy's
+    ``SeedSequence``/``Philox``, which take integers of any size).
+
+    Every seed of the dataset API goes through here. With ``bits``, a seed too wide for
+    the key it becomes is folded into ``[0, 2**bits)`` through ``SeedSequence`` (a pure
+    function of the seed, so randomness stays reproducible); narrower seeds are kept as
+    they are, so their orders and augmentations do not change.
+
+    Raises:
+        ValueError: ``seed`` is not an integer, or is negative.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"{what} must be a non-negative integer, got {seed!r}")
+    seed = int(seed)
+    if bits is not None and seed >> bits:
+        word = int(np.random.SeedSequence(seed).generate_state(1, np.uint64)[0])
+        seed = word >> (64 - bits)
+    return seed
 
 
 def derive_seed(seed: int, k: int) -> int:
@@ -57,7 +74,7 @@ def random_map_op(transform: Any, seed: int | None, inherited: int | None) -> Se
             f"random_map({op.name}) needs a seed so that augmentations are reproducible; "
             f"call .seed(...) earlier in the chain or pass random_map(..., seed=...)"
         )
-    return SeededRandomMap(op, check_seed(seed, "random_map seed"))
+    return SeededRandomMap(op, check_seed(seed, "random_map seed", bits=RNG_BITS))
 
 
 def check_size(value: Any, what: str) -> int:

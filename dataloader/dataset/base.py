@@ -43,7 +43,7 @@ import abc
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from dataloader.dataset.arguments import as_operation, check_seed, derive_seed
+from dataloader.dataset.arguments import RNG_BITS, as_operation, check_seed, derive_seed
 from dataloader.dataset.compile.wrappers import SeededRandomMap
 from dataloader.engine.stages.base import DatasetIterator
 from dataloader.operations import (
@@ -212,9 +212,9 @@ class IterDataset(Generic[T], abc.ABC):
     def _random_seed(self, op: RandomMapTransform, seed: int | None) -> tuple[int, int]:
         """The seed of a random map at this point of the chain, and the seed uses after it."""
         if seed is not None:
-            return check_seed(seed, "random_map seed"), self._seed_uses
+            return check_seed(seed, "random_map seed", bits=RNG_BITS), self._seed_uses
         if op.rng_seed is not None:
-            return check_seed(op.rng_seed, "rng_seed"), self._seed_uses
+            return check_seed(op.rng_seed, "rng_seed", bits=RNG_BITS), self._seed_uses
         if self._seed is None:
             raise ValueError(
                 f"random_map({op.name}) needs a seed so that augmentations are reproducible; "

@@ -20,7 +20,10 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+import numpy as np
+
 from dataloader.dataset.arguments import (
+    SHUFFLE_BITS,
     as_operation,
     check_seed,
     check_size,
@@ -134,8 +137,8 @@ class MapDataset(Generic[T]):
                 f"MapDataset.source needs a random-access source with __len__ and "
                 f"__getitem__ (e.g. ArrayRecordDataSource or a list), got {source!r}"
             )
-        if len(source) < 1:
-            raise ValueError(f"MapDataset.source got an empty source ({source!r}); pass one with records")
+        # An empty source is an empty dataset (length 0, iterating yields nothing), as in
+        # Grain; ds[i] of it raises IndexError.
         return MapDataset._chain(nd.SourceNode(source, len(source)))
 
     @staticmethod
@@ -230,33 +233,49 @@ class MapDataset(Generic[T]):
         length = self._finite("shuffle", "shuffle before repeat(): ds.shuffle().repeat()")
         uses = self._seed_uses
         if seed is not None:
-            key = check_seed(seed, "shuffle seed")
+            key = check_seed(seed, "shuffle seed", bits=SHUFFLE_BITS)
         elif self._seed is None:
             raise ValueError(
                 "shuffle() needs a seed; call .seed(...) earlier in the chain, e.g. "
                 "MapDataset.source(src).seed(42).shuffle(), or pass shuffle(seed=42)"
             )
         else:
-            key = self._seed if uses == 0 else derive_seed(self._seed, uses)
+            key = check_seed(self._seed, "seed", bits=SHUFFLE_BITS) if uses == 0 else derive_seed(self._seed, uses)
             uses += 1
         return self._then(nd.ShuffleNode(self._node, key, length), seed_uses=uses)
 
     def repeat(self, num_epochs: int | None = None) -> MapDataset:
-        """``num_epochs`` passes (``None``: for ever, and ``len`` is ``sys.maxsize``)."""
+        """``num_epochs`` passes (``None``: for ever, and ``len`` is ``sys.maxsize``).
+
+        An empty dataset stays empty (length 0), however often it is repeated.
+        """
         length = self._finite("repeat", "it repeats already")
         if num_epochs is not None:
             num_epochs = check_size(num_epochs, "repeat(num_epochs)")
-        total = None if num_epochs is None else length * num_epochs
+        total = None if num_epochs is None and length else length * (num_epochs or 1)
         return self._then(nd.RepeatNode(self._node, num_epochs, total))
 
-    def slice(self, sl: slice) -> MapDataset:
-        """The elements at ``range(len(ds))[sl]``; also ``ds[start:stop:step]``.
+    def slice(self, sl: slice | Sequence[int]) -> MapDataset:
+        """The elements at ``range(len(ds))[sl]`` (also ``ds[start:stop:step]``), or, given
+        a sequence of indices, the elements at those indices, in that order.
+
+        ``ds.slice([3, 1, 4, 1, 5])`` is ``[ds[3], ds[1], ds[4], ds[1], ds[5]]`` (indices may
+        repeat; a ``range`` or a ``MapDataset`` of integers works too), as Grain's. Past
+        its length, the result reads on into the next epochs of ``ds`` (pass ``e`` is
+        ``ds[indices[i] + e * len(ds)]``), as every index-level call does.
 
         ``ds[h::H]`` is Grain's way to shard; ``to_iter_dataset(shard_options=...)`` is
         ours (see the README): the same elements, plus elastic restore.
+
+        Raises:
+            TypeError: ``sl`` is neither a slice nor a sequence of integers (a hole of a
+                filtered ``MapDataset`` of indices is ``None``, not an integer).
+            ValueError: a negative index, or an infinite ``MapDataset`` of indices.
         """
         if not isinstance(sl, slice):
-            raise TypeError(f"slice() needs a slice object, e.g. slice(0, 10), got {sl!r}")
+            self._finite_if_batched("slice")
+            indices = _index_sequence(sl)
+            return self._then(nd.ReindexNode(self._node, indices, len(indices)))
         n = self._node.length
         length: int | None
         if n is not None:
@@ -384,7 +403,10 @@ class MapDataset(Generic[T]):
         if isinstance(index, slice):
             return self.slice(index)
         if isinstance(index, bool) or not isinstance(index, numbers.Integral):
-            raise TypeError(f"dataset indices must be integers or slices, got {index!r}")
+            raise TypeError(
+                f"dataset indices must be integers or slices, got {index!r}; for the elements "
+                f"at a list of indices use ds.slice([...])"
+            )
         index = int(index)
         if self._node.length == 0:
             raise IndexError(f"index {index} of an empty dataset ({self!r}); it has no element")
@@ -447,6 +469,33 @@ class MapDataset(Generic[T]):
                 f"cannot {what} {self!r}: it is batched and infinite; {what} before the "
                 f"batch, or repeat after it"
             )
+
+
+def _index_sequence(indices: Any) -> Any:
+    """``indices`` of ``slice(indices)`` checked: a ``range`` as it is, anything else as an
+    int64 array (a ``MapDataset`` of integers is read once, here)."""
+    what = "slice() takes a slice or a sequence of non-negative integer indices"
+    if isinstance(indices, range):
+        if len(indices) and min(indices[0], indices[-1]) < 0:
+            raise ValueError(f"{what}; {indices!r} has negative indices")
+        return indices
+    if isinstance(indices, MapDataset):
+        if indices._node.length is None:
+            raise ValueError(f"{what}; the MapDataset of indices {indices!r} is infinite")
+        values = indices.__getitems__(list(range(len(indices)))) if len(indices) else []
+    elif isinstance(indices, (str, bytes)) or not isinstance(indices, (Sequence, np.ndarray)):
+        raise TypeError(f"{what}, got {indices!r}")
+    else:
+        values = list(indices)
+    for i, v in enumerate(values):
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral):
+            raise TypeError(f"{what}; index {i} is {v!r}")
+        if v < 0:
+            raise ValueError(
+                f"{what}; index {i} is {v} (count from 0; negative indices are not read "
+                f"from the end here)"
+            )
+    return np.asarray(values, dtype=np.int64).reshape(-1)
 
 
 def _check_datasets(datasets: Any, what: str) -> list[MapDataset]:

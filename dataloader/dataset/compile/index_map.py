@@ -48,10 +48,12 @@ class Shuffle:
     def __init__(self, child: Any, seed: int) -> None:
         self.child, self.seed, self.length = child, seed, child.length
         self.shuffles = True
-        self._sampler = IndexSampler(child.length, shuffle=True, seed=seed, num_epochs=None)
+        # An empty child has no position to permute (and IndexSampler needs records).
+        self._sampler = IndexSampler(child.length, shuffle=True, seed=seed, num_epochs=None) if child.length else None
 
     def keys(self, pos: np.ndarray) -> np.ndarray:
         n = self.length
+        assert self._sampler is not None, "an empty dataset has no positions"
         return self.child.keys(pos - pos % n + self._sampler.record_keys(pos))
 
     def describe(self) -> Any:
@@ -105,7 +107,8 @@ class Repeat:
 
     def __init__(self, child: Any, num_epochs: int | None) -> None:
         self.child, self.num_epochs = child, num_epochs
-        self.length = None if num_epochs is None else child.length * num_epochs
+        # An empty child stays empty: no pass of it has a position to repeat.
+        self.length = None if num_epochs is None and child.length != 0 else child.length * (num_epochs or 1)
         self.shuffles = child.shuffles
 
     def keys(self, pos: np.ndarray) -> np.ndarray:
@@ -138,6 +141,34 @@ class Slice:
 
     def describe(self) -> Any:
         return ["slice", self.start, self.stop, self.step, self.child.describe()]
+
+
+class Reindex:
+    """Position ``i`` of a pass is the child's ``indices[i]``; pass ``e`` reads the child's
+    epoch ``e`` (``indices[i] + e * len(child)``), as Grain's ``ReindexMapDataset`` does.
+
+    ``indices`` is a ``range`` (computed, never stored) or an int64 array.
+    """
+
+    def __init__(self, child: Any, indices: Any) -> None:
+        self.child, self.indices, self.length = child, indices, len(indices)
+        self.shuffles = child.shuffles
+
+    def keys(self, pos: np.ndarray) -> np.ndarray:
+        epoch, r = np.divmod(pos, self.length)
+        ind = self.indices
+        inner = ind.start + r * ind.step if isinstance(ind, range) else ind[r]
+        if self.child.length is not None:
+            inner = inner + epoch * self.child.length
+        return self.child.keys(inner)
+
+    def describe(self) -> Any:
+        ind = self.indices
+        if isinstance(ind, range):
+            what: Any = ["range", ind.start, ind.stop, ind.step]
+        else:  # the indices themselves, folded: a state must not carry a long list
+            what = hashlib.sha256(ind.tobytes()).hexdigest()[:16]
+        return ["reindex", self.length, what, self.child.describe()]
 
 
 class Concatenate:

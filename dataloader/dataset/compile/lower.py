@@ -109,6 +109,8 @@ class _Builder:
             index = im.Repeat(indices[0], node.num_epochs)
         elif isinstance(node, nd.SliceNode):
             index = im.Slice(indices[0], node.start, node.stop, node.step)
+        elif isinstance(node, nd.ReindexNode):
+            index = im.Reindex(indices[0], node.indices)
         elif isinstance(node, nd.MixNode):
             index = im.Mix(indices, node.schedule)
         elif isinstance(node, nd.SelectNode):
@@ -136,8 +138,8 @@ def _canonical_sampler(index: Any, seed: int | None) -> IndexSampler | None:
     shuffle_seed = None
     if isinstance(index, im.Shuffle):
         shuffle_seed, index = index.seed, index.child
-    if not isinstance(index, im.Leaf):
-        return None
+    if not isinstance(index, im.Leaf) or index.length == 0:
+        return None  # an empty leaf has no IndexSampler (it needs records): the index map
     if shuffle_seed is not None:
         return IndexSampler(index.length, shuffle=True, seed=shuffle_seed, num_epochs=epochs)
     return IndexSampler(index.length, shuffle=False, seed=seed, num_epochs=epochs)

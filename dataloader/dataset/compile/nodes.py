@@ -71,6 +71,29 @@ class SliceNode:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
+class ReindexNode:
+    """``slice(indices)``: position ``i`` is the parent's ``indices[i]`` (Grain's reindex).
+
+    ``indices`` is a ``range`` (kept as one, so a long range costs nothing) or an int64
+    array of non-negative parent indices.
+    """
+
+    parent: Any
+    indices: Any
+    length: int
+
+    def __repr__(self) -> str:
+        ind = self.indices
+        if isinstance(ind, range):
+            shown = repr(ind)
+        elif len(ind) <= 5:
+            shown = repr(ind.tolist())
+        else:  # as Grain shows long index lists
+            shown = f"[{ind[0]}, {ind[1]}, ..., {ind[-2]}, {ind[-1]}]"
+        return f"{self.parent!r}.slice({shown}, len={self.length})"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class MixNode:
     parents: tuple[Any, ...]
     schedule: MixSchedule

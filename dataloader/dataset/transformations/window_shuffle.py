@@ -28,7 +28,7 @@ Example:
 
 from __future__ import annotations
 
-from dataloader.dataset.arguments import check_seed, check_size
+from dataloader.dataset.arguments import SHUFFLE_BITS, check_seed, check_size
 from dataloader.dataset.base import DatasetIterator, IterDataset
 from dataloader.dataset.compile import nodes as nd
 from dataloader.dataset.map_dataset import MapDataset
@@ -45,8 +45,8 @@ class WindowShuffleMapDataset(MapDataset):
         seed: the permutations' key.
 
     Raises:
-        ValueError: ``window_size`` is not a positive integer, or ``seed`` is not an
-            integer in range.
+        ValueError: ``window_size`` is not a positive integer, or ``seed`` is not a
+            non-negative integer.
         TypeError: ``parent`` is not a ``MapDataset``.
     """
 
@@ -57,7 +57,7 @@ class WindowShuffleMapDataset(MapDataset):
                 f"use WindowShuffleIterDataset"
             )
         size = check_size(window_size, "window_size")
-        node = nd.WindowShuffleNode(parent._node, check_seed(seed, "seed"), size, parent._node.length)
+        node = nd.WindowShuffleNode(parent._node, check_seed(seed, "seed", bits=SHUFFLE_BITS), size, parent._node.length)
         super().__init__(parent)
         # A node of the chain (not a dataset read through __getitem__): it compiles.
         self._chain_node = node
@@ -73,8 +73,8 @@ class WindowShuffleIterDataset(IterDataset):
         seed: the permutations' key.
 
     Raises:
-        ValueError: ``window_size`` is not a positive integer, or ``seed`` is not an
-            integer in range.
+        ValueError: ``window_size`` is not a positive integer, or ``seed`` is not a
+            non-negative integer.
         TypeError: ``parent`` is not an ``IterDataset``.
 
     Example:
@@ -92,7 +92,7 @@ class WindowShuffleIterDataset(IterDataset):
             raise TypeError(f"WindowShuffleIterDataset reads an IterDataset, got {parent!r}{hint}")
         super().__init__(parent)
         self.window_size = check_size(window_size, "window_size")
-        self.window_seed = check_seed(seed, "seed")
+        self.window_seed = check_seed(seed, "seed", bits=SHUFFLE_BITS)
 
     def __iter__(self) -> DatasetIterator:
         return WindowShuffleDatasetIterator(iter(self._parent), self.window_size, self.window_seed)

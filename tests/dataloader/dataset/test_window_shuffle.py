@@ -185,9 +185,9 @@ def test_a_bad_window_size_is_named(bad):
 
 
 def test_bad_seeds_and_parents_are_named():
-    with pytest.raises(ValueError, match=r"seed must be an integer .* got -1"):
+    with pytest.raises(ValueError, match=r"seed must be a non-negative integer, got -1"):
         WindowMap(dl.MapDataset.range(4), window_size=2, seed=-1)
-    with pytest.raises(ValueError, match=r"seed must be an integer .* got None"):
+    with pytest.raises(ValueError, match=r"seed must be a non-negative integer, got None"):
         WindowIter(Counting(4), window_size=2, seed=None)
     with pytest.raises(TypeError, match="WindowShuffleMapDataset shuffles a MapDataset"):
         WindowMap(Counting(4), window_size=2, seed=0)

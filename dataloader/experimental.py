@@ -30,6 +30,7 @@ from dataloader.dataset.transformations.packing import (
     FirstFitPackIterDataset,
 )
 from dataloader.dataset.transformations.prefetch import (
+    ThreadPrefetchDatasetIterator,
     ThreadPrefetchIterDataset,
     multithread_prefetch,
 )
@@ -37,7 +38,6 @@ from dataloader.dataset.transformations.window_shuffle import (
     WindowShuffleIterDataset,
     WindowShuffleMapDataset,
 )
-from dataloader.engine.stages.prefetch import ThreadPrefetchDatasetIterator
 from dataloader.operations import FlatMapTransform, MapWithIndexTransform, batch_and_pad
 from dataloader.operations.packing import BOSHandling, PackAndBatchOperation
 from dataloader.options import DatasetOptions, ExecutionTrackingMode

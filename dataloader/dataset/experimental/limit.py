@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from dataloader.dataset.arguments import check_size
 from dataloader.dataset.base import DatasetIterator, IterDataset
 from dataloader.dataset.experimental.checks import as_iter_dataset
+from dataloader.dataset.transformations.apply import set_next_index
 from dataloader.engine.stages.base import expect_state
 
 T = TypeVar("T")
@@ -45,6 +46,8 @@ class LimitDatasetIterator(DatasetIterator[T]):
 
     Its state is the parent's and the number handed out; once ``count`` is reached the
     parent is not read again (so nothing past the limit is computed in this thread).
+    Its next index is the number handed out, and ``set_next_index`` moves the parent
+    there, where the parent can (as Grain's).
     """
 
     def __init__(self, parent: DatasetIterator[T], count: int) -> None:
@@ -66,3 +69,10 @@ class LimitDatasetIterator(DatasetIterator[T]):
         state = expect_state(state, ("parent", "count_elements_read"), "LimitIterDataset")
         self._parent.set_state(state["parent"])
         self._read = int(state["count_elements_read"])
+
+    def _get_next_index(self) -> int:
+        return self._read
+
+    def _set_next_index(self, index: int) -> None:
+        set_next_index(self._parent, index)
+        self._read = index

@@ -119,6 +119,9 @@ def set_next_index(ds_iter: Any, index: int) -> None:
     the elements before it (Grain's ``set_next_index``).
 
     Raises:
-        ValueError: the iterator cannot do so without processing.
+        ValueError: ``index`` is not a non-negative integer, or the iterator cannot move
+            without processing.
     """
-    ds_iter._set_next_index(index)
+    if isinstance(index, (bool, np.bool_)) or not isinstance(index, (int, np.integer)) or index < 0:
+        raise ValueError(f"set_next_index needs a non-negative integer index, got {index!r}")
+    ds_iter._set_next_index(int(index))

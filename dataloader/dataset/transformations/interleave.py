@@ -28,8 +28,9 @@ from typing import Any
 
 from dataloader.dataset.base import DatasetIterator, IterDataset
 from dataloader.dataset.map_dataset import MapDataset
+from dataloader.dataset.transformations.apply import get_next_index, set_next_index
+from dataloader.dataset.transformations.prefetch import ThreadPrefetchDatasetIterator
 from dataloader.engine.stages.interleave import InterleaveDatasetIterator
-from dataloader.engine.stages.prefetch import ThreadPrefetchDatasetIterator
 from dataloader.options import check_int
 
 # Every open dataset holds files and buffers; a cycle this long is a mistake (typically
@@ -104,7 +105,7 @@ class InterleaveIterDataset(IterDataset):
         self.iter_buffer_size = check_int("iter_buffer_size", iter_buffer_size, 0)
 
     def __iter__(self) -> DatasetIterator:
-        return InterleaveDatasetIterator(
+        return _InterleaveIterator(
             functools.partial(_open, self._datasets, self.iter_buffer_size),
             len(self._datasets),
             self.cycle_length,
@@ -119,6 +120,41 @@ class InterleaveIterDataset(IterDataset):
 
     def __repr__(self) -> str:
         return f"InterleaveIterDataset([{len(self._datasets)} datasets], cycle_length={self.cycle_length})"
+
+
+class _InterleaveIterator(InterleaveDatasetIterator):
+    """The interleave's iterator, with Grain's next index where Grain has one: over a
+    single dataset it is that dataset's (with several, an element's index in the
+    interleaved stream says nothing about where each dataset stands)."""
+
+    def _single(self, what: str) -> None:
+        if self._count != 1:
+            raise NotImplementedError(
+                f"{what} is not supported for InterleaveDatasetIterator with more than one "
+                f"dataset (this one interleaves {self._count}); save and restore with "
+                f"get_state/set_state"
+            )
+
+    def _get_next_index(self) -> int:
+        self._single("get_next_index")
+        it = self._slots[0]
+        if it is None:  # not opened yet, or ended
+            return 0 if self._ended[0] is None else get_next_index(self._reopened())
+        return get_next_index(it)
+
+    def _set_next_index(self, index: int) -> None:
+        self._single("set_next_index")
+        it = self._slots[0] or self._reopened()
+        set_next_index(it, index)
+
+    def _reopened(self) -> DatasetIterator:
+        """The iterator of the single dataset in slot 0, opened (where it ended, if it did)."""
+        it = self._opener(0)
+        if self._ended[0] is not None:
+            it.set_state(self._ended[0])
+        self._slots[0], self._indices[0], self._ended[0] = it, 0, None
+        self._opened = 1
+        return it
 
 
 def _open(datasets: Any, iter_buffer_size: int, index: int) -> DatasetIterator:

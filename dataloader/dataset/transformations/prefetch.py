@@ -19,8 +19,65 @@ from typing import Any
 
 from dataloader.dataset.base import DatasetIterator, IterDataset
 from dataloader.dataset.context import workers
-from dataloader.engine.stages.prefetch import ThreadPrefetchDatasetIterator
+from dataloader.dataset.transformations.apply import get_next_index, set_next_index
+from dataloader.engine.stages import prefetch as _engine
 from dataloader.options import MultiprocessingOptions, check_int, most_workers
+
+
+class ThreadPrefetchDatasetIterator(_engine.ThreadPrefetchDatasetIterator):
+    """Grain's ``ThreadPrefetchDatasetIterator``: ``parent`` computed ahead in a thread.
+
+    The iterator of :class:`ThreadPrefetchIterDataset`, constructible on its own with
+    Grain's signature. ``parent`` is any iterator with ``get_state``/``set_state`` (a
+    ``DatasetIterator`` or not); ``prefetch_buffer_size=0`` computes each element when it
+    is asked for, in the caller's thread. Its state is that of the last element handed
+    out; ``get_next_index``/``set_next_index`` reach the parent (for a parent that
+    supports them), stopping the thread so that nothing buffered is lost or skipped.
+
+    Raises:
+        ValueError: ``prefetch_buffer_size`` is not a non-negative integer.
+    """
+
+    def __init__(self, parent: Any, prefetch_buffer_size: int) -> None:
+        size = check_int("prefetch_buffer_size", prefetch_buffer_size, 0)
+        super().__init__(parent, size)
+        self._next_index: int | None = None  # None: ask the parent
+
+    def start_prefetch(self) -> None:
+        if self._size:
+            super().start_prefetch()
+
+    def __next__(self) -> Any:
+        if not self._size and not self._closed and not self._finished:
+            try:
+                value = next(self._parent)  # no buffer: computed here, when asked for
+            finally:
+                self._state = self._parent.get_state()
+        else:
+            value = super().__next__()
+        if self._next_index is not None:
+            self._next_index += 1
+        return value
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        super().set_state(state)
+        self._next_index = None
+
+    def _get_next_index(self) -> int:
+        if self._next_index is None:
+            # The thread has read ahead: put the parent back where this iterator stands.
+            if self._producer is not None:
+                self._stop()
+                self._parent.set_state(self._state)
+            self._next_index = get_next_index(self._parent)
+        return self._next_index
+
+    def _set_next_index(self, index: int) -> None:
+        self._stop()
+        set_next_index(self._parent, index)
+        self._state = self._parent.get_state()
+        self._finished = False
+        self._next_index = index
 
 
 class ThreadPrefetchIterDataset(IterDataset):

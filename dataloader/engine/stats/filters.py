@@ -2,27 +2,36 @@
 
 from __future__ import annotations
 
-import warnings
+import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from dataloader.operations import FilterTransform, FlatMapTransform
+
+logger = logging.getLogger("dataloader")
 
 
 class FilterWatch:
     """Grain's filter thresholds: the share of records the filters dropped, checked on
     consecutive windows of at least ``WINDOW`` records read.
 
+    As Grain does: a window whose share reaches ``fail`` raises ``ValueError``, one that
+    reaches ``warn`` logs a warning (logger ``"dataloader"``, at most once a minute), and
+    the messages read ``Transformation ... skipped 100.00 % of the last seen 1000 elements``.
+
     Args:
-        warn, fail: ratios above which to warn (once per window) or raise; None: never.
+        warn, fail: the ratios at or above which to warn or raise; None: never.
         where: names the pipeline's filters in the messages.
     """
 
     WINDOW = 1000
+    WARN_EVERY_S = 60.0  # Grain's interval between two warnings
 
     def __init__(self, warn: float | None, fail: float | None, where: str) -> None:
         self._warn, self._fail, self._where = warn, fail, where
         self._read = self._dropped = 0
+        self._warned_at: float | None = None
 
     @classmethod
     def for_operations(cls, ops: Sequence[Any], options: Any) -> FilterWatch | None:
@@ -44,16 +53,19 @@ class FilterWatch:
             return
         ratio, read = self._dropped / self._read, self._read
         self._read = self._dropped = 0
-        if self._fail is not None and ratio > self._fail:
+        what = f"Transformation {self._where} skipped {ratio * 100:.2f} % of the last seen {read} elements"
+        if self._fail is not None and ratio >= self._fail:
             raise ValueError(
-                f"the filters {self._where} dropped {ratio:.1%} of the last {read} records, "
-                f"above filter_raise_threshold_ratio={self._fail}; check the filters or raise "
-                f"the threshold (DatasetOptions)"
+                f"{what}, at or above filter_raise_threshold_ratio={self._fail}. Check the "
+                f"filters, pre-filter the data, or set the threshold to None "
+                f"(DatasetOptions in WithOptionsIterDataset)"
             )
-        if self._warn is not None and ratio > self._warn:
-            warnings.warn(
-                f"granary: the filters {self._where} dropped {ratio:.1%} of the last {read} "
-                f"records (above filter_warn_threshold_ratio={self._warn}; DatasetOptions sets it)",
-                UserWarning,
-                stacklevel=2,
-            )
+        if self._warn is not None and ratio >= self._warn:
+            now = time.monotonic()
+            if self._warned_at is None or now - self._warned_at >= self.WARN_EVERY_S:
+                self._warned_at = now
+                logger.warning(
+                    "%s, at or above filter_warn_threshold_ratio=%s. Check the filters, or set "
+                    "the threshold to None (DatasetOptions in WithOptionsIterDataset)",
+                    what, self._warn,
+                )

@@ -41,7 +41,15 @@ class TFRecordIterDataset(FileIterDataset):
     """
 
     def __init__(self, path: Any) -> None:
-        super().__init__(path, what="TFRecord", example_glob="*.tfrecord")
+        # A URL (gs://, s3://, ...) is taken as given, not globbed or opened here: code
+        # written for Grain subclasses this class to read such files its own way
+        # (MaxText's GCS reader overrides __iter__ and reads ``self._path``).
+        remote = isinstance(path, str) and "://" in path
+        super().__init__(path, what="TFRecord", example_glob="*.tfrecord", local=not remote)
+        # Grain's attribute: the path as given (a subclass's __iter__ reads it).
+        self._path = os.fspath(path) if isinstance(path, (str, os.PathLike)) else self._paths[0]
+        if remote:
+            return
         for file in self._paths:  # fail here, not in the middle of an epoch
             with TFRecordReader(file) as reader:
                 reader.check_first_record()

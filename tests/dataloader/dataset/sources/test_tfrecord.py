@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import threading
 
@@ -118,3 +119,39 @@ def test_no_file_or_thread_is_left_open_after_close(tmp_path):
         assert wait_until(lambda: len(open_files_under(tmp_path)) == 16 + 1)
     assert not open_files_under(tmp_path)
     assert wait_until(lambda: set(threading.enumerate()) <= before)
+
+
+def test_a_subclass_that_reads_urls_its_own_way_works_as_maxtexts_gcs_reader(tmp_path):
+    """MaxText reads gs:// TFRecord files by subclassing the dataset (``__iter__`` reads
+    ``self._path``) and Grain's private iterator (``self._reader`` set to its own file
+    object). The URL is neither globbed nor opened at construction."""
+    from dataloader.compat.tfrecord import _TFRecordDatasetIterator, _TFRecordReader
+
+    local = tmp_path / "remote.tfrecord"
+    dl.write_tfrecord(str(local), [b"first", b"second", b"third"])
+    blobs = {"gs://bucket/data/remote.tfrecord": local.read_bytes()}
+
+    class BlobReader(_TFRecordReader):
+        def __init__(self, path):  # skips the parent's open(), as MaxText's does
+            self._reader = io.BytesIO(blobs[path])
+
+    class BlobIterator(_TFRecordDatasetIterator):
+        def __init__(self, path):
+            dl.DatasetIterator.__init__(self)
+            self._reader = BlobReader(path)
+
+    class BlobTFRecordIterDataset(dl.experimental.TFRecordIterDataset):
+        def __iter__(self):
+            return BlobIterator(self._path)
+
+    ds = BlobTFRecordIterDataset("gs://bucket/data/remote.tfrecord")
+    assert ds._path == "gs://bucket/data/remote.tfrecord"
+    it = iter(ds)
+    assert next(it) == b"first"
+    state = it.get_state()
+    assert list(it) == [b"second", b"third"]
+    again = iter(ds)
+    again.set_state(state)
+    assert list(again) == [b"second", b"third"]
+    assert iter(dl.experimental.TFRecordIterDataset(str(local))).__next__() == b"first"
+    assert dl.experimental.TFRecordIterDataset(str(local))._path == str(local)

@@ -425,6 +425,16 @@ class MapDataset(Generic[T]):
             return [self[i] for i in indices]  # one at a time: its checks name what is wrong
         return self._compiled.items(indices)
 
+    def _getitems(self, indices: Sequence[int]) -> list[Any]:
+        """Grain's batched read: ``[ds[i] for i in indices]`` (``None`` where a filter
+        dropped one), computing runs of consecutive indices together. A dataset of your
+        own may override it, as in Grain, to read its records in one call."""
+        if isinstance(self._node, nd.SourceNode) and self._node.user:
+            # Grain's default for a dataset of your own; an override calling it must not
+            # come back here through the engine's reads of this dataset.
+            return [self[int(i)] for i in indices]
+        return self.__getitems__(indices)
+
     def __iter__(self) -> Any:
         return iter(self.to_iter_dataset())
 
@@ -540,9 +550,8 @@ class UserDatasetSource:
         return self.dataset[int(index)]
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
-        getitems = getattr(self.dataset, "_getitems", None)
-        if getitems is not None:  # Grain's batched read hook
-            return list(getitems([int(i) for i in indices]))
+        if type(self.dataset)._getitems is not MapDataset._getitems:  # Grain's batched read hook
+            return list(self.dataset._getitems([int(i) for i in indices]))
         return [self.dataset[int(i)] for i in indices]
 
     def __repr__(self) -> str:

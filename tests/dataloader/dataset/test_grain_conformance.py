@@ -277,3 +277,34 @@ def test_grains_default_thresholds():
     options = ge.DatasetOptions()
     assert options.get("filter_warn_threshold_ratio") == 0.9
     assert options.get("filter_raise_threshold_ratio") is None
+
+
+# -- Grain's batched read ----------------------------------------------------------------------
+
+
+def test_getitems_reads_several_indices_with_holes_where_filtered():
+    ds = dl.MapDataset.range(10).filter(lambda x: x % 3 == 0).repeat(2)
+    assert ds._getitems([0, 1, 3, 12, 13]) == [0, None, 3, None, 3]
+
+
+class _Squares(dl.MapDataset):
+    def __init__(self) -> None:
+        super().__init__()
+        self.batched_calls = 0
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, index):
+        return index * index
+
+    def _getitems(self, indices):
+        self.batched_calls += 1
+        return super()._getitems(indices)
+
+
+def test_a_datasets_own_getitems_is_used_and_may_call_the_default():
+    ds = _Squares()
+    assert ds._getitems([2, 3]) == [4, 9]
+    assert list(ds.map(lambda x: x + 1)) == [1, 2, 5, 10, 17, 26]
+    assert ds.batched_calls >= 2

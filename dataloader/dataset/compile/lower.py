@@ -123,11 +123,15 @@ class _Builder:
 
 
 def _may_yield_none(node: Any) -> bool:
-    while isinstance(node, nd.OpNode):
-        if isinstance(node.op, FilterTransform):
-            return True
-        node = node.parent
-    return isinstance(node, nd.FlatMapNode)
+    """Whether reading ``node``'s items can give ``None``: a filter's or a flat map's holes
+    anywhere below it, through maps and index-level calls (a slice or a repeat of a
+    filtered dataset keeps its holes)."""
+    if isinstance(node, nd.OpNode) and isinstance(node.op, FilterTransform):
+        return True
+    if isinstance(node, nd.FlatMapNode):
+        return True
+    children = [node.parent] if hasattr(node, "parent") else list(getattr(node, "parents", ()))
+    return any(_may_yield_none(c) for c in children)
 
 
 def _canonical_sampler(index: Any, seed: int | None) -> IndexSampler | None:

@@ -308,3 +308,10 @@ def test_a_datasets_own_getitems_is_used_and_may_call_the_default():
     assert ds._getitems([2, 3]) == [4, 9]
     assert list(ds.map(lambda x: x + 1)) == [1, 2, 5, 10, 17, 26]
     assert ds.batched_calls >= 2
+
+
+def test_holes_of_a_filter_below_slice_and_repeat_are_skipped_after_map_with_index():
+    ds = (dl.MapDataset.range(15)[:5].filter(lambda x: x % 2 == 0).map(lambda x: x + 1)
+          .slice(slice(2, 5)).repeat(3).map_with_index(lambda i, x: i + x))
+    assert [ds[i] for i in range(9)] == [3, None, 7, 6, None, 10, 9, None, 13]
+    assert list(ds.to_iter_dataset().filter(lambda x: x % 3 != 0)) == [7, 10, 13]

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from .grain_permutation import grain_permute
 from .metadata import RecordMetadata
 from .permutation import MAX_N, _permute_epochs_unchecked, _permute_one, _permute_unchecked
 from .sharding import NoSharding, ShardOptions, shard_length
@@ -31,6 +32,8 @@ _INT64_MAX = 2**63 - 1
 # Up to this many epochs in one call are permuted one epoch at a time; more (a
 # small data set) go through the per-value-key path in one pass.
 _FEW_EPOCHS = 4
+# The orders a shuffling sampler can read epochs in (see IndexSampler's permutation).
+PERMUTATIONS = ("granary", "grain")
 
 
 def _is_int(value: object) -> bool:
@@ -60,6 +63,10 @@ class IndexSampler:
         seed: Non-negative integer below ``2**63``. Keys the shuffle and the
             per-record random generators (:attr:`RecordMetadata.rng`); needed when
             ``shuffle`` is true.
+        permutation: ``"granary"`` (default: our keyed Feistel network, see
+            :mod:`.permutation`) or ``"grain"``: each epoch in the order of Grain's
+            ``MapDataset.shuffle(seed)`` (:mod:`.grain_permutation`; the seed must then
+            be below ``2**32``, as Grain's). A state records which one it was made for.
 
     Raises:
         TypeError: If an argument has the wrong type.
@@ -76,11 +83,13 @@ class IndexSampler:
     shuffle: bool
     num_epochs: int | None
     seed: int | None
+    permutation: str
     # Part of the Sampler protocol: None says the fields above describe the order.
     index_map_signature: str | None = None
     # Derived at construction: shard index and count, stream length, and the
     # first local position past the end (or past the int64 limit when infinite).
     _shuffle_seed: int  # seed, or 0 when there is none (then shuffle is false)
+    _grain: bool  # permutation == "grain"
     _index: int
     _count: int
     _num_positions: int | None
@@ -93,6 +102,7 @@ class IndexSampler:
         shuffle: bool = False,
         num_epochs: int | None = None,
         seed: int | None = None,
+        permutation: str = "granary",
     ) -> None:
         if not _is_int(num_records):
             raise _type_error("num_records", num_records, "an int", "pass len(data_source)")
@@ -142,6 +152,15 @@ class IndexSampler:
                 )
         if shuffle and seed is None:
             raise ValueError("shuffle=True needs an integer seed, got None; pass seed=...")
+        if permutation not in PERMUTATIONS:
+            raise ValueError(
+                f"permutation must be one of {list(PERMUTATIONS)}, got {permutation!r}; pass "
+                f"'grain' for Grain's shuffle order"
+            )
+        if permutation == "grain" and seed is not None and seed >= 2**32:
+            raise ValueError(
+                f"permutation='grain' takes seeds in [0, 2**32), as Grain's shuffle does, got {seed}"
+            )
         self._set(
             num_records=num_records,
             shard_options=shard_options,
@@ -157,7 +176,12 @@ class IndexSampler:
             total = num_records * num_epochs
             num_positions = shard_length(total, index, count, shard_options.drop_remainder)
             end = num_positions
+        grain = permutation == "grain"
         self._set(
+            permutation=permutation,
+            _grain=grain,
+            # the fields above do not say which network orders the records: a state does
+            index_map_signature=f"permutation={permutation}" if grain and shuffle else None,
             _shuffle_seed=seed or 0,
             _index=index,
             _count=count,
@@ -247,11 +271,11 @@ class IndexSampler:
             if not self.shuffle:
                 # Never hand back (a view of) the caller's own array.
                 return (offsets.copy() if offsets is flat else offsets).reshape(shape)
-            return _permute_unchecked(offsets, n, self._shuffle_seed, first).reshape(shape)
+            return self._permute(offsets, first).reshape(shape)
         epochs, offsets = np.divmod(global_, n)
         if not self.shuffle:
             return offsets.reshape(shape)
-        if last - first >= _FEW_EPOCHS:
+        if last - first >= _FEW_EPOCHS and not self._grain:
             return _permute_epochs_unchecked(offsets, epochs, n, self._shuffle_seed).reshape(shape)
         # A unit that straddles an epoch boundary or two: one call per epoch keeps
         # the fast single-key path (measured ~2x faster than per-value keys).
@@ -259,8 +283,14 @@ class IndexSampler:
         for epoch in range(first, last + 1):
             where = np.flatnonzero(epochs == epoch)
             if where.size:
-                keys[where] = _permute_unchecked(offsets[where], n, self._shuffle_seed, epoch)
+                keys[where] = self._permute(offsets[where], epoch)
         return keys.reshape(shape)
+
+    def _permute(self, offsets: np.ndarray, epoch: int) -> np.ndarray:
+        """Offsets of one epoch through the sampler's permutation (validated input)."""
+        if self._grain:
+            return grain_permute(offsets, self.num_records, self._shuffle_seed, epoch)
+        return _permute_unchecked(offsets, self.num_records, self._shuffle_seed, epoch)
 
     def __getitem__(self, index: int) -> RecordMetadata:
         """Returns the metadata of local position ``index``.
@@ -281,7 +311,9 @@ class IndexSampler:
         position = index * self._count + self._index
         epoch, offset = divmod(position, self.num_records)
         key = offset
-        if self.shuffle:
+        if self.shuffle and self._grain:
+            key = int(grain_permute(np.asarray([offset]), self.num_records, self._shuffle_seed, epoch)[0])
+        elif self.shuffle:
             key = _permute_one(offset, self.num_records, self._shuffle_seed, epoch)
         return RecordMetadata(
             index=index, record_key=key, epoch=epoch, global_position=position, seed=self.seed
@@ -290,12 +322,13 @@ class IndexSampler:
     def with_shard_options(self, shard_options: ShardOptions) -> IndexSampler:
         """Returns a sampler like this one that reads the shard ``shard_options``."""
         return IndexSampler(
-            self.num_records, shard_options, self.shuffle, self.num_epochs, self.seed
+            self.num_records, shard_options, self.shuffle, self.num_epochs, self.seed,
+            permutation=self.permutation,
         )
 
     def describe(self) -> dict[str, Any]:
         """Returns a JSON-able dict of everything that determines the stream."""
-        return {
+        described = {
             "kind": type(self).__name__,
             "num_records": self.num_records,
             "shuffle": self.shuffle,
@@ -305,11 +338,15 @@ class IndexSampler:
             "shard_count": self._count,
             "drop_remainder": self.shard_options.drop_remainder,
         }
+        if self._grain:  # only then, so the default's description is as it always was
+            described["permutation"] = self.permutation
+        return described
 
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(num_records={self.num_records}, shard_options={self.shard_options!r}, "
-            f"shuffle={self.shuffle}, num_epochs={self.num_epochs}, seed={self.seed})"
+            f"shuffle={self.shuffle}, num_epochs={self.num_epochs}, seed={self.seed}"
+            + (f", permutation={self.permutation!r})" if self._grain else ")")
         )
 
     def __eq__(self, other: object) -> bool:

@@ -106,6 +106,8 @@ def test_locate_follows_the_nested_rule_and_position_of_inverts_it(weights):
     comp, ks = s.locate(np.arange(n))
     expected = nested_order(s.counts, n)
     assert list(zip(comp.tolist(), ks.tolist())) == expected
+    computed = s._compute(np.arange(n))  # the path of periods too long for a table
+    assert computed[0].tolist() == comp.tolist() and computed[1].tolist() == ks.tolist()
     assert [s.locate_one(i) for i in range(0, n, 7)] == expected[::7]
     assert [s.position_of(c, k) for c, k in expected] == list(range(n))
 

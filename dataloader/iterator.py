@@ -4,21 +4,54 @@ It is a :class:`DatasetIterator` (``next()``, ``get_state()``, ``set_state()``,
 ``close()``, ``start_prefetch()``), the protocol every iterator of the package follows
 and a user's own iterator subclasses; that protocol lives with the iterator-level
 stages, in :mod:`dataloader.engine.stages.base`, and is re-exported here.
+
+The iterator runs a :class:`LoaderEngine`: a frozen value its ``DataLoader`` makes once,
+at construction, holding everything the iterator needs (the plan, how to make an
+executor, the filter thresholds, the pipeline's description). Values go down: the
+iterator never holds or calls its loader, so the loader's settings are read and checked
+in one place.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from dataloader.engine.assemble import make_assembler
 from dataloader.engine.executor import Executor
-from dataloader.engine.plan import BATCH, ELEMENTS
+from dataloader.engine.plan import BATCH, ELEMENTS, Plan
 from dataloader.engine.stages.base import DatasetIterator
 from dataloader.engine.state import Cursor, make_state, resolve_state
-from dataloader.engine.stats import Counted, Stats, collect
-from dataloader.engine.stats.pipeline import describe_pipeline
+from dataloader.engine.stats import Counted, FilterWatch, Stats, collect
 from dataloader.operations import FilterTransform, FlatMapTransform
+
+
+@dataclasses.dataclass(frozen=True)
+class LoaderEngine:
+    """What a :class:`DataLoaderIterator` runs, made once by its ``DataLoader``.
+
+    Attributes:
+        plan: the engine's :class:`~dataloader.engine.plan.Plan` (source, sampler, the
+            operations before the first packer, the units).
+        make_executor: ``make_executor(position)``: a new executor of the plan's units
+            from local ``position``; in this process or in a worker pool, as the loader
+            decided once.
+        filter_watch: ``filter_watch()``: a fresh :class:`FilterWatch` (Grain's filter
+            thresholds; it counts, so one per restart), or None when nothing is watched.
+        pipeline: ``stats()["pipeline"]``, plain JSON values
+            (:func:`~dataloader.engine.stats.pipeline.describe_pipeline`).
+        in_workers: units are computed in worker processes, so the iterator measures its
+            own CPU while it fetches them (what the ``parent_bound`` advice reads); in
+            this process the fetching is the computing, which the units time themselves.
+    """
+
+    plan: Plan
+    make_executor: Callable[[int], Executor]
+    filter_watch: Callable[[], FilterWatch | None]
+    pipeline: Mapping[str, Any]
+    in_workers: bool
 
 
 class DataLoaderIterator(DatasetIterator[Any]):
@@ -27,6 +60,11 @@ class DataLoaderIterator(DatasetIterator[Any]):
     ``get_state()`` describes the position after the last output handed out, whatever
     is still being computed or buffered; ``set_state(state)`` continues with the very
     next output in O(1) time, with any worker count.
+
+    Args:
+        engine: the loader's :class:`LoaderEngine`; or, as Grain's signature has it, the
+            ``DataLoader`` itself, whose engine value is taken (the loader is not kept).
+        state: a state from ``get_state`` to start from; None: the beginning.
 
     Example:
         >>> it = iter(loader)                       # doctest: +SKIP
@@ -38,26 +76,29 @@ class DataLoaderIterator(DatasetIterator[Any]):
     # stats(): the engine's stages are in its Stats; this iterator adds none of its own.
     _stats_name = None
 
-    def __init__(self, loader: Any, state: Any = None) -> None:
+    def __init__(self, engine: LoaderEngine | Any, state: Any = None) -> None:
         super().__init__()
-        self._loader = loader
-        self._plan = loader.plan
+        if not isinstance(engine, LoaderEngine):
+            engine = _engine_of(engine)
+        self._engine = engine
+        self._plan = engine.plan
         self._executor: Executor | None = None
         self._assembler: Any = None
         self._closed = False
         self._stats = Stats()
         self._stats_batches = self._plan.batch is not None
-        self._pipeline = describe_pipeline(self._plan, loader)
+        self._pipeline = engine.pipeline
         self._restart(resolve_state(self._plan, state) if state is not None else Cursor(0))
 
     def _restart(self, cursor: Cursor) -> None:
+        engine = self._engine
         if self._executor is None:
-            self._executor = self._loader._make_executor(cursor.position)
+            self._executor = engine.make_executor(cursor.position)
         else:
             self._executor.reset(cursor.position)  # keeps worker processes up
         self._assembler = make_assembler(
             self._plan,
-            Counted(self._executor, self._stats, self._loader._filter_watch(), bool(self._loader.worker_count)),
+            Counted(self._executor, self._stats, engine.filter_watch(), engine.in_workers),
             cursor, self._stats.seconds,
         )
 
@@ -142,3 +183,14 @@ class DataLoaderIterator(DatasetIterator[Any]):
         self._closed = True
         if self._executor is not None:
             self._executor.close()
+
+
+def _engine_of(loader: Any) -> LoaderEngine:
+    """The engine value of a ``DataLoader`` (Grain's ``DataLoaderIterator(loader, state)``)."""
+    engine = getattr(loader, "engine", None)
+    if not isinstance(engine, LoaderEngine):
+        raise TypeError(
+            f"DataLoaderIterator needs a DataLoader (or its .engine), got "
+            f"{type(loader).__name__}: {loader!r}; iterate the loader (iter(loader)) instead"
+        )
+    return engine

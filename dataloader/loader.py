@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -12,7 +13,8 @@ from dataloader.engine.pool.messages import pickle_plan
 from dataloader.engine.stages.base import DatasetIterator
 from dataloader.engine.stages.tail import TailIterator, split_at_first_packer
 from dataloader.engine.stats import FilterWatch
-from dataloader.iterator import DataLoaderIterator
+from dataloader.engine.stats.pipeline import describe_pipeline
+from dataloader.iterator import DataLoaderIterator, LoaderEngine
 from dataloader.options import (
     DEFAULT_STALL_WARNING_S,
     AutoWorkers,
@@ -95,6 +97,9 @@ class DataLoader:
     in this process (``worker_count=0``), which passes through so that Ctrl-C still
     interrupts the job.
 
+    The settings are read once, here: the loader's iterators run :attr:`engine`, a
+    frozen value made from them, so changing an attribute afterwards changes nothing.
+
     Example:
         >>> import dataloader as dl
         >>> loader = dl.DataLoader(
@@ -145,6 +150,7 @@ class DataLoader:
         if worker_init_fn is not None and not callable(worker_init_fn):
             raise TypeError(f"worker_init_fn must be callable, got {worker_init_fn!r}")
         self.worker_count = check_worker_count("worker_count", worker_count)
+        in_workers = bool(self.worker_count)  # the one test of it: the engine value carries it on
         self.worker_buffer_size = check_int("worker_buffer_size", worker_buffer_size, 1)
         self.read_options = read_options
         self.worker_init_fn = worker_init_fn
@@ -154,7 +160,7 @@ class DataLoader:
         self.options = options or DatasetOptions()
         self.stall_warning_s = check_seconds("stall_warning_s", stall_warning_s)
         self.unit_timeout_s = check_seconds("unit_timeout_s", unit_timeout_s)
-        if self.unit_timeout_s is not None and not self.worker_count:
+        if self.unit_timeout_s is not None and not in_workers:
             raise ValueError(
                 f"unit_timeout_s={unit_timeout_s!r} needs worker_count > 0: a unit computed "
                 f"in this process cannot be stopped; use worker processes or drop "
@@ -165,7 +171,42 @@ class DataLoader:
         if self._tail:
             _check_stage_operations(self._tail)
         # Pickled once, here, so an operation that cannot reach the workers fails now.
-        self._plan_bytes = pickle_plan(self.plan) if self.worker_count else b""
+        self._plan_bytes = pickle_plan(self.plan) if in_workers else b""
+        self._engine = LoaderEngine(
+            plan=self.plan,
+            make_executor=self._executor_factory(in_workers),
+            filter_watch=functools.partial(
+                FilterWatch.for_operations, [s.op for s in self.plan.pre], self.options
+            ),
+            pipeline=describe_pipeline(
+                self.plan, worker_count=self.worker_count,
+                worker_buffer_size=self.worker_buffer_size, read_options=read_options,
+            ),
+            in_workers=in_workers,
+        )
+
+    def _executor_factory(self, in_workers: bool) -> Callable[[int], Executor]:
+        """``make_executor(position)`` of the engine value: bound to the settings' values,
+        never to the loader."""
+        if not in_workers:
+            return functools.partial(InProcessExecutor, self.plan, read_options=self.read_options)
+        return functools.partial(
+            PoolExecutor,
+            self.plan,
+            self._plan_bytes,
+            worker_count=self.worker_count,
+            buffer_size=self.worker_buffer_size,
+            init_fn=self.worker_init_fn,
+            warm_start=self.warm_start,
+            stall_warning_s=self.stall_warning_s,
+            unit_timeout_s=self.unit_timeout_s,
+        )
+
+    @property
+    def engine(self) -> LoaderEngine:
+        """The frozen value the loader's iterators run (plan, executor factory, filter
+        thresholds, the pipeline's description)."""
+        return self._engine
 
     @property
     def data_source(self) -> Any:
@@ -190,30 +231,11 @@ class DataLoader:
         :class:`~dataloader.engine.stages.tail.TailIterator` over one.
         """
         if not self._tail:
-            return DataLoaderIterator(self, state)
-        it = TailIterator(DataLoaderIterator(self), self._tail, self.plan.sampler.seed)
+            return DataLoaderIterator(self._engine, state)
+        it = TailIterator(DataLoaderIterator(self._engine), self._tail, self.plan.sampler.seed)
         if state is not None:
             it.set_state(state)
         return it
-
-    def _filter_watch(self) -> FilterWatch | None:
-        """Grain's filter thresholds over the engine's operations (see ``options``)."""
-        return FilterWatch.for_operations([s.op for s in self.plan.pre], self.options)
-
-    def _make_executor(self, position: int) -> Executor:
-        if not self.worker_count:
-            return InProcessExecutor(self.plan, position, self.read_options)
-        return PoolExecutor(
-            self.plan,
-            self._plan_bytes,
-            position,
-            worker_count=self.worker_count,
-            buffer_size=self.worker_buffer_size,
-            init_fn=self.worker_init_fn,
-            warm_start=self.warm_start,
-            stall_warning_s=self.stall_warning_s,
-            unit_timeout_s=self.unit_timeout_s,
-        )
 
     def __repr__(self) -> str:
         return (

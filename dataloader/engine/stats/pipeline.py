@@ -1,7 +1,8 @@
 """What a pipeline is, as ``stats()["pipeline"]`` says it: what the advice rules read.
 
-Computed once, when a loader's iterator is made; plain JSON values only, so a
-``stats.json`` file carries everything the rules need.
+Computed once, when a loader is made, from its plan and settings (values, never the
+loader); plain JSON values only, so a ``stats.json`` file carries everything the rules
+need.
 """
 
 from __future__ import annotations
@@ -9,16 +10,19 @@ from __future__ import annotations
 from typing import Any
 
 
-def describe_pipeline(plan: Any, loader: Any) -> dict[str, Any]:
+def describe_pipeline(
+    plan: Any, *, worker_count: Any, worker_buffer_size: int, read_options: Any
+) -> dict[str, Any]:
     """The source, its files' group sizes, the sampler's order, the operations, workers.
 
     Args:
         plan: the loader's :class:`~dataloader.engine.plan.Plan`.
-        loader: the :class:`~dataloader.DataLoader` (worker count, read options ...).
+        worker_count: the loader's worker count (an int, or an ``AutoWorkers``).
+        worker_buffer_size: units in flight per worker.
+        read_options: the in-process read-ahead (a ``ReadOptions``).
     """
     source, sampler = plan.source, plan.sampler
     groups = [g for g in getattr(source, "group_sizes", ()) or () if g is not None]
-    read = loader.read_options
     return {
         "source": type(source).__name__,
         "num_records": int(sampler.num_records),
@@ -30,8 +34,8 @@ def describe_pipeline(plan: Any, loader: Any) -> dict[str, Any]:
         "unit_size": plan.unit_size,
         "layout": plan.layout,
         # "auto": the pool sizes itself (worker_count="auto"); the count varies.
-        "worker_count": loader.worker_count if isinstance(loader.worker_count, int) else "auto",
-        "worker_buffer_size": loader.worker_buffer_size,
-        "read_threads": read.num_threads,
-        "read_prefetch": read.prefetch_buffer_size,
+        "worker_count": worker_count if isinstance(worker_count, int) else "auto",
+        "worker_buffer_size": worker_buffer_size,
+        "read_threads": read_options.num_threads,
+        "read_prefetch": read_options.prefetch_buffer_size,
     }

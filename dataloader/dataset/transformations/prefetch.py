@@ -24,6 +24,16 @@ from dataloader.engine.stages import prefetch as _engine
 from dataloader.options import MultiprocessingOptions, check_int, most_workers
 
 
+def _buffer_size(value: Any) -> int:
+    """A thread prefetch's ``prefetch_buffer_size``, checked (Grain's words)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(
+            f"`prefetch_buffer_size` must be greater than or equal to 0, got {value!r}; pass "
+            f"the number of elements to keep ready (0: no thread)"
+        )
+    return value
+
+
 class ThreadPrefetchDatasetIterator(_engine.ThreadPrefetchDatasetIterator):
     """Grain's ``ThreadPrefetchDatasetIterator``: ``parent`` computed ahead in a thread.
 
@@ -39,8 +49,7 @@ class ThreadPrefetchDatasetIterator(_engine.ThreadPrefetchDatasetIterator):
     """
 
     def __init__(self, parent: Any, prefetch_buffer_size: int) -> None:
-        size = check_int("prefetch_buffer_size", prefetch_buffer_size, 0)
-        super().__init__(parent, size)
+        super().__init__(parent, _buffer_size(prefetch_buffer_size))
         self._next_index: int | None = None  # None: ask the parent
 
     def start_prefetch(self) -> None:
@@ -97,7 +106,7 @@ class ThreadPrefetchIterDataset(IterDataset):
 
     def __init__(self, parent: IterDataset, *, prefetch_buffer_size: int) -> None:
         super().__init__(parent)
-        self.prefetch_buffer_size = check_int("prefetch_buffer_size", prefetch_buffer_size, 0)
+        self.prefetch_buffer_size = _buffer_size(prefetch_buffer_size)
 
     def __iter__(self) -> DatasetIterator:
         inner = iter(self._parent)

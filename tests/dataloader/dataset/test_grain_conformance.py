@@ -219,8 +219,10 @@ def test_thread_prefetch_iterator_takes_grains_arguments_and_any_checkpointable_
 
 
 def test_thread_prefetch_iterator_refuses_a_negative_buffer():
-    with pytest.raises(ValueError, match=r"prefetch_buffer_size"):
+    with pytest.raises(ValueError, match=r"`prefetch_buffer_size` must be greater than or equal to 0, got -1"):
         ge.ThreadPrefetchDatasetIterator(_Counter(), prefetch_buffer_size=-1)
+    with pytest.raises(ValueError, match=r"greater than or equal to 0, got -2"):
+        ge.ThreadPrefetchIterDataset(dl.MapDataset.range(3).to_iter_dataset(), prefetch_buffer_size=-2)
 
 
 # -- empty datasets -------------------------------------------------------------------------

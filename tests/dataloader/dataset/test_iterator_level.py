@@ -141,7 +141,7 @@ def test_thread_prefetch_hands_over_an_error_at_its_place():
 def test_thread_prefetch_of_zero_is_the_parent_itself_and_negative_is_refused():
     assert isinstance(iter(dl.experimental.ThreadPrefetchIterDataset(Squares(2), prefetch_buffer_size=0)),
                       SquaresIterator)
-    with pytest.raises(ValueError, match=r"prefetch_buffer_size must be an integer >= 0, got -1"):
+    with pytest.raises(ValueError, match=r"`prefetch_buffer_size` must be greater than or equal to 0, got -1"):
         dl.experimental.ThreadPrefetchIterDataset(Squares(2), prefetch_buffer_size=-1)
 
 

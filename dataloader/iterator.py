@@ -74,7 +74,7 @@ class DataLoaderIterator(DatasetIterator[Any]):
     """
 
     # stats(): the engine's stages are in its Stats; this iterator adds none of its own.
-    _stats_name = None
+    _stats_name: str | None = None
 
     def __init__(self, engine: LoaderEngine | Any, state: Any = None) -> None:
         super().__init__()

@@ -45,6 +45,7 @@ import jax
 from dataloader.device.placement import Placement
 from dataloader.engine.stats import collect
 from dataloader.engine.stats.clock import Clock, Hook
+from dataloader.engine.stats.protocol import StatsParticipant
 from dataloader.engine.stats.shape import empty_totals
 from dataloader.iterator import DataLoaderIterator
 from dataloader.options import check_int
@@ -286,7 +287,10 @@ class DeviceIterator:
         ([0, 1, 2, 3], 4)
     """
 
-    _clock: Clock | None = None  # stats(): made on first use
+    # stats(): a StatsParticipant (dataloader.engine.stats.protocol).
+    _clock: Clock | None = None  # made on first use
+    _stats_name: str | None = ""
+    _stats_batches: bool | None = None
     _stats_exact = True  # its calls are a training step's: time every one, never sample
 
     def __init__(
@@ -416,7 +420,7 @@ class DeviceIterator:
 
     def _stats_totals(self) -> dict[str, Any]:
         source = self._res.source
-        totals = source._stats_totals() if hasattr(source, "_stats_totals") else empty_totals()
+        totals = source._stats_totals() if isinstance(source, StatsParticipant) else empty_totals()
         stages = totals["stage_seconds"]
         stages["host_to_device"] = stages.get("host_to_device", 0.0) + self._res.counters.put_s
         clock = collect.clock_of(self)
@@ -426,7 +430,7 @@ class DeviceIterator:
 
     def _stats_pipeline(self) -> dict[str, Any]:
         source = self._res.source
-        pipeline = source._stats_pipeline() if hasattr(source, "_stats_pipeline") else {}
+        pipeline = source._stats_pipeline() if isinstance(source, StatsParticipant) else {}
         pipeline["device_feed"] = {
             "cpu_buffer_size": self.cpu_buffer_size, "device_buffer_size": self.device_buffer_size,
         }

@@ -36,12 +36,12 @@ class DatasetIterator(Iterator[T], abc.ABC):
         parents: the iterators this one reads from (one, several, or none for a source).
     """
 
-    # stats(): this iterator's clock (made on first use), its name as a stage ("": the
-    # class's name, None: no stage of its own), and whether it makes batches (True),
-    # elements (False) or hands out what its parent does (None).
+    # stats(): every DatasetIterator is a StatsParticipant (engine/stats/protocol.py
+    # says what each member means); these are the defaults a subclass overrides.
     _clock: Clock | None = None
     _stats_name: str | None = ""
     _stats_batches: bool | None = None
+    _stats_exact: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -31,6 +31,7 @@ from typing import Any
 
 from dataloader.engine.stages.base import DatasetIterator, expect_state
 from dataloader.engine.stats import collect
+from dataloader.engine.stats.protocol import StatsParticipant
 from dataloader.engine.stats.shape import add_totals, empty_totals
 from dataloader.errors import StateMismatchError
 
@@ -221,9 +222,10 @@ class InterleaveDatasetIterator(DatasetIterator):
 
     def _retire(self, it: Any) -> None:
         """Keeps the stats of a stream that ended (stats() adds them up)."""
-        if hasattr(it, "_stats_totals"):
-            add_totals(self._retired, it._stats_totals())
-        if getattr(it, "_clock", None) is not None and it._clock.thread == collect.clock_of(self).thread:
+        if not isinstance(it, StatsParticipant):
+            return
+        add_totals(self._retired, it._stats_totals())
+        if it._clock is not None and it._clock.thread == collect.clock_of(self).thread:
             self._retired_s += it._clock.inside_s()
 
     def _stats_parents(self) -> list[Any]:

@@ -15,11 +15,9 @@ the parent's number, ``"1/0"``), plus:
   read too;
 * ``wait_s``: the time its own caller spent in its ``next()``.
 
-The protocol, on any iterator that takes part: ``_stats_totals()``, ``_stats_parents()``,
-``_stats_pipeline()``, the class attributes ``_stats_name`` (a stage name, ``""``
-for the class's name, None for no stage of its own), ``_stats_batches`` and, optionally,
-``_stats_exact`` (time every call; the device feed), and a
-:class:`~dataloader.engine.stats.clock.Clock` in ``_clock``.
+What an iterator provides to take part is written down once, in
+:class:`~dataloader.engine.stats.protocol.StatsParticipant`; the functions here take
+participants and skip, among their parents, the iterators that are not.
 """
 
 from __future__ import annotations
@@ -28,47 +26,51 @@ import time
 from typing import Any
 
 from dataloader.engine.stats.clock import Clock
+from dataloader.engine.stats.protocol import StatsParticipant
 from dataloader.engine.stats.shape import add_totals, empty_totals, publish
 
 
-def clock_of(it: Any) -> Clock:
+def clock_of(it: StatsParticipant) -> Clock:
     """The iterator's clock, made on first use (user iterators need not make one); it
     times every call if the class says ``_stats_exact = True``, whichever use comes first."""
     clock = it._clock
     if clock is None:
-        clock = it._clock = Clock(_totals_of, getattr(it, "_stats_exact", False))
+        clock = it._clock = Clock(_totals_of, it._stats_exact)
     return clock
 
 
-def _totals_of(it: Any) -> dict[str, Any]:
+def _totals_of(it: StatsParticipant) -> dict[str, Any]:
     return it._stats_totals()
 
 
-def _participants(it: Any) -> list[Any]:
-    return [p for p in it._stats_parents() if hasattr(p, "_stats_totals")]
+def participants(it: StatsParticipant) -> list[StatsParticipant]:
+    """The iterators whose totals ``it`` adds up, those that take part in ``stats()``."""
+    return [p for p in it._stats_parents() if isinstance(p, StatsParticipant)]
 
 
-def yields_batches(it: Any) -> bool:
+def yields_batches(it: StatsParticipant) -> bool:
     """Whether the iterator hands out batches (see the module docstring)."""
-    flag = getattr(it, "_stats_batches", None)
+    flag = it._stats_batches
     if flag is not None:
         return bool(flag)
-    parents = _participants(it)
+    parents = participants(it)
     return bool(parents) and yields_batches(parents[0])
 
 
-def stage_name(it: Any) -> str | None:
-    name = getattr(it, "_stats_name", "")
+def stage_name(it: StatsParticipant) -> str | None:
+    name = it._stats_name
     return type(it).__name__ if name == "" else name
 
 
-def chain_totals(it: Any, retired: dict[str, Any] | None = None, retired_s: float = 0.0) -> dict[str, Any]:
+def chain_totals(
+    it: StatsParticipant, retired: dict[str, Any] | None = None, retired_s: float = 0.0
+) -> dict[str, Any]:
     """The totals of a stage over its parents (see the module docstring).
 
     ``retired``: the totals of parents that are gone (an interleave's ended streams),
     and ``retired_s`` their seconds in ``next()``.
     """
-    parents = _participants(it)
+    parents = participants(it)
     below = [p._stats_totals() for p in parents]
     if retired is not None:
         below.append(retired)
@@ -91,7 +93,7 @@ def chain_totals(it: Any, retired: dict[str, Any] | None = None, retired_s: floa
         totals["elements_out"] = outputs
     elif yields_batches(it):
         totals["batches_out"] = outputs
-        if getattr(it, "_stats_batches", None):  # made its batches from its parents' outputs
+        if it._stats_batches:  # made its batches from its parents' outputs
             totals["elements_out"] = sum(t["elements_out"] for t in below)
     else:
         totals["elements_out"], totals["batches_out"] = outputs, 0
@@ -99,7 +101,7 @@ def chain_totals(it: Any, retired: dict[str, Any] | None = None, retired_s: floa
     return totals
 
 
-def chain_pipeline(it: Any) -> dict[str, Any]:
+def chain_pipeline(it: StatsParticipant) -> dict[str, Any]:
     """The first engine's description, with the iterator-level stages above it."""
     stages: list[str] = []
     node: Any = it
@@ -111,7 +113,7 @@ def chain_pipeline(it: Any) -> dict[str, Any]:
         name = stage_name(node)
         if name is not None:
             stages.append(name)
-        parents = _participants(node)
+        parents = participants(node)
         if not parents:
             pipeline = {}
             break
@@ -121,7 +123,7 @@ def chain_pipeline(it: Any) -> dict[str, Any]:
     return pipeline
 
 
-def stats_of(it: Any, queues: dict[str, Any] | None = None) -> dict[str, Any]:
+def stats_of(it: StatsParticipant, queues: dict[str, Any] | None = None) -> dict[str, Any]:
     """The public ``stats()`` dict of ``it`` (see :func:`~dataloader.engine.stats.shape.publish`)."""
     clock = clock_of(it)
     now = time.monotonic()
@@ -144,6 +146,6 @@ def engines(it: Any) -> list[Any]:
         node = stack.pop()
         if hasattr(node, "unit_stats"):
             found.append(node)
-        elif hasattr(node, "_stats_parents"):
+        elif isinstance(node, StatsParticipant):
             stack.extend(reversed(list(node._stats_parents())))
     return found

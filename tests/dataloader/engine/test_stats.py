@@ -11,6 +11,7 @@ import pytest
 
 import dataloader as dl
 from dataloader.engine.stats import clock as stats_clock
+from dataloader.engine.stats.protocol import StatsParticipant
 from dataloader.engine.stats.shape import flatten
 from dataloader.engine.stats.units import LOG_UNITS, Stats
 
@@ -164,6 +165,28 @@ def test_a_users_iterator_is_timed_and_counted_once_even_through_super():
     stats = it.stats()
     assert stats["elements_out"] == 12 and stats["records_read"] == 12
     assert "Tripled" in stats["stage_seconds"] and "Doubled" not in stats["stage_seconds"]
+
+
+def test_every_dataset_iterator_takes_part_in_stats_and_other_iterators_do_not():
+    loader_it = iter(dl.DataLoader(dl.RangeDataSource(4), dl.SequentialSampler(4)))
+    users = Doubled(iter(dl.MapDataset.range(3).to_iter_dataset()))
+    assert isinstance(loader_it, StatsParticipant) and isinstance(users, StatsParticipant)
+
+    class TotalsOnly:
+        def _stats_totals(self):
+            return {}
+
+    # Half the hooks is not the protocol: every member is needed to add up.
+    assert not isinstance(iter([1, 2]), StatsParticipant)
+    assert not isinstance(TotalsOnly(), StatsParticipant)
+
+
+def test_a_parent_that_does_not_take_part_is_read_as_a_source():
+    it = Doubled(iter([1, 2, 3]))
+    assert list(it) == [2, 4, 6]
+    stats = it.stats()
+    assert (stats["records_read"], stats["elements_out"], stats["batches_out"]) == (3, 3, 0)
+    assert list(stats["stage_seconds"]) == ["Doubled"]
 
 
 def test_the_window_is_the_last_seconds_and_never_exceeds_the_totals(monkeypatch):

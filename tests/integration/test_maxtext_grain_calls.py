@@ -460,6 +460,50 @@ def test_file_stream_path_interleaves_shuffled_files_and_window_shuffles(grain, 
     assert head + [text(e) for e in resumed] == shuffled
 
 
+def test_an_iter_dataset_subclass_of_ones_own_shards_a_file_among_hosts_by_index(grain, data):
+    # MaxText's answer to fewer files than hosts: hosts that share a file keep every n-th
+    # record of it, through an IterDataset and a DatasetIterator subclassed from Grain's.
+    class EveryNthIterator(grain.DatasetIterator):
+        def __init__(self, parent, index, count):
+            super().__init__(parent)
+            self._index, self._count, self._seen = index, count, 0
+
+        def __next__(self):
+            while True:
+                value, self._seen = next(self._parent), self._seen + 1
+                if (self._seen - 1) % self._count == self._index:
+                    return value
+
+        def get_state(self):
+            return {"seen": self._seen, "parent": self._parent.get_state()}
+
+        def set_state(self, state):
+            self._seen = state["seen"]
+            self._parent.set_state(state["parent"])
+
+    class EveryNth(grain.IterDataset):
+        def __init__(self, parent, index, count):
+            super().__init__(parent)
+            self._index, self._count = index, count
+
+        def __iter__(self):
+            return EveryNthIterator(self._parent.__iter__(), self._index, self._count)
+
+    def host(index: int, count: int) -> Any:
+        ds = grain.MapDataset.source(data["parquet"][1:2]).repeat(1).map(grain.experimental.ParquetIterDataset)
+        ds = EveryNth(grain.experimental.InterleaveIterDataset(ds, cycle_length=1), index, count)
+        return ds.map(lambda row: row["text"])
+
+    texts = data["texts"][1]
+    assert [list(host(i, 3)) for i in range(3)] == [texts[i::3] for i in range(3)]
+    it = iter(host(1, 3))
+    head = [next(it) for _ in range(4)]
+    state = json.loads(json.dumps(it.get_state()))
+    resumed = iter(host(1, 3))
+    resumed.set_state(state)
+    assert head + list(resumed) == texts[1::3]
+
+
 def test_grains_private_tfrecord_reader_names_resolve_for_a_reader_of_ones_own(grain, data):
     from grain._src.python.dataset.sources.tfrecord_dataset import (
         _TFRecordDatasetIterator,

@@ -75,6 +75,9 @@ class DataLoaderIterator(DatasetIterator[Any]):
 
     # stats(): the engine's stages are in its Stats; this iterator adds none of its own.
     _stats_name: str | None = None
+    # close() may come from any thread while a next() waits: the executor's close ends
+    # that wait at once (Executor's contract), so the device feed closes it first.
+    _closes_from_any_thread = True
 
     def __init__(self, engine: LoaderEngine | Any, state: Any = None) -> None:
         super().__init__()

@@ -92,6 +92,18 @@ def test_the_engine_never_imports_jax():
             assert module.split(".")[0] != "jax", f"{path} imports {module}"
 
 
+def test_the_device_feed_never_imports_the_front_door():
+    # It reads any DatasetIterator by what it declares (engine/stages/base.py), so the
+    # loader and its iterator stay above it.
+    front_door = {"dataloader", "dataloader.iterator", "dataloader.loader"}
+    paths = sorted((ROOT / "dataloader" / "device").rglob("*.py"))
+    assert paths
+    for path in paths:
+        for module, level in _imports(path):
+            assert level < 2 or module.split(".")[0] not in {"iterator", "loader"}, f"{path} imports ..{module}"
+            assert module not in front_door, f"{path} imports {module}"
+
+
 def test_only_the_beam_room_imports_apache_beam():
     beam_room = ROOT / "dataloader" / "beam"
     roots = [ROOT / name for name in ("dataloader", *BLOCKS, "configs")]

@@ -43,11 +43,10 @@ from typing import Any, NamedTuple
 import jax
 
 from dataloader.device.placement import Placement
+from dataloader.engine.stages.base import DatasetIterator
 from dataloader.engine.stats import collect
-from dataloader.engine.stats.clock import Clock, Hook
 from dataloader.engine.stats.protocol import StatsParticipant
 from dataloader.engine.stats.shape import empty_totals
-from dataloader.iterator import DataLoaderIterator
 from dataloader.options import check_int
 
 BATCH, END, ERROR = "batch", "end", "error"
@@ -253,11 +252,11 @@ class _Resources:
 def _shutdown(res: _Resources) -> None:
     if res.feed is not None:
         res.feed.stopping.set()
-        if isinstance(res.source, DataLoaderIterator):
-            # A loader closes safely from any thread and ends a next() in progress at
-            # once (one waiting on a stuck worker, say), so the read thread stops now.
-            # Other sources are closed only after their thread, which might be inside
-            # them (a generator cannot be closed while it runs).
+        if isinstance(res.source, DatasetIterator) and res.source._closes_from_any_thread:
+            # It says it closes safely from any thread and ends a next() in progress at
+            # once (a loader's, waiting on a stuck worker, say), so the read thread stops
+            # now. Other sources are closed only after their thread, which might be
+            # inside them (a generator cannot be closed while it runs).
             res.source.close()
         # Bounded, so that a source stuck in next() cannot hang close() or interpreter
         # exit; closing the source below is what ends such a call.
@@ -267,14 +266,15 @@ def _shutdown(res: _Resources) -> None:
         close()
 
 
-class DeviceIterator:
+class DeviceIterator(DatasetIterator[Any]):
     """Prefetches a source's batches onto devices; checkpointable at every step.
 
-    Made by :func:`device_prefetch`. Leaves come out as ``jax.Array`` placed on the
-    target. ``get_state()`` is the source's state after the last batch handed out
-    (not after what is prefetched), ``set_state(state)`` continues right after it, and
-    ``close()`` (or leaving a ``with`` block, or garbage collection) stops the feed
-    threads, drops both buffers and closes the source.
+    Made by :func:`device_prefetch`. A :class:`~dataloader.DatasetIterator` whose parent
+    is the source: leaves come out as ``jax.Array`` placed on the target.
+    ``get_state()`` is the source's state after the last batch handed out (not after
+    what is prefetched), ``set_state(state)`` continues right after it, and ``close()``
+    (or leaving a ``with`` block, or garbage collection) stops the feed threads, drops
+    both buffers and closes the source.
 
     Example:
         >>> import dataloader as dl
@@ -287,10 +287,6 @@ class DeviceIterator:
         ([0, 1, 2, 3], 4)
     """
 
-    # stats(): a StatsParticipant (dataloader.engine.stats.protocol).
-    _clock: Clock | None = None  # made on first use
-    _stats_name: str | None = ""
-    _stats_batches: bool | None = None
     _stats_exact = True  # its calls are a training step's: time every one, never sample
 
     def __init__(
@@ -311,6 +307,7 @@ class DeviceIterator:
                     f"batches, got {type(source).__name__}: {source!r}"
                 )
             source = iter(source)
+        super().__init__((source,))
         self._res = _Resources(source)
         self._finalizer = weakref.finalize(self, _shutdown, self._res)
         self._state: Any = source.get_state() if hasattr(source, "get_state") else None
@@ -328,14 +325,9 @@ class DeviceIterator:
         """The ``jax.sharding.Sharding`` every leaf is placed with."""
         return self._placement.sharding
 
-    def __iter__(self) -> DeviceIterator:
-        return self
-
     def __next__(self) -> Any:
-        # Every call timed: they are the training step's, one a step.
-        return collect.clock_of(self).call(self, DeviceIterator._next)
-
-    def _next(self) -> Any:
+        # Run under the stats clock (DatasetIterator wraps it), timing every call:
+        # they are the training step's, one a step.
         if self._finished or not self._finalizer.alive:
             raise StopIteration
         feed = self._res.feed
@@ -392,6 +384,10 @@ class DeviceIterator:
         self._finished = False
         self._start()
 
+    def start_prefetch(self) -> None:
+        """Nothing to do: the feed's threads read ahead from construction on (asking the
+        source here would race the read thread, which is inside it)."""
+
     def stats(self) -> dict[str, Any]:
         """The source's stats (when it has them) with the feed's: ``host_to_device``
         among the stages, the step's own waiting as ``wait_s``/``wait_share``, the
@@ -405,18 +401,10 @@ class DeviceIterator:
         }
         return collect.stats_of(self, queues)
 
-    def add_stats_hook(self, callback: Hook, every_s: float = 10.0) -> None:
-        """Calls ``callback(self.stats())`` every ``every_s`` seconds, from ``next()``
-        (see :meth:`dataloader.DatasetIterator.add_stats_hook`)."""
-        collect.clock_of(self).add_hook(callback, every_s)
-
     @property
     def depth_samples(self) -> list[Depth]:
         """The queues' depths at each of the last ``DEPTH_SAMPLES`` steps (for reports)."""
         return list(self._res.counters.depths)
-
-    def _stats_parents(self) -> list[Any]:
-        return [self._res.source]
 
     def _stats_totals(self) -> dict[str, Any]:
         source = self._res.source
@@ -438,13 +426,11 @@ class DeviceIterator:
 
     def close(self) -> None:
         """Stops the feed threads, drops the buffers and closes the source; idempotent."""
+        self._closed = True
         self._finalizer()
 
     def __enter__(self) -> DeviceIterator:
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def device_prefetch(

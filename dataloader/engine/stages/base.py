@@ -42,6 +42,9 @@ class DatasetIterator(Iterator[T], abc.ABC):
     _stats_name: str | None = ""
     _stats_batches: bool | None = None
     _stats_exact: bool = False
+    # What it declares to its readers (the device feed): close() may be called from
+    # another thread while a next() runs in one, and ends that next() promptly.
+    _closes_from_any_thread: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

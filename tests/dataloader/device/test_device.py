@@ -384,6 +384,70 @@ def test_leaving_a_with_block_early_closes_an_iterator_source():
     assert not feed_threads()
 
 
+class WaitsUntilClosed(dl.DatasetIterator):
+    """A user's iterator whose next() waits until close(); it declares that close() may
+    come from another thread (the capability a loader's iterator declares)."""
+
+    _closes_from_any_thread = True
+
+    def __init__(self):
+        super().__init__()
+        self.inside, self.released = threading.Event(), threading.Event()
+
+    def __next__(self):
+        self.inside.set()
+        self.released.wait()
+        raise StopIteration
+
+    def get_state(self):
+        return {}
+
+    def set_state(self, state):
+        pass
+
+    def close(self):
+        self.released.set()
+        super().close()
+
+
+def test_a_source_that_closes_from_any_thread_is_closed_while_its_next_waits(monkeypatch):
+    # Were it closed only after its read thread ended, close() would wait out this hour.
+    from dataloader.device import feed
+
+    monkeypatch.setattr(feed, "CLOSE_WAIT_S", 3600.0)
+    source = WaitsUntilClosed()
+    it = dl.device_prefetch(source)
+    assert source.inside.wait(60)
+    it.close()
+    assert source.released.is_set() and source._closed
+    assert not feed_threads()
+
+
+def test_a_source_that_does_not_declare_it_is_closed_after_its_read_thread():
+    class Recording(ListIterator):
+        reading_at_close = None
+
+        def close(self):
+            self.reading_at_close = [t.name for t in feed_threads()]
+
+    source = Recording([np.zeros(4)] * 100)
+    it = dl.device_prefetch(source)
+    next(it)
+    it.close()
+    assert source.reading_at_close == []
+
+
+def test_the_device_iterator_is_a_dataset_iterator_with_its_source_as_parent():
+    loader_it = iter(make_loader())
+    with dl.device_prefetch(loader_it) as it:
+        assert isinstance(it, dl.DatasetIterator)
+        assert it._parent is loader_it
+        it.start_prefetch()  # the feed reads ahead already: nothing to start, no error
+        next(it)
+    with pytest.raises(StopIteration):
+        next(it)
+
+
 def test_a_slow_source_keeps_the_consumer_waiting_not_failing(cpus):
     def slow():
         for i in range(3):

@@ -37,7 +37,7 @@ def test_workers_come_and_go_with_the_consumers_demand_and_the_batches_stay_the_
     top = counts.index(max(counts))
     assert counts[0] == 1 and max(counts) > 1, counts  # a starved consumer got workers
     assert min(counts[top:]) < max(counts), counts  # and the slow steps gave some back
-    assert wait_until(lambda: not executor._res.retired or (executor._reap_retired() or False), 5)
+    assert wait_until(lambda: not executor._workers.retired or (executor._workers.reap_retired() or False), 5)
 
 
 def test_auto_workers_restore_exactly():

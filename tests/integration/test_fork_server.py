@@ -41,9 +41,9 @@ def test_workers_are_children_of_the_fork_server_and_it_stops_with_the_pool():
     it = iter(loader())
     next(it)
     executor = it._executor
-    server = executor._res.zygote
+    server = executor._workers.zygote
     assert server is not None and server.alive
-    assert wait_until(lambda: all(w.ready for w in executor._res.workers), 10) or [next(it) for _ in range(5)]
+    assert wait_until(lambda: all(w.ready for w in executor._workers.workers), 10) or [next(it) for _ in range(5)]
     assert {parent_of(pid) for pid in executor.pids} == {server.proc.pid}
     assert parent_of(server.proc.pid) == os.getpid()
     it.close()
@@ -56,7 +56,7 @@ def test_a_killed_fork_server_changes_no_batch_and_workers_start_without_it():
     it = iter(loader(1000, slow=True))  # 2 ms a record: ~1 s of work for 2 workers
     got = [next(it)["id"].tolist() for _ in range(5)]
     executor = it._executor
-    server = executor._res.zygote
+    server = executor._workers.zygote
     forked = set(executor.pids)
     os.kill(server.proc.pid, signal.SIGKILL)
     server.proc.wait()
@@ -64,7 +64,7 @@ def test_a_killed_fork_server_changes_no_batch_and_workers_start_without_it():
     # interpreters of its own, children of this process.
     got += [b["id"].tolist() for b in it]
     assert got == expected
-    assert executor._res.zygote is None
+    assert executor._workers.zygote is None
     assert not forked & set(executor.pids)
 
 
@@ -81,7 +81,7 @@ def test_a_fork_server_that_cannot_fork_safely_is_not_used(tmp_path, monkeypatch
     it = iter(loader(warm_start=False))  # every unit in a worker, not this process
     got = [b["id"].tolist() for b in it]
     assert got == expected
-    assert it._executor._res.zygote is None
+    assert it._executor._workers.zygote is None
 
 
 def test_forked_workers_do_not_share_numpy_global_random_state():
@@ -106,7 +106,7 @@ def test_fork_server_can_be_switched_off():
                            [dl.MapTransform(wp.to_array), dl.Batch(8)], worker_count=2)
         it = iter(ld)
         first = next(it)
-        assert it._executor._res.zygote is None and len(it._executor.pids) == 2
+        assert it._executor._workers.zygote is None and len(it._executor.pids) == 2
         ids = [first["id"].tolist()] + [b["id"].tolist() for b in it]
         assert ids == [list(range(i, i + 8)) for i in range(0, 64, 8)], ids
         print("ok", flush=True)

@@ -85,7 +85,7 @@ def test_sigkilled_parent_leaves_no_children_and_no_blocks():
         for _ in range(20):
             next(it)
         print(" ".join(map(str, it._executor.pids)), flush=True)
-        print(" ".join(it._executor._res.transport.blocks.names), flush=True)
+        print(" ".join(it._executor._transport.blocks.names), flush=True)
         import time; time.sleep(60)
         """
     )

@@ -88,7 +88,7 @@ def test_a_unit_stuck_behind_the_head_is_found_while_the_training_step_runs():
     it = iter(loader)
     executor = it._executor
     # Before the first next(), the pool hands out the window's 4 units to both workers.
-    assert wait_until(lambda: executor._window.created == 4 and all(w.ready for w in executor._res.workers), 30)
+    assert wait_until(lambda: executor._window.created == 4 and all(w.ready for w in executor._workers.workers), 30)
     assert next(it).tolist() == [0, 1, 2, 3]
     before = set(executor.pids)
     time.sleep(1.6)  # the "training step": unit 3 has been stuck for over a second

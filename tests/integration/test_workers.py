@@ -106,7 +106,7 @@ def test_batches_arrive_through_shared_memory_and_free_their_blocks():
     # Once block sizes are known (after the first results), batches view shared memory:
     # their base chain ends in the block pool's ctypes holder, not in pipe-borne bytes.
     assert all(_views_a_shared_block(b["x"]) for b in batches[8:])
-    pool = it._executor._res.transport.blocks
+    pool = it._executor._transport.blocks
     assert pool.target_size > 0 and len(pool.names) >= 1
     held = len(pool.names)
     del batches

@@ -95,11 +95,13 @@ def parse_text(record: bytes) -> dict[str, str]:
 
 
 def tokenize(element: dict[str, Any], model: str) -> dict[str, np.ndarray]:
+    """The text's ids as MaxText's ``inputs`` and ``targets`` (its tokenize and rekey steps)."""
     ids = np.asarray(token_ids(element["text"], model), np.int32)
     return {"inputs": ids, "targets": ids.copy()}
 
 
 def pad_to_length(element: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Unpacked rows in MaxText's layout: ids padded to LENGTH, segmentation and position."""
     out = {}
     for key, ids in element.items():
         out[key] = np.pad(ids, (0, LENGTH - len(ids)), constant_values=PAD)
@@ -115,6 +117,7 @@ def maxtext_names(element: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def expected_row(text: str, model: str) -> dict[str, np.ndarray]:
+    """The unpacked row one text must become, computed from the text with plain lists."""
     ids = token_ids(text, model)
     n = len(ids)
     row = np.array(ids + [PAD] * (LENGTH - n), np.int32)
@@ -196,6 +199,7 @@ def close(it: Any) -> None:
 
 
 def as_lists(batches: list[dict[str, np.ndarray]]) -> list[dict[str, list]]:
+    """Batches as plain lists, so two runs compare with ``==`` and a diff shows where."""
     return [{k: np.asarray(v).tolist() for k, v in sorted(b.items())} for b in batches]
 
 

@@ -37,53 +37,27 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import cloudpickle
 
-from dataloader.engine.compute import UnitResult, compute_unit, unit_record_keys
+from dataloader.engine.compute import UnitResult, compute_unit
 from dataloader.engine.plan import Plan
 from dataloader.engine.pool import autoscale
+from dataloader.engine.pool.autoscale.measure import decide
 from dataloader.engine.pool.messages import Done, Failed, Fatal, Ready, Task, remote_error
 from dataloader.engine.pool.process import WorkerProcess
-from dataloader.engine.pool.progress import Board
-from dataloader.engine.pool.shm import shm_free_bytes
-from dataloader.engine.pool.stalls import StallWatch, Stuck
+from dataloader.engine.pool.stalls import StallWatch, Stuck, crash_error
 from dataloader.engine.pool.transport import Transport
 from dataloader.engine.pool.window import Outcome, Window
-from dataloader.engine.pool.workers import MAX_CRASHES, Closing, WorkerSet
-from dataloader.errors import LoaderClosedError, PipelineError, WorkerCrashError, WorkerError
+from dataloader.engine.pool.workers import MAX_CRASHES, Closing, Workers, WorkerSet
+from dataloader.errors import LoaderClosedError, PipelineError, WorkerError
 from dataloader.options import AutoWorkers
 
 CLOSE_WAIT_S = 1.0  # how long close() waits for a next() in progress to give way
 
 logger = logging.getLogger("dataloader")
-
-
-class Workers(Protocol):
-    """What the loop asks of its worker processes (:class:`~.workers.WorkerSet` is the
-    real one). Workers are told apart by ``key``; the loop reads ``index``, ``ready``,
-    ``retiring`` and calls ``send(task)`` (OSError: it is dying)."""
-
-    workers: list[WorkerProcess]  # every worker that takes units or is retiring
-    deferred: list[int]  # slots still to start
-    board: Board | None  # progress of each slot; None: no stall checks
-    stopping: bool  # close() was called: start no process
-
-    def start(self, count: int, spare_a_core: bool) -> Iterator[WorkerProcess]: ...
-    def start_deferred(self) -> Iterator[WorkerProcess]: ...
-    def add(self, count: int) -> Iterator[WorkerProcess]: ...
-    def events(self, timeout: float) -> Iterator[tuple[WorkerProcess, Any, int]]: ...
-    def wait_readable(self, timeout: float) -> None: ...
-    def bury(self, w: WorkerProcess, timed_out: bool) -> int: ...
-    def replace(self, w: WorkerProcess) -> WorkerProcess | None: ...
-    def retire(self, count: int) -> list[WorkerProcess]: ...
-    def stop(self, w: WorkerProcess) -> None: ...
-    def reap_retired(self) -> None: ...
-    def live(self) -> list[WorkerProcess]: ...
-    def worker_bytes(self) -> int: ...
-    def close(self) -> None: ...
 
 
 def _release(workers: Workers, transport: Transport) -> None:
@@ -393,7 +367,7 @@ class PoolExecutor:
                 errors.append((unit, stuck.error))
         else:
             tokens, poisoned = self._window.worker_died(w.key, MAX_CRASHES)
-            errors += [(unit, self._crash_error(unit, code)) for unit in poisoned]
+            errors += [(u, crash_error(self._plan, self._window.range(u), code, MAX_CRASHES)) for u in poisoned]
         for token in tokens:
             self._transport.give_back(token)
         for unit, error in errors:
@@ -401,26 +375,13 @@ class PoolExecutor:
         successor = self._workers.replace(w)  # None: it was leaving anyway
         self._joined([successor] if successor is not None else [])
 
-    def _crash_error(self, unit: int, code: int) -> WorkerCrashError:
-        start, stop = self._window.range(unit)
-        keys = unit_record_keys(self._plan, start, stop).tolist()
-        how = f"signal {-code}" if code < 0 else f"exit code {code}"
-        return WorkerCrashError(
-            f"the unit of positions [{start}, {stop}) killed its worker {MAX_CRASHES} times "
-            f"(last: {how}); it reads record indices {keys}; find the record that crashes "
-            f"(e.g. with worker_count=0 under a debugger) and filter or repair it"
-        )
-
     def _autoscale(self, now: float) -> None:
-        """Samples the idle workers and, once per interval, adds or retires some (the
-        highest indices retire, each once it has answered what it holds)."""
-        scaler, window, workers = self._scaler, self._window, self._workers
-        assert scaler is not None
-        live = workers.live()
-        starting = bool(workers.deferred) or not all(w.ready for w in live)
-        if not window.exhausted:
-            scaler.sample(sum(1 for w in live if w.ready and not window.held(w.key)))
-        change = scaler.decide(now, len(live), starting, self._room)
+        """Adds or retires workers as the autoscaler decides (the highest indices retire,
+        each once it has answered what it holds)."""
+        workers, window = self._workers, self._window
+        assert self._scaler is not None
+        live = len(workers.live())
+        change = decide(self._scaler, self._auto, now, workers, window, self._transport, self._buffer)
         if change > 0:
             self._joined(workers.add(change))
         elif change < 0:
@@ -429,20 +390,9 @@ class PoolExecutor:
                     self._stop_retired(w)
             self._joined([])
         if change:
-            self.worker_counts.append((now, len(live) + change))
-            logger.info("granary: worker_count auto: %d -> %d workers", len(live), len(live) + change)
+            self.worker_counts.append((now, live + change))
+            logger.info("granary: worker_count auto: %d -> %d workers", live, live + change)
         workers.reap_retired()
-
-    def _room(self) -> int:
-        transport = self._transport
-        use_shm = transport.use_shm
-        return autoscale.room(
-            self._auto,
-            self._workers.worker_bytes(),
-            self._buffer + 1,
-            transport.blocks.target_size if use_shm else 0,
-            shm_free_bytes() if use_shm else None,
-        )
 
     def _stop_retired(self, w: WorkerProcess) -> None:
         self._window.remove_worker(w.key)

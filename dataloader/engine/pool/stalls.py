@@ -1,5 +1,8 @@
 """Stuck work: which worker has been on which unit, in which operation, for too long.
 
+The error for a unit that keeps killing its worker is written here too
+(:func:`crash_error`): like a timeout, it names the unit by its record indices.
+
 While the consumer waits, the pool asks :meth:`StallWatch.check` every
 :attr:`~StallWatch.interval` seconds. It compares each worker's progress slot
 (:mod:`~dataloader.engine.pool.progress`) with the unit the scheduling window says the
@@ -30,7 +33,7 @@ from dataloader.engine.plan import Plan
 from dataloader.engine.pool.process import WorkerProcess
 from dataloader.engine.pool.progress import IDLE, SENDING, Board
 from dataloader.engine.pool.window import Window
-from dataloader.errors import WorkerTimeoutError
+from dataloader.errors import WorkerCrashError, WorkerTimeoutError
 
 logger = logging.getLogger("dataloader")
 _SHOWN = 16  # record indices written out in a message
@@ -126,3 +129,16 @@ class StallWatch:
             logger.warning("%s; killing it (unit_timeout_s=%g s)", where, self.timeout_s)
             stuck.append(Stuck(w, error))
         return stuck
+
+
+def crash_error(plan: Plan, positions: tuple[int, int], code: int, crashes: int) -> WorkerCrashError:
+    """The error at the place of a unit (``positions``) that killed its worker ``crashes``
+    times, the last time with exit code ``code`` (negative: a signal)."""
+    start, stop = positions
+    keys = unit_record_keys(plan, start, stop).tolist()
+    how = f"signal {-code}" if code < 0 else f"exit code {code}"
+    return WorkerCrashError(
+        f"the unit of positions [{start}, {stop}) killed its worker {crashes} times "
+        f"(last: {how}); it reads record indices {keys}; find the record that crashes "
+        f"(e.g. with worker_count=0 under a debugger) and filter or repair it"
+    )

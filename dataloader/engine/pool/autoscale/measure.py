@@ -1,0 +1,48 @@
+"""What the :class:`~dataloader.engine.pool.autoscale.Scaler` is told about one pool.
+
+The scheduling loop asks :func:`decide` at each ``next()``: it counts the ready workers
+with no unit (the window was full), and, when the Scaler would add workers, how many
+more the memory of one worker and the result blocks it needs leave room for. The loop
+then adds or retires them through its worker set.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dataloader.engine.pool.autoscale import Scaler, room
+from dataloader.engine.pool.shm import shm_free_bytes
+
+if TYPE_CHECKING:
+    from dataloader.engine.pool.transport import Transport
+    from dataloader.engine.pool.window import Window
+    from dataloader.engine.pool.workers import Workers
+    from dataloader.options import AutoWorkers
+
+
+def decide(
+    scaler: Scaler,
+    options: AutoWorkers,
+    now: float,
+    workers: Workers,
+    window: Window,
+    transport: Transport,
+    buffer_size: int,
+) -> int:
+    """Samples the idle workers; returns the workers to add (> 0) or retire (< 0) now."""
+    live = workers.live()
+    starting = bool(workers.deferred) or not all(w.ready for w in live)
+    if not window.exhausted:
+        scaler.sample(sum(1 for w in live if w.ready and not window.held(w.key)))
+
+    def fits() -> int:
+        use_shm = transport.use_shm
+        return room(
+            options,
+            workers.worker_bytes(),
+            buffer_size + 1,
+            transport.blocks.target_size if use_shm else 0,
+            shm_free_bytes() if use_shm else None,
+        )
+
+    return scaler.decide(now, len(live), starting, fits)

@@ -170,11 +170,28 @@ class DataLoader:
         self.plan: Plan = make_plan(data_source, sampler, head, read_options.unit_size)
         if self._tail:
             _check_stage_operations(self._tail)
-        # Pickled once, here, so an operation that cannot reach the workers fails now.
-        self._plan_bytes = pickle_plan(self.plan) if in_workers else b""
+        make_executor: Callable[[int], Executor]
+        if in_workers:
+            # Pickled once, here, so an operation that cannot reach the workers fails now.
+            self._plan_bytes = pickle_plan(self.plan)
+            make_executor = functools.partial(
+                PoolExecutor,
+                self.plan,
+                self._plan_bytes,
+                worker_count=self.worker_count,
+                buffer_size=self.worker_buffer_size,
+                init_fn=self.worker_init_fn,
+                warm_start=self.warm_start,
+                stall_warning_s=self.stall_warning_s,
+                unit_timeout_s=self.unit_timeout_s,
+            )
+        else:
+            self._plan_bytes = b""
+            make_executor = functools.partial(InProcessExecutor, self.plan, read_options=read_options)
+        # Values only (no bound method of the loader): the iterators never reach back.
         self._engine = LoaderEngine(
             plan=self.plan,
-            make_executor=self._executor_factory(in_workers),
+            make_executor=make_executor,
             filter_watch=functools.partial(
                 FilterWatch.for_operations, [s.op for s in self.plan.pre], self.options
             ),
@@ -183,23 +200,6 @@ class DataLoader:
                 worker_buffer_size=self.worker_buffer_size, read_options=read_options,
             ),
             in_workers=in_workers,
-        )
-
-    def _executor_factory(self, in_workers: bool) -> Callable[[int], Executor]:
-        """``make_executor(position)`` of the engine value: bound to the settings' values,
-        never to the loader."""
-        if not in_workers:
-            return functools.partial(InProcessExecutor, self.plan, read_options=self.read_options)
-        return functools.partial(
-            PoolExecutor,
-            self.plan,
-            self._plan_bytes,
-            worker_count=self.worker_count,
-            buffer_size=self.worker_buffer_size,
-            init_fn=self.worker_init_fn,
-            warm_start=self.warm_start,
-            stall_warning_s=self.stall_warning_s,
-            unit_timeout_s=self.unit_timeout_s,
         )
 
     @property

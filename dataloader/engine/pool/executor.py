@@ -20,7 +20,7 @@ unchanged. A unit that killed its worker ``MAX_CRASHES`` times becomes an error 
 place in the stream. Exceptions, whatever their type (``SystemExit`` included), are not
 deaths: they come back as the unit's error (see :mod:`~dataloader.engine.compute`).
 While the consumer waits, the pool warns about units past ``stall_warning_s`` and kills
-workers past ``unit_timeout_s`` (:mod:`~dataloader.engine.pool.stalls`).
+workers past ``unit_timeout_s`` (:mod:`~dataloader.engine.pool.watch.stalls`).
 
 Threads. Calls are serialised by a lock, but ``close()`` never waits on a stuck
 ``next()``: the consumer polls in steps of at most 0.25 s and gives the lock up, with a
@@ -48,8 +48,8 @@ from dataloader.engine.pool import autoscale
 from dataloader.engine.pool.autoscale.measure import decide
 from dataloader.engine.pool.messages import Done, Failed, Fatal, Ready, Task, remote_error
 from dataloader.engine.pool.process import WorkerProcess
-from dataloader.engine.pool.stalls import StallWatch, Stuck, crash_error
 from dataloader.engine.pool.transport import Transport
+from dataloader.engine.pool.watch.stalls import StallWatch, Stuck, crash_error
 from dataloader.engine.pool.window import Outcome, Window
 from dataloader.engine.pool.workers import MAX_CRASHES, Closing, Workers, WorkerSet
 from dataloader.errors import LoaderClosedError, PipelineError, WorkerError

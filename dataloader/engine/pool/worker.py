@@ -106,7 +106,7 @@ def serve(
     ).start()
     try:
         from dataloader.engine.compute import compute_unit
-        from dataloader.engine.pool.progress import IDLE, SENDING, Slot
+        from dataloader.engine.pool.watch.progress import IDLE, SENDING, Slot
 
         plan = cloudpickle.loads(config.plan)
         init_fn = cloudpickle.loads(config.init_fn)

@@ -31,7 +31,7 @@ from dataloader.engine.pool import zygote as fork_server
 from dataloader.engine.pool.autoscale import private_bytes, usable_cpus
 from dataloader.engine.pool.messages import Init, WorkerConfig
 from dataloader.engine.pool.process import WorkerProcess, startup_cpus, stop_all, worker_env
-from dataloader.engine.pool.progress import Board
+from dataloader.engine.pool.watch.progress import Board
 from dataloader.errors import LoaderClosedError, WorkerError
 
 MAX_CRASHES = 3  # deaths of a unit's worker, or of starting workers, that make an error

@@ -65,7 +65,7 @@ BASE_MODULES = (
     "dataloader.engine.compute",
     "dataloader.engine.pool.worker",
     "dataloader.engine.pool.shm",
-    "dataloader.engine.pool.progress",
+    "dataloader.engine.pool.watch.progress",
 )
 PACKET = 1 << 16
 # How long the parent waits for an answer beyond what it asked for (imports included).

@@ -5,7 +5,7 @@ The error for a unit that keeps killing its worker is written here too
 
 While the consumer waits, the pool asks :meth:`StallWatch.check` every
 :attr:`~StallWatch.interval` seconds. It compares each worker's progress slot
-(:mod:`~dataloader.engine.pool.progress`) with the unit the scheduling window says the
+(:mod:`~dataloader.engine.pool.watch.progress`) with the unit the scheduling window says the
 worker computes (its oldest unit: a worker computes its units in order):
 
 * past ``stall_warning_s`` the loader logs a warning, once per unit, on the
@@ -31,7 +31,7 @@ from typing import NamedTuple
 from dataloader.engine.compute import stage_names, unit_record_keys
 from dataloader.engine.plan import Plan
 from dataloader.engine.pool.process import WorkerProcess
-from dataloader.engine.pool.progress import IDLE, SENDING, Board
+from dataloader.engine.pool.watch.progress import IDLE, SENDING, Board
 from dataloader.engine.pool.window import Window
 from dataloader.errors import WorkerCrashError, WorkerTimeoutError
 

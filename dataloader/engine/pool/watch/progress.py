@@ -3,7 +3,7 @@
 A worker writes its slot when it starts a unit and at each operation boundary: a few
 stores into shared memory per unit, nothing per record and no message. The parent
 reads the slots only while the consumer waits, to say which worker is stuck in which
-unit and operation (:mod:`~dataloader.engine.pool.stalls`).
+unit and operation (:mod:`~dataloader.engine.pool.watch.stalls`).
 
 The memory is a ``memfd`` that each child inherits as a file descriptor: it has no
 name in ``/dev/shm``, so there is nothing to unlink, nothing to leak and nothing to

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 
-from dataloader.engine.pool.progress import SENDING, Board, Slot
+from dataloader.engine.pool.watch.progress import SENDING, Board, Slot
 
 
 def test_a_slot_reports_unit_stage_and_start_time_to_the_board():

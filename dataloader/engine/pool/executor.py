@@ -1,18 +1,15 @@
 """The worker pool as an executor: unit results in unit order, computed by child processes.
 
-This is the scheduling loop. It works over three parts, each in its own module:
-
-* :mod:`~dataloader.engine.pool.window`: which unit goes to which worker, and what the
-  consumer gets next (at most ``buffer_size`` units per worker, never more than
-  ``worker_count * buffer_size`` units ahead of the consumer, which bounds memory);
-* :mod:`~dataloader.engine.pool.transport`: results back through shared memory;
-* :mod:`~dataloader.engine.pool.workers`: the processes (started, replaced, retired,
-  reaped), reached through :class:`Workers`, so the loop is tested with a fake.
+This is the scheduling loop, run with a lock held (the threads: :mod:`~.guard`), over
+three parts: the :class:`~.window.Window` (which unit goes to which worker, what the
+consumer gets next, never more than ``worker_count * buffer_size`` units ahead of it,
+which bounds memory), the :class:`~.transport.Transport` (results back through shared
+memory) and the worker set (:class:`~.workers.Workers`, the processes; the loop's
+tests pass a fake).
 
 Until a worker is ready, the parent computes the units the consumer asks for itself
 (``warm_start``; a record that crashes its process would crash the parent there, so
-it can be switched off). A thread hands out the first units as soon as workers are
-ready, before the first ``next()``, so the pool works while the training script sets up.
+it can be switched off).
 
 A worker that dies (SIGKILL, OOM killer, segfault) closes its result pipe, which wakes
 the parent at once: it is replaced and its units are computed again, so the output is
@@ -21,22 +18,12 @@ place in the stream. Exceptions, whatever their type (``SystemExit`` included), 
 deaths: they come back as the unit's error (see :mod:`~dataloader.engine.compute`).
 While the consumer waits, the pool warns about units past ``stall_warning_s`` and kills
 workers past ``unit_timeout_s`` (:mod:`~dataloader.engine.pool.watch.stalls`).
-
-Threads. Calls are serialised by a lock, but ``close()`` never waits on a stuck
-``next()``: the consumer polls in steps of at most 0.25 s and gives the lock up, with a
-:class:`~dataloader.errors.LoaderClosedError`, once it sees that ``close()`` was
-called. Only a ``next()`` busy in user code in this process (a warm-start unit)
-cannot give it up; ``close()`` then releases the workers and blocks without it, after
-``CLOSE_WAIT_S``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import threading
 import time
-import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -44,29 +31,21 @@ import cloudpickle
 
 from dataloader.engine.compute import UnitResult, compute_unit
 from dataloader.engine.plan import Plan
-from dataloader.engine.pool import autoscale
-from dataloader.engine.pool.autoscale.measure import decide
+from dataloader.engine.pool.autoscale.measure import Scaling
+from dataloader.engine.pool.guard import Guarded
 from dataloader.engine.pool.messages import Done, Failed, Fatal, Ready, Task, remote_error
 from dataloader.engine.pool.process import WorkerProcess
 from dataloader.engine.pool.transport import Transport
 from dataloader.engine.pool.watch.stalls import StallWatch, Stuck, crash_error
 from dataloader.engine.pool.window import Outcome, Window
-from dataloader.engine.pool.workers import MAX_CRASHES, Closing, Workers, WorkerSet
-from dataloader.errors import LoaderClosedError, PipelineError, WorkerError
+from dataloader.engine.pool.workers import MAX_CRASHES, Workers, WorkerSet
+from dataloader.errors import PipelineError, WorkerError
 from dataloader.options import AutoWorkers
-
-CLOSE_WAIT_S = 1.0  # how long close() waits for a next() in progress to give way
 
 logger = logging.getLogger("dataloader")
 
 
-def _release(workers: Workers, transport: Transport) -> None:
-    """Stops every child within a bounded time and unlinks every block."""
-    workers.close()
-    transport.close()
-
-
-class PoolExecutor:
+class PoolExecutor(Guarded):
     """Unit results in order, computed by a pool of worker processes.
 
     Implements :class:`~dataloader.engine.executor.Executor`.
@@ -106,44 +85,35 @@ class PoolExecutor:
         self._plan, self._plan_bytes, self._make_workers = plan, plan_bytes, make_workers
         self._init_fn = cloudpickle.dumps(init_fn)
         self._warm_start = warm_start and unit_timeout_s is None
-        self._scaler: autoscale.Scaler | None = None
+        self._scaling: Scaling | None = None
         if isinstance(worker_count, AutoWorkers):
-            self._auto = worker_count
-            self._scaler = autoscale.Scaler(worker_count, autoscale.usable_cpus(), time.monotonic())
+            self._scaling = Scaling(worker_count, buffer_size)
             # Slots (progress board, worker indices) for the most workers there may be.
-            self._worker_count, self._initial = self._scaler.high, self._scaler.initial
+            self._worker_count, self._initial = self._scaling.high, self._scaling.initial
         else:
             self._worker_count = self._initial = worker_count
         self._buffer = buffer_size
         self.worker_counts: list[tuple[float, int]] = []  # (time.monotonic(), count) at each change
         self._window = Window(self._initial * buffer_size, buffer_size)
         self._watch = StallWatch(plan, stall_warning_s, unit_timeout_s)
-        self._lock = threading.Lock()
-        self._consumer_started = False
-        self._prestart_error: Exception | None = None
+        super().__init__()
         self._start()
         self._window.reset(plan.units(position))
-        threading.Thread(
-            target=PoolExecutor._prestart, args=(weakref.ref(self),), name="granary-prestart", daemon=True
-        ).start()
+        self._start_early()
 
     def _start(self) -> None:
         self._closing = False
         self._next_check = 0.0  # when to look for stuck workers next (time.monotonic)
-        self._transport = Transport()
-        self._workers = self._make_workers(
-            self._worker_count, self._plan_bytes, self._init_fn, self._transport.prefix
-        )
+        transport = Transport()
+        self._own(self._make_workers(self._worker_count, self._plan_bytes, self._init_fn, transport.prefix), transport)
         self._window.clear_workers()
-        self._finalizer = weakref.finalize(self, _release, self._workers, self._transport)
         self._ever_ready = False
         self._joined(self._workers.start(self._initial, spare_a_core=self._warm_start))
         self.worker_counts.append((time.monotonic(), self._initial))
 
     def _joined(self, started: Iterable[WorkerProcess]) -> None:
-        """Gives each worker just started room in the window, then fits the window to
-        ``buffer_size`` units for each worker that takes units (those still to start
-        included, retiring ones not)."""
+        """Gives each worker just started room in the window, and fits the window to
+        ``buffer_size`` units per worker that takes units (deferred ones too)."""
         for w in started:
             self._window.add_worker(w.key)
         self._window.size = (len(self._workers.live()) + len(self._workers.deferred)) * self._buffer
@@ -152,68 +122,14 @@ class PoolExecutor:
         return self._window.size + len(self._workers.workers) + 2
 
     def reset(self, position: int) -> None:
-        """Starts a new stream at ``position``; results of the old one are discarded.
-
-        The workers stay up (a restore costs no process start-up), unless an error had
-        stopped them, in which case a fresh pool starts.
-        """
+        """Starts a new stream at ``position``, dropping the old one's results. The workers
+        stay up (a restore costs no process start-up) unless an error stopped them."""
         with self._lock:
             if not self._finalizer.alive:
                 self._start()
             self._window.reset(self._plan.units(position))
 
-    @staticmethod
-    def _prestart(ref: weakref.ref[PoolExecutor]) -> None:
-        """Hands out the first units as soon as workers are ready, before the first
-        ``next()``, so the pool works while the training script is still setting up.
-        Ends when the consumer starts, or the executor is closed or collected (it holds
-        only a weak reference between rounds, and no lock while it waits)."""
-        while True:
-            executor = ref()
-            if executor is None or not executor._wanted_early(locked=False):
-                return
-            workers = executor._workers
-            del executor
-            workers.wait_readable(0.05)
-            executor = ref()
-            if executor is None:
-                return
-            with executor._lock:
-                # Checked again under the lock: the consumer may have started, or the pool
-                # been closed (then its pipes are closed and must not look like dead workers).
-                if not executor._wanted_early(locked=True):
-                    return
-                try:
-                    executor._wait(0)
-                    executor._dispatch()
-                except Exception as exc:  # e.g. a worker that cannot start
-                    executor._prestart_error = exc
-                    return
-            del executor
-
-    def _wanted_early(self, locked: bool) -> bool:
-        with contextlib.nullcontext() if locked else self._lock:
-            return not (self._consumer_started or self._closing or not self._finalizer.alive)
-
     # -- consuming ------------------------------------------------------------------------
-
-    def __iter__(self) -> PoolExecutor:
-        return self
-
-    def __next__(self) -> UnitResult:
-        with self._lock:
-            self._consumer_started = True
-            if self._prestart_error is not None:
-                error, self._prestart_error = self._prestart_error, None
-                raise self._closed_error() if isinstance(error, Closing) else error
-            if not self._finalizer.alive:
-                raise StopIteration
-            try:
-                return self._next_locked()
-            except (OSError, ValueError, Closing) as exc:  # closed under a busy call
-                if self._closing:
-                    raise self._closed_error() from exc
-                raise
 
     def _next_locked(self) -> UnitResult:
         window = self._window
@@ -225,8 +141,8 @@ class PoolExecutor:
             if now >= self._next_check:
                 self._next_check = now + self._watch.interval
                 self._check_stalls()
-            if self._scaler is not None:
-                self._autoscale(now)
+            if self._scaling is not None:
+                self._autoscale(self._scaling, now)
             outcome = window.take_head()
             if outcome is not None:
                 if outcome.error is not None:
@@ -254,22 +170,15 @@ class PoolExecutor:
                 continue
             started = time.monotonic()
             self._wait(self._watch.interval)
-            if self._scaler is not None:
-                self._scaler.waited(time.monotonic() - started)
-
-    def _closed_error(self) -> LoaderClosedError:
-        return LoaderClosedError(
-            f"the loader was closed while next() waited for unit {self._window.head}; "
-            f"this iterator is finished: make a new one (or set_state) to go on"
-        )
+            if self._scaling is not None:
+                self._scaling.waited(time.monotonic() - started)
 
     def _compute_inline(self, unit: int) -> None:
         try:
             if unit >= self._window.created and self._window.next_unit() is None:
                 return
-            start, stop = self._window.range(unit)
             try:
-                result = compute_unit(self._plan, start, stop)
+                result = compute_unit(self._plan, *self._window.range(unit))
             except PipelineError as exc:
                 self._window.finish(unit, Outcome(None, exc))
                 return
@@ -328,12 +237,7 @@ class PoolExecutor:
             transport.give_back(entry.token)
             window.finish(entry.unit, Outcome(None, remote_error(message.error, w.index)))
             return
-        began = time.perf_counter()
-        value, size = transport.receive(entry.token, message, nbytes)
-        # For stats(): who computed the unit, how it travelled, what receiving it cost.
-        value.worker, value.piped = w.index, message.layout is None
-        value.timings["transport"] = time.perf_counter() - began
-        transport.note_size(size, self._blocks_needed())
+        value = transport.take(entry.token, message, nbytes, w.index, self._blocks_needed())
         window.finish(entry.unit, Outcome(value))
         if w.retiring and not window.held(w.key):
             self._stop_retired(w)
@@ -342,12 +246,11 @@ class PoolExecutor:
 
     def _check_stalls(self) -> None:
         board = self._workers.board
-        if board is None:
-            return
-        self._wait(0)  # answers already in the pipes first: their units are not stuck
-        for stuck in self._watch.check(self._workers.workers, self._window, board):
-            stuck.worker.proc.kill()
-            self._replace(stuck.worker, stuck)
+        if board is not None:
+            self._wait(0)  # answers already in the pipes first: their units are not stuck
+            for stuck in self._watch.check(self._workers.workers, self._window, board):
+                stuck.worker.proc.kill()
+                self._replace(stuck.worker, stuck)
 
     def _replace(self, w: WorkerProcess, stuck: Stuck | None = None) -> None:
         """A worker died, or was killed for taking too long (``stuck``): forget it, start
@@ -360,28 +263,25 @@ class PoolExecutor:
         except WorkerError:
             self._finalizer()  # lock held: not close()
             raise
-        errors: list[tuple[int, WorkerError]] = []
+        errors: list[tuple[int, WorkerError]]
         if stuck is not None:
             tokens, unit = self._window.worker_timed_out(w.key)
-            if unit is not None and stuck.error is not None:
-                errors.append((unit, stuck.error))
+            errors = [(unit, stuck.error)] if unit is not None and stuck.error is not None else []
         else:
             tokens, poisoned = self._window.worker_died(w.key, MAX_CRASHES)
-            errors += [(u, crash_error(self._plan, self._window.range(u), code, MAX_CRASHES)) for u in poisoned]
+            errors = [(u, crash_error(self._plan, self._window.range(u), code, MAX_CRASHES)) for u in poisoned]
         for token in tokens:
             self._transport.give_back(token)
         for unit, error in errors:
             self._window.finish(unit, Outcome(None, error))
-        successor = self._workers.replace(w)  # None: it was leaving anyway
-        self._joined([successor] if successor is not None else [])
+        self._joined(self._workers.replace(w))  # none if it was leaving anyway
 
-    def _autoscale(self, now: float) -> None:
+    def _autoscale(self, scaling: Scaling, now: float) -> None:
         """Adds or retires workers as the autoscaler decides (the highest indices retire,
         each once it has answered what it holds)."""
         workers, window = self._workers, self._window
-        assert self._scaler is not None
         live = len(workers.live())
-        change = decide(self._scaler, self._auto, now, workers, window, self._transport, self._buffer)
+        change = scaling.decide(now, workers, window, self._transport)
         if change > 0:
             self._joined(workers.add(change))
         elif change < 0:
@@ -397,25 +297,3 @@ class PoolExecutor:
     def _stop_retired(self, w: WorkerProcess) -> None:
         self._window.remove_worker(w.key)
         self._workers.stop(w)
-
-    # -- shutting down --------------------------------------------------------------------
-
-    @property
-    def pids(self) -> list[int]:
-        return [w.pid for w in self._workers.workers]
-
-    def close(self) -> None:
-        """Stops every worker and unlinks every block, from any thread, in bounded time.
-
-        A ``next()`` waiting in another thread raises
-        :class:`~dataloader.errors.LoaderClosedError` within a fraction of a second and
-        gives way; one busy in user code in this process is not waited for beyond
-        ``CLOSE_WAIT_S`` (the workers are stopped under it).
-        """
-        self._closing = self._workers.stopping = True
-        locked = self._lock.acquire(timeout=CLOSE_WAIT_S)
-        try:
-            self._finalizer()
-        finally:
-            if locked:
-                self._lock.release()

@@ -15,6 +15,7 @@ change.
 
 from __future__ import annotations
 
+import time
 import warnings
 from typing import Any
 
@@ -82,6 +83,16 @@ class Transport:
             self.give_back(block)
             value, size = done.result, message_bytes
         return value, size
+
+    def take(self, block: shm.Block | None, done: Done, message_bytes: int, worker: int, blocks_needed: int) -> Any:
+        """:meth:`receive`, then :meth:`note_size`; the result is marked for ``stats()``
+        with who computed it, how it travelled and what receiving it cost."""
+        began = time.perf_counter()
+        value, size = self.receive(block, done, message_bytes)
+        value.worker, value.piped = worker, done.layout is None
+        value.timings["transport"] = time.perf_counter() - began
+        self.note_size(size, blocks_needed)
+        return value
 
     def note_size(self, nbytes: int, blocks_needed: int) -> None:
         """Grows the blocks to fit ``nbytes``; on the first size, checks /dev/shm has room

@@ -61,7 +61,7 @@ class Workers(Protocol):
     def events(self, timeout: float) -> Iterator[tuple[WorkerProcess, Any, int]]: ...
     def wait_readable(self, timeout: float) -> None: ...
     def bury(self, w: WorkerProcess, timed_out: bool) -> int: ...
-    def replace(self, w: WorkerProcess) -> WorkerProcess | None: ...
+    def replace(self, w: WorkerProcess) -> Iterator[WorkerProcess]: ...
     def retire(self, count: int) -> list[WorkerProcess]: ...
     def stop(self, w: WorkerProcess) -> None: ...
     def reap_retired(self) -> None: ...
@@ -227,15 +227,15 @@ class WorkerSet:
                 )
         return code
 
-    def replace(self, w: WorkerProcess) -> WorkerProcess | None:
-        """Starts a buried worker's successor in its slot (None: it was retiring, and
-        leaves the set)."""
+    def replace(self, w: WorkerProcess) -> Iterator[WorkerProcess]:
+        """Starts a buried worker's successor in its slot, yielding it (none if it was
+        retiring: it leaves the set)."""
         i = self.workers.index(w)
         if w.retiring:
             del self.workers[i]
-            return None
+            return
         self.workers[i] = self._spawn(w.index)
-        return self.workers[i]
+        yield self.workers[i]
 
     def retire(self, count: int) -> list[WorkerProcess]:
         """Marks ``count`` live workers (the highest indices) as retiring: they get no

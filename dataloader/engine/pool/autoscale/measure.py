@@ -1,16 +1,17 @@
-"""What the :class:`~dataloader.engine.pool.autoscale.Scaler` is told about one pool.
+"""What the :class:`~dataloader.engine.pool.autoscale.Scaler` of one pool is told.
 
-The scheduling loop asks :func:`decide` at each ``next()``: it counts the ready workers
-with no unit (the window was full), and, when the Scaler would add workers, how many
-more the memory of one worker and the result blocks it needs leave room for. The loop
-then adds or retires them through its worker set.
+The scheduling loop asks :meth:`Scaling.decide` at each ``next()``: it counts the ready
+workers with no unit (the window was full), and, when the Scaler would add workers, how
+many more the memory of one worker and the result blocks it needs leave room for. The
+loop then adds or retires them through its worker set.
 """
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
-from dataloader.engine.pool.autoscale import Scaler, room
+from dataloader.engine.pool.autoscale import Scaler, room, usable_cpus
 from dataloader.engine.pool.shm import shm_free_bytes
 
 if TYPE_CHECKING:
@@ -20,29 +21,32 @@ if TYPE_CHECKING:
     from dataloader.options import AutoWorkers
 
 
-def decide(
-    scaler: Scaler,
-    options: AutoWorkers,
-    now: float,
-    workers: Workers,
-    window: Window,
-    transport: Transport,
-    buffer_size: int,
-) -> int:
-    """Samples the idle workers; returns the workers to add (> 0) or retire (< 0) now."""
-    live = workers.live()
-    starting = bool(workers.deferred) or not all(w.ready for w in live)
-    if not window.exhausted:
-        scaler.sample(sum(1 for w in live if w.ready and not window.held(w.key)))
+class Scaling:
+    """``worker_count="auto"`` for one pool: ``high`` slots, ``initial`` workers."""
 
-    def fits() -> int:
-        use_shm = transport.use_shm
-        return room(
-            options,
-            workers.worker_bytes(),
-            buffer_size + 1,
-            transport.blocks.target_size if use_shm else 0,
-            shm_free_bytes() if use_shm else None,
-        )
+    def __init__(self, options: AutoWorkers, buffer_size: int) -> None:
+        self.options, self._buffer = options, buffer_size
+        self.scaler = Scaler(options, usable_cpus(), time.monotonic())
+        self.high, self.initial = self.scaler.high, self.scaler.initial
 
-    return scaler.decide(now, len(live), starting, fits)
+    def waited(self, seconds: float) -> None:
+        self.scaler.waited(seconds)
+
+    def decide(self, now: float, workers: Workers, window: Window, transport: Transport) -> int:
+        """Samples the idle workers; returns the workers to add (> 0) or retire (< 0) now."""
+        live = workers.live()
+        starting = bool(workers.deferred) or not all(w.ready for w in live)
+        if not window.exhausted:
+            self.scaler.sample(sum(1 for w in live if w.ready and not window.held(w.key)))
+
+        def fits() -> int:
+            use_shm = transport.use_shm
+            return room(
+                self.options,
+                workers.worker_bytes(),
+                self._buffer + 1,
+                transport.blocks.target_size if use_shm else 0,
+                shm_free_bytes() if use_shm else None,
+            )
+
+        return self.scaler.decide(now, len(live), starting, fits)

@@ -114,13 +114,13 @@ class FakeWorkers:
         self.buried.append(w)
         return -9
 
-    def replace(self, w: FakeWorker) -> FakeWorker | None:
+    def replace(self, w: FakeWorker) -> Iterator[FakeWorker]:
         i = self.workers.index(w)
-        if w.retiring:
+        if not w.retiring:
+            self.workers[i] = self._new(w.index)
+            yield self.workers[i]
+        else:
             del self.workers[i]
-            return None
-        self.workers[i] = self._new(w.index)
-        return self.workers[i]
 
     def retire(self, count: int) -> list[FakeWorker]:
         chosen = sorted(self.live(), key=lambda w: -w.index)[:count]
@@ -269,7 +269,7 @@ class ScriptedScaler:
 def test_autoscaling_adds_workers_and_retires_them_once_they_hold_nothing(pool):
     executor, fake = pool(workers=AutoWorkers(min_workers=1, max_workers=4, initial=2), buffer=1)
     assert fake.slots == 4 and len(fake.workers) == 2
-    executor._scaler = scaler = ScriptedScaler()
+    executor._scaling.scaler = scaler = ScriptedScaler()
     out = [next(executor)]
     scaler.change = +2
     out.append(next(executor))

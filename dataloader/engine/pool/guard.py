@@ -65,31 +65,31 @@ class Guarded:
         """Runs start-up rounds until the consumer starts, or the executor is closed or
         collected (it holds only a weak reference between rounds, and no lock while it
         waits)."""
-        while True:
-            executor = ref()
-            if executor is None:
-                return
-            with executor._lock:
-                if not executor._wanted_early():
-                    return
-                workers = executor._workers
-            del executor
+        workers = Guarded._early_round(ref, work=False)
+        while workers is not None:
             workers.wait_readable(0.05)
-            executor = ref()
-            if executor is None:
-                return
-            with executor._lock:
-                # Checked again under the lock: the consumer may have started, or the pool
-                # been closed (then its pipes are closed and must not look like dead workers).
-                if not executor._wanted_early():
-                    return
+            workers = Guarded._early_round(ref, work=True)
+
+    @staticmethod
+    def _early_round(ref: weakref.ref[Guarded], work: bool) -> Workers | None:
+        """The worker set to wait on, after taking in what it said and handing out units
+        (``work``); None once start-up work is no longer wanted, or failed."""
+        executor = ref()
+        if executor is None:
+            return None
+        with executor._lock:
+            # Checked under the lock: the consumer may have started, or the pool been
+            # closed (then its pipes are closed and must not look like dead workers).
+            if not executor._wanted_early():
+                return None
+            if work:
                 try:
                     executor._wait(0)
                     executor._dispatch()
                 except Exception as exc:  # e.g. a worker that cannot start
                     executor._prestart_error = exc
-                    return
-            del executor
+                    return None
+            return executor._workers
 
     def _wanted_early(self) -> bool:
         return not (self._consumer_started or self._closing or not self._finalizer.alive)

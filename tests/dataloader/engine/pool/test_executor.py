@@ -149,13 +149,13 @@ class FakeWorkers:
 
 @pytest.fixture
 def pool():
-    """``pool(workers=2, buffer=2, ops=(), position=0)``: an executor and its fake workers."""
+    """``pool(workers=2, buffer=2)``: an executor at position 0 and its fake workers."""
     made: list[PoolExecutor] = []
 
-    def make(workers: Any = 2, buffer: int = 2, ops: tuple = (), position: int = 0):
-        plan = make_plan(dl.RangeDataSource(RECORDS), dl.SequentialSampler(RECORDS), list(ops), UNIT)
+    def make(workers: Any = 2, buffer: int = 2):
+        plan = make_plan(dl.RangeDataSource(RECORDS), dl.SequentialSampler(RECORDS), [], UNIT)
         executor = PoolExecutor(
-            plan, b"", position, worker_count=workers, buffer_size=buffer, warm_start=False,
+            plan, b"", 0, worker_count=workers, buffer_size=buffer, warm_start=False,
             make_workers=FakeWorkers,
         )
         fake = FakeWorkers.made.pop()
@@ -196,7 +196,6 @@ def test_a_dead_workers_units_go_to_its_successor_and_the_stream_is_unchanged(po
     executor, fake = pool(workers=2, buffer=2)
     a, b = fake.workers
     fake.answering = []  # nobody answers yet
-    fake.inbox.append((a, Ready(a.pid), 0))
     with pytest.raises(Silence):
         next(executor)  # both are ready and hold units 0..3, unanswered
     held, b_sent = list(a.units), len(b.units)
@@ -245,8 +244,9 @@ def test_a_reset_drops_the_answers_of_the_old_stream(pool):
     stale = list(fake.workers[0].tasks)  # units 0 and 1 of the first stream, unanswered
     executor.reset(12)
     fake.answering = None
-    assert records(executor) == list(range(12, RECORDS))
-    assert {t.generation for t in stale} != {t.generation for t in fake.workers[0].tasks} or not fake.workers[0].tasks
+    assert [t.unit for t in stale] == [0, 1]
+    assert records(executor) == list(range(12, RECORDS))  # not records 0..7 of the old stream
+    assert fake.answered == [0, 1, 0, 1, 2]  # the old units were answered, then dropped
 
 
 class ScriptedScaler:

@@ -15,7 +15,7 @@ from dataloader.dataset.experimental.performance import PerformanceConfig, pick_
 from dataloader.dataset.experimental.rebatch import RebatchIterDataset
 from dataloader.dataset.experimental.repeat import RepeatIterDataset
 from dataloader.dataset.experimental.zip import ZipIterDataset, ZipMapDataset
-from dataloader.dataset.sources import ParquetIterDataset, TFRecordIterDataset
+from dataloader.dataset.streams import ParquetIterDataset, TFRecordIterDataset
 from dataloader.dataset.transformations.apply import (
     ShapeDtypeStruct,
     apply_transformations,

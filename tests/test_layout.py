@@ -104,6 +104,21 @@ def test_the_device_feed_never_imports_the_front_door():
             assert module not in front_door, f"{path} imports {module}"
 
 
+@pytest.mark.parametrize(("room", "upstairs"), [
+    ("engine", ("dataloader.dataset", "dataloader.device", "dataloader.config", "dataloader.cli",
+                "dataloader.beam", "dataloader.loader", "dataloader.iterator")),
+    ("beam", ("dataloader.cli",)),
+])
+def test_rooms_import_only_downwards(room, upstairs):
+    # The engine is what the front door, the dataset API and the device feed are built
+    # on; conversion (beam) is what the command line drives.
+    paths = sorted((ROOT / "dataloader" / room).rglob("*.py"))
+    assert paths
+    for path in paths:
+        for module, _ in _imports(path):
+            assert not module.startswith(upstairs), f"{path} imports {module}"
+
+
 def test_only_the_beam_room_imports_apache_beam():
     beam_room = ROOT / "dataloader" / "beam"
     roots = [ROOT / name for name in ("dataloader", *BLOCKS, "configs")]

@@ -12,7 +12,7 @@ without Beam). Import them from here:
   ``((file index, record index), bytes)``; :class:`WriteToArrayRecord` writes any
   PCollection of records (or keyed records) as atomic, deterministic shards.
 
-Record encodings are those of :mod:`dataloader.sources.record_files`.
+Record encodings are those of :mod:`dataloader.beam.record_files`.
 
 Example:
     >>> from dataloader.beam import convert  # doctest: +SKIP

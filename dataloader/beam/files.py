@@ -15,9 +15,9 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from dataloader.beam.plan import SUFFIX, local_outputs
+from dataloader.beam.record_files import RECORD_FORMATS, RecordFormat, for_file, input_format
 from dataloader.beam.tfrecord import TFRECORD
 from dataloader.sources import expand_paths
-from dataloader.sources.record_files import RECORD_FORMATS, RecordFormat, for_file, input_format
 
 
 def is_local(path: str) -> bool:

@@ -158,7 +158,7 @@ class ReadRecordFiles(beam.PTransform):
     """Reads record files as ``((file index, record index), bytes)`` elements.
 
     The records are encoded as ``convert`` encodes them (see
-    :mod:`dataloader.sources.record_files`); the keys say their order, which
+    :mod:`dataloader.beam.record_files`); the keys say their order, which
     :class:`~dataloader.beam.sink.WriteToArrayRecord` keeps within each shard.
 
     Args:

@@ -21,7 +21,7 @@ import glob
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dataloader.sources.record_files import split_name
+from dataloader.beam.record_files import split_name
 
 SUFFIX = ".array_record"
 

@@ -28,7 +28,7 @@ from dataloader.beam.files import check_prefix, existing_outputs, expand_inputs,
 from dataloader.beam.pipeline import ConvertToArrayRecord
 from dataloader.beam.plan import refusal
 from dataloader.beam.sink import Checksum, ShardResult, Staging, read_summary
-from dataloader.cli.progress import Progress
+from dataloader.engine.stats.progress import Progress
 from dataloader.errors import ConvertError
 
 _WORKER_ERROR = re.compile(r"ConvertError: (.+?)(?: \[while running '[^\]]*'\])?$", re.M)

@@ -12,7 +12,7 @@ reading a file in one ``DoFn`` loses no parallelism.
 Counting and skipping use the framing only: they read each 12-byte header, check the
 length's CRC and seek past the data, so cutting a file into shards does not read its
 data twice. Reading checks both CRCs of every record. A gzipped file
-(:func:`dataloader.sources.record_files.for_file` opens it) is a stream that seeks
+(:func:`dataloader.beam.record_files.for_file` opens it) is a stream that seeks
 forward only by decompressing, so skipping never seeks back and never asks for the
 stream's size; offsets in messages are then offsets in the decompressed data.
 """
@@ -28,7 +28,7 @@ from typing import IO
 
 from apache_beam.io.tfrecordio import _TFRecordUtil
 
-from dataloader.sources.record_files import Opener, RecordFormat, open_local
+from dataloader.beam.record_files import Opener, RecordFormat, open_local
 
 _HEADER = 12  # length (8) + masked CRC of the length (4)
 _FOOTER = 4  # masked CRC of the data

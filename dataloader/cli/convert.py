@@ -4,7 +4,7 @@
 single-process loop is what it falls back to when Beam is not installed, and the
 reference the pipeline is tested against: for the same inputs and ``num_shards`` both
 write the same bytes. Each input record becomes one ArrayRecord record, encoded as
-:mod:`dataloader.sources.record_files` says (its table lists every format), in input
+:mod:`dataloader.beam.record_files` says (its table lists every format), in input
 order (files in the order given, globs sorted), cut into ``num_shards`` contiguous
 shards ``<prefix>-00000-of-0000N.array_record`` with ``group_size=1`` by default (what
 random access wants; see :func:`sources.write_array_record`).
@@ -26,11 +26,11 @@ import os
 from collections.abc import Iterator, Sequence
 
 from dataloader.beam.plan import contiguous_plans, local_outputs, refusal
-from dataloader.cli.progress import Progress
+from dataloader.beam.record_files import RECORD_FORMATS, RecordFormat, for_file, input_format
+from dataloader.engine.stats.progress import Progress
 from dataloader.errors import ConvertError
 from dataloader.options import check_int
 from dataloader.sources import expand_paths, write_array_record
-from dataloader.sources.record_files import RECORD_FORMATS, RecordFormat, for_file, input_format
 
 
 def _record_format(path: str, fmt: str | None) -> RecordFormat:

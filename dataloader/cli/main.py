@@ -33,9 +33,9 @@ from collections.abc import Sequence
 
 from absl import app, flags, logging
 
+from dataloader.beam.record_files import FORMATS
 from dataloader.cli.run import run_command
 from dataloader.errors import ConfigError
-from dataloader.sources.record_files import FORMATS
 
 COMMANDS = ("run", "inspect", "convert", "demo")
 

@@ -22,9 +22,9 @@ from typing import Any
 
 from absl import app
 
-from dataloader.cli.progress import Progress
 from dataloader.cli.record import Recorder
 from dataloader.engine.stats import Advice, advise, sorted_stages, summary_line
+from dataloader.engine.stats.progress import Progress
 from dataloader.engine.stats.shape import MAIN
 from dataloader.operations import FilterTransform, FlatMapTransform
 from dataloader.samplers.sharding import shard_length

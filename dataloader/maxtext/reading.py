@@ -103,7 +103,7 @@ def file_stream(config: MaxTextConfig, pattern: str, *, shuffle: bool, num_epoch
     Raises:
         FileNotFoundError: the pattern matches no file.
     """
-    from dataloader.dataset.sources import TFRecordIterDataset
+    from dataloader.dataset.streams import TFRecordIterDataset
     from dataloader.dataset.transformations.interleave import InterleaveIterDataset
     from dataloader.dataset.transformations.window_shuffle import WindowShuffleIterDataset
     from dataloader.sources import expand_paths

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from dataloader.beam import tfrecord
+from dataloader.beam.record_files import for_file
 from dataloader.sources import write_tfrecord
-from dataloader.sources.record_files import for_file
 from tests.dataloader.beam.helpers import beam_tfrecords, corrupt, parse_tfrecord
 
 

@@ -18,7 +18,7 @@ import pytest
 
 import dataloader as dl
 from dataloader.cli.convert import convert
-from dataloader.cli.progress import Progress
+from dataloader.engine.stats.progress import Progress
 from tests.helpers import REPO_ROOT
 
 ROOT = REPO_ROOT

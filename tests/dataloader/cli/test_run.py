@@ -18,8 +18,8 @@ from absl import app
 import dataloader as dl
 from dataloader.cli import main as cli
 from dataloader.cli import run as run_cli
-from dataloader.cli.progress import Progress
 from dataloader.cli.report import check_report_dir
+from dataloader.engine.stats.progress import Progress
 from tests.helpers import REPO_ROOT
 
 

@@ -21,7 +21,7 @@ from concurrent import futures
 from typing import Any
 
 from dataloader.dataset.base import DatasetIterator
-from dataloader.dataset.sources.files import FileIterDataset, check_file_state
+from dataloader.dataset.streams.files import FileIterDataset, check_file_state
 
 # Rows built at once from a decoded row group: dicts in bulk are ~2x faster than one at a
 # time, and a chunk, not the whole group, bounds the memory they take.
@@ -46,7 +46,7 @@ class ParquetIterDataset(FileIterDataset):
     Args:
         path: a path, a glob pattern (files sorted), or a list of those. Several files
             are interleaved, 16 at a time, one row from each in turn (as in Grain); for
-            a file order shuffled per epoch, see :mod:`dataloader.dataset.sources`.
+            a file order shuffled per epoch, see :mod:`dataloader.dataset.streams`.
         columns: the columns to read (``None``: all). Not in Grain.
         **read_kwargs: passed to ``pyarrow.parquet.ParquetFile`` (``memory_map``,
             ``buffer_size``, ``filesystem``, ...), as in Grain. With ``filesystem``

@@ -9,7 +9,7 @@ file list with ``MapDataset.source(paths).shuffle()``, the files interleaved wit
 ``InterleaveIterDataset``, the rows with ``WindowShuffleIterDataset``.
 """
 
-from dataloader.dataset.sources.parquet import ParquetIterDataset
-from dataloader.dataset.sources.tfrecord import TFRecordIterDataset
+from dataloader.dataset.streams.parquet import ParquetIterDataset
+from dataloader.dataset.streams.tfrecord import TFRecordIterDataset
 
 __all__ = ["ParquetIterDataset", "TFRecordIterDataset"]

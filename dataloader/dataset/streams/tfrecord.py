@@ -14,7 +14,7 @@ import os
 from typing import Any
 
 from dataloader.dataset.base import DatasetIterator
-from dataloader.dataset.sources.files import FileIterDataset, check_file_state
+from dataloader.dataset.streams.files import FileIterDataset, check_file_state
 from dataloader.sources import TFRecordReader
 
 

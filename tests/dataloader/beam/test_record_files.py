@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dataloader.sources.record_files import (
+from dataloader.beam.record_files import (
     RECORD_FORMATS,
     FileName,
     for_file,

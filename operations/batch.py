@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from .transforms import GROUP
+
 _SCALARS = (bool, int, float, complex, np.generic)
 
 
@@ -108,6 +110,8 @@ class Batch:
         batch_fn: ``f(list_of_elements) -> batch``; defaults to :func:`stack_elements`.
     """
 
+    runs = GROUP  # on consecutive elements (see operations.transforms)
+
     def __init__(
         self,
         batch_size: int,
@@ -131,6 +135,16 @@ class Batch:
         self.batch_size = int(batch_size)
         self.drop_remainder = bool(drop_remainder)
         self._batch_fn = batch_fn
+
+    def keeps(self, count: int) -> bool:
+        """Whether ``count`` elements (the last of a stream, ``count <= batch_size``) make a
+        batch: the drop-remainder rule, written once."""
+        return count > 0 and (count == self.batch_size or not self.drop_remainder)
+
+    def batches_in(self, count: int) -> int:
+        """How many batches ``count`` elements make."""
+        full, rest = divmod(count, self.batch_size)
+        return full + int(self.keeps(rest))
 
     def batch_fn(self, elements: list[Any]) -> Any:
         """Turns a list of elements into one batch."""

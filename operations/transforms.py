@@ -29,6 +29,38 @@ from typing import Any
 
 import numpy as np
 
+# Where an operation runs (``Operation.runs``, ``Batch.runs``, the packers' ``runs``): the
+# loader, the YAML config, ``apply_transformations`` and the stage builder read it instead
+# of testing for classes.
+ELEMENT = "element"  # on each element alone, by position: in any process, in any order
+GROUP = "batch"  # on a group of consecutive elements (``Batch``)
+STREAM = "stream"  # on the ordered stream: its output depends on what came before (packers)
+
+# What an element operation's function returns (``Operation.returns``).
+ONE = "one"  # the new element
+KEEP = "keep"  # whether to keep the element
+MANY = "many"  # a sequence of elements that replace it
+
+
+def resolve_seed(op: Any, default: int | None, where: str = "") -> int | None:
+    """The seed of ``op``'s per-element generators: its ``rng_seed``, else ``default``.
+
+    ``None`` for an operation that does not declare ``needs_seed``; the one rule every
+    place that runs a random map follows.
+
+    Raises:
+        ValueError: ``op`` needs a seed and neither it nor ``default`` has one.
+    """
+    if not getattr(op, "needs_seed", False):
+        return None
+    seed = op.rng_seed if op.rng_seed is not None else default
+    if seed is None:
+        raise ValueError(
+            f"{where}{op.name} is a random map but the sampler has no seed; pass seed=... to "
+            f"the sampler (or give the operation an rng_seed) so augmentations are reproducible"
+        )
+    return seed
+
 
 def _callable_name(fn: Any) -> str:
     """A short, stable name for a function-like object (used in state and errors)."""
@@ -43,9 +75,24 @@ class Operation:
 
     ``method_name`` names the method a subclass overrides; a function given to the
     constructor replaces it.
+
+    Each subclass declares how it is run, so that the code that runs operations reads
+    these attributes instead of testing for classes:
+
+    Attributes:
+        runs: where it runs; every ``Operation`` runs on single elements (``ELEMENT``).
+        returns: what its function returns: ``ONE`` element, ``KEEP`` (a truth value),
+            or ``MANY`` elements (a sequence).
+        needs_seed: its function takes a ``numpy.random.Generator`` after the element,
+            keyed by a seed (see :func:`resolve_seed`) and the element's position.
+        needs_index: its function takes the element's index before the element.
     """
 
     method_name = ""
+    runs = ELEMENT
+    returns = ONE
+    needs_seed = False
+    needs_index = False
     _fn: Callable[..., Any] | None = None
 
     def __init__(self, fn: Callable[..., Any] | None = None) -> None:
@@ -77,6 +124,11 @@ class Operation:
 
     def __repr__(self) -> str:
         return self.name
+
+    @property
+    def reshapes(self) -> bool:
+        """Whether it changes the number of elements (a filter, a flat map)."""
+        return self.returns != ONE
 
     def element_fn(self) -> Callable[..., Any]:
         """The callable to apply per element.
@@ -116,6 +168,7 @@ class RandomMapTransform(Operation):
     """
 
     method_name = "random_map"
+    needs_seed = True
     rng_seed: int | None = None
 
     def random_map(self, element: Any, rng: np.random.Generator) -> Any:
@@ -135,6 +188,7 @@ class FlatMapTransform(Operation):
     """
 
     method_name = "flat_map"
+    returns = MANY
     max_fan_out: int | None = None
 
     def __init__(
@@ -175,6 +229,7 @@ class MapWithIndexTransform(Operation):
     """
 
     method_name = "map_with_index"
+    needs_index = True
 
     def map_with_index(self, index: int, element: Any) -> Any:
         if self._fn is None:
@@ -186,6 +241,7 @@ class FilterTransform(Operation):
     """Keeps the elements for which ``filter(element)`` is true."""
 
     method_name = "filter"
+    returns = KEEP
 
     def filter(self, element: Any) -> bool:
         if self._fn is None:

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from ..transforms import STREAM
 from .spec import PackSpec
 
 
@@ -57,6 +58,8 @@ class ConcatThenSplit:
         bos_features: the features whose segments start with BOS.
         bos_token_id: the BOS token, needed with ``REPLACE_FIRST_TOKEN_WITH_BOS``.
     """
+
+    runs = STREAM  # on the ordered stream (see operations.transforms)
 
     def __init__(
         self,

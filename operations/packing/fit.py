@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ..transforms import STREAM
 from .spec import PackSpec
 
 
@@ -64,6 +65,7 @@ class FitPack:
     """
 
     best_fit = False
+    runs = STREAM  # on the ordered stream (see operations.transforms)
 
     def __init__(
         self,

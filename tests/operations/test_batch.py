@@ -80,3 +80,14 @@ def test_drop_remainder_that_is_not_a_bool_is_refused(value):
 def test_non_callable_batch_fn_is_refused():
     with pytest.raises(TypeError, match=r"batch_fn must be a callable"):
         Batch(2, batch_fn=5)
+
+
+@pytest.mark.parametrize(
+    ("drop", "count", "keeps", "batches"),
+    [(False, 0, False, 0), (False, 3, True, 1), (True, 3, False, 0), (True, 4, True, 1)],
+)
+def test_drop_remainder_rule(drop, count, keeps, batches):
+    """A last group becomes a batch when it is full, or when remainders are kept."""
+    batch = Batch(4, drop_remainder=drop)
+    assert batch.keeps(count) is keeps
+    assert batch.batches_in(count + 8) == batches + 2

@@ -98,3 +98,48 @@ def test_element_fn_skips_the_wrapper_for_plain_functions():
 def test_lambda_operations_survive_cloudpickle():
     op = cloudpickle.loads(cloudpickle.dumps(MapTransform(lambda x: x * 3)))
     assert op.map(2) == 6
+
+
+def test_each_operation_declares_how_it_runs():
+    """The engine, the config and the dataset API read these instead of classes."""
+    from dataloader.operations import MapWithIndexTransform
+    from dataloader.operations.transforms import ELEMENT, KEEP, MANY, ONE
+
+    declared = {
+        cls.__name__: (cls.runs, cls.returns, cls.needs_seed, cls.needs_index)
+        for cls in (MapTransform, RandomMapTransform, FilterTransform, FlatMapTransform, MapWithIndexTransform)
+    }
+    assert declared == {
+        "MapTransform": (ELEMENT, ONE, False, False),
+        "RandomMapTransform": (ELEMENT, ONE, True, False),
+        "FilterTransform": (ELEMENT, KEEP, False, False),
+        "FlatMapTransform": (ELEMENT, MANY, False, False),
+        "MapWithIndexTransform": (ELEMENT, ONE, False, True),
+    }
+    assert FilterTransform(bool).reshapes and FlatMapTransform(list).reshapes
+    assert not MapTransform(str).reshapes
+
+
+def test_batches_and_packers_declare_where_they_run():
+    from dataloader.operations import Batch, BatchAndPad, ConcatThenSplit, FirstFitPack
+    from dataloader.operations.transforms import GROUP, STREAM
+
+    assert Batch(2).runs == BatchAndPad(2).runs == GROUP
+    assert FirstFitPack.runs == ConcatThenSplit.runs == STREAM
+
+
+def test_seed_rule_prefers_the_operations_own_seed():
+    from dataloader.operations.transforms import resolve_seed
+
+    op = RandomMapTransform(lambda x, rng: x)
+    assert resolve_seed(op, 7) == 7
+    op.rng_seed = 3
+    assert resolve_seed(op, 7) == 3
+    assert resolve_seed(MapTransform(str), None) is None
+
+
+def test_seed_rule_refuses_a_random_map_without_any_seed():
+    from dataloader.operations.transforms import resolve_seed
+
+    with pytest.raises(ValueError, match=r"operations\[2\] RandomMapTransform\(.*\) is a random map but the sampler has no seed; pass seed="):
+        resolve_seed(RandomMapTransform(lambda x, rng: x), None, "operations[2] ")

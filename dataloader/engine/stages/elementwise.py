@@ -27,8 +27,8 @@ from dataloader.operations import (
     FlatMapTransform,
     MapWithIndexTransform,
     Operation,
-    RandomMapTransform,
 )
+from dataloader.operations.transforms import resolve_seed
 from dataloader.samplers import RecordRngFactory
 
 
@@ -116,15 +116,8 @@ class ElementwiseIterator(DatasetIterator):
 
 
 def _rngs(op: Operation, stream: int, default_seed: int | None) -> RecordRngFactory | None:
-    if not isinstance(op, RandomMapTransform):
-        return None
-    seed = op.rng_seed if op.rng_seed is not None else default_seed
-    if seed is None:
-        raise ValueError(
-            f"{op.name} is a random map but has no seed; give the sampler a seed (or the "
-            f"operation an rng_seed) so augmentations are reproducible"
-        )
-    return RecordRngFactory(seed, stream)
+    seed = resolve_seed(op, default_seed)
+    return None if seed is None else RecordRngFactory(seed, stream)
 
 
 class BatchIterator(DatasetIterator):

@@ -129,7 +129,7 @@ class RegroupAssembler:
                 raise StopIteration
             start = self._src.state()
             elements, first = self._src.take(batch.batch_size)
-            if not elements or (batch.drop_remainder and len(elements) < batch.batch_size):
+            if not batch.keeps(len(elements)):
                 # Dropping a remainder hands nothing out, so the state stays where it was.
                 self._end = start
                 raise StopIteration

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -31,12 +31,8 @@ import numpy as np
 from dataloader.engine.blame import blame_read
 from dataloader.engine.plan import BATCH, Plan, Step
 from dataloader.errors import PipelineError
-from dataloader.operations import (
-    FilterTransform,
-    FlatMapTransform,
-    MapTransform,
-    RandomMapTransform,
-)
+from dataloader.operations import Operation
+from dataloader.operations.transforms import KEEP, MANY, ONE
 from dataloader.samplers import RecordRngFactory
 from dataloader.sources import read_records
 
@@ -129,6 +125,106 @@ def _ranks(positions: np.ndarray) -> np.ndarray:
     return idx - np.maximum.accumulate(np.where(starts, idx, 0))
 
 
+# Builds the error for an element operation that raised: (operation, position, sub, error).
+Fail = Callable[[Operation, int, int, BaseException], BaseException]
+
+
+def apply_element_ops(
+    steps: Sequence[Step],
+    elements: list[Any],
+    positions: np.ndarray | None,
+    subs: np.ndarray | None,
+    start: int,
+    fail: Fail,
+    *,
+    rng_keys: Callable[[np.ndarray], np.ndarray] | None = None,
+    rngs: dict[int, RecordRngFactory] | None = None,
+    timings: dict[str, float] | None = None,
+    report: Report | None = None,
+    passthrough: tuple[type[BaseException], ...] = IN_PROCESS,
+) -> tuple[list[Any], np.ndarray | None, np.ndarray | None]:
+    """Applies a run of element operations, keeping the tags in step with the elements.
+
+    The one interpreter of element operations: the worker (:func:`compute_unit`), the
+    parent (the operations after a regrouped batch) and the iterator-level stages
+    (:mod:`.stages.elementwise`) call it. It reads what each operation declares
+    (``returns``, ``needs_seed``, ``needs_index``), never its class.
+
+    Args:
+        steps: the operations, with their stream numbers and seeds.
+        elements: the input elements.
+        positions, subs: their tags; ``None``: ``start + arange(n)`` and all zero.
+        start: the position of the first element when ``positions`` is ``None``.
+        fail: makes the error raised for an operation that raised on an element.
+        rng_keys: maps positions to the keys of the per-element generators (the
+            sampler's global positions); ``None``: the positions themselves.
+        rngs: a cache of generator factories by stream number (a stage keeps one
+            across calls); ``None``: made for this call.
+        timings: adds the seconds each operation took (two clock reads per operation
+            per call, nothing per element).
+        report: hears each operation's stage number as it starts.
+        passthrough: exceptions raised as they are; every other one goes to ``fail``.
+    """
+    if rngs is None:
+        rngs = {}
+    for step in steps:
+        if report is not None:
+            report(1 + step.stream)
+        began = time.perf_counter()
+        op, fn = step.op, step.fn
+        out: list[Any] = []
+        append = out.append
+        try:
+            if op.needs_seed:
+                pos = positions if positions is not None else np.arange(start, start + len(elements))
+                keys = (rng_keys(pos) if rng_keys is not None else pos).tolist()
+                sub = [0] * len(elements) if subs is None else subs.tolist()
+                # One reusable generator per operation, reset for each element.
+                factory = rngs.get(step.stream)
+                if factory is None:
+                    factory = rngs[step.stream] = RecordRngFactory(step.seed, step.stream)
+                for x, g, s in zip(elements, keys, sub):
+                    append(fn(x, factory(g, s)))
+            elif op.needs_index:
+                pos = positions if positions is not None else np.arange(start, start + len(elements))
+                for x, i in zip(elements, pos.tolist()):
+                    append(fn(i, x))
+            elif op.returns == MANY:
+                for x in elements:
+                    append(op.checked_flat_map(x))
+            elif op.returns == KEEP:
+                for x in elements:
+                    append(bool(fn(x)))
+            else:
+                for x in elements:
+                    append(fn(x))
+        except passthrough:
+            raise
+        except BaseException as exc:
+            i = len(out)
+            pos_i = int(positions[i]) if positions is not None else start + i
+            sub_i = int(subs[i]) if subs is not None else 0
+            raise fail(op, pos_i, sub_i, exc) from exc
+        if op.returns == ONE:
+            elements = out
+        else:
+            if positions is None:
+                positions = np.arange(start, start + len(elements), dtype=np.int64)
+            if op.returns == KEEP:
+                keep = np.fromiter(out, dtype=bool, count=len(out))
+                elements = [x for x, k in zip(elements, out) if k]
+                positions = positions[keep]
+                subs = subs[keep] if subs is not None else None
+            else:
+                counts = np.fromiter((len(o) for o in out), dtype=np.int64, count=len(out))
+                elements = [y for o in out for y in o]
+                positions = np.repeat(positions, counts)
+                subs = _ranks(positions)
+        if timings is not None:
+            timings[op.name] = timings.get(op.name, 0.0) + time.perf_counter() - began
+    return elements, positions, subs
+
+
 def apply_steps(
     plan: Plan,
     steps: tuple[Step, ...],
@@ -140,64 +236,16 @@ def apply_steps(
     report: Report | None = None,
     passthrough: tuple[type[BaseException], ...] = IN_PROCESS,
 ) -> tuple[list[Any], np.ndarray | None, np.ndarray | None]:
-    """Applies element-wise operations, keeping the tags in step with the elements.
+    """:func:`apply_element_ops` on a plan's positions: generators keyed by the sampler's
+    global positions, errors naming the record."""
 
-    Adds the seconds each operation took to ``timings`` (two clock reads per operation
-    per unit, nothing per element). ``report`` hears each operation's stage number as
-    it starts; exceptions of the ``passthrough`` types are raised as they are, every
-    other one as a :class:`PipelineError` at its record.
-    """
-    for step in steps:
-        if report is not None:
-            report(1 + step.stream)
-        began = time.perf_counter()
-        op, fn = step.op, step.op.element_fn()
-        out: list[Any] = []
-        append = out.append
-        try:
-            if isinstance(op, MapTransform):
-                for x in elements:
-                    append(fn(x))
-            elif isinstance(op, RandomMapTransform):
-                pos = positions if positions is not None else np.arange(start, start + len(elements))
-                glob = plan.sampler.global_positions(pos).tolist()
-                sub = [0] * len(elements) if subs is None else subs.tolist()
-                # One reusable generator per operation and unit, reset for each element.
-                rngs = RecordRngFactory(step.seed, step.stream)
-                for x, g, s in zip(elements, glob, sub):
-                    append(fn(x, rngs(g, s)))
-            elif isinstance(op, FilterTransform):
-                for x in elements:
-                    append(bool(fn(x)))
-            else:
-                assert isinstance(op, FlatMapTransform)
-                for x in elements:
-                    append(op.checked_flat_map(x))
-        except passthrough:
-            raise
-        except BaseException as exc:
-            i = len(out)
-            pos_i = int(positions[i]) if positions is not None else start + i
-            sub_i = int(subs[i]) if subs is not None else 0
-            raise _fail(plan, op.name, pos_i, sub_i, exc) from exc
-        if positions is None and isinstance(op, (FilterTransform, FlatMapTransform)):
-            positions = np.arange(start, start + len(elements), dtype=np.int64)
-        if isinstance(op, FilterTransform):
-            keep = np.fromiter(out, dtype=bool, count=len(out))
-            elements = [x for x, k in zip(elements, out) if k]
-            assert positions is not None
-            positions = positions[keep]
-            subs = subs[keep] if subs is not None else None
-        elif isinstance(op, FlatMapTransform):
-            counts = np.fromiter((len(o) for o in out), dtype=np.int64, count=len(out))
-            elements = [y for o in out for y in o]
-            assert positions is not None
-            positions = np.repeat(positions, counts)
-            subs = _ranks(positions)
-        else:
-            elements = out
-        timings[op.name] = timings.get(op.name, 0.0) + time.perf_counter() - began
-    return elements, positions, subs
+    def fail(op: Operation, position: int, sub: int, exc: BaseException) -> BaseException:
+        return _fail(plan, op.name, position, sub, exc)
+
+    return apply_element_ops(
+        steps, elements, positions, subs, start, fail, rng_keys=plan.sampler.global_positions,
+        timings=timings, report=report, passthrough=passthrough,
+    )
 
 
 def compute_unit(

@@ -23,7 +23,7 @@ workers there are. Three layouts, chosen from the operations:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from dataloader.operations import (
@@ -55,6 +55,11 @@ class Step:
     op: Operation
     stream: int
     seed: int | None
+    # The operation's per-element callable, looked up once (not per element or unit).
+    fn: Callable[..., Any] = dataclasses.field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fn", self.op.element_fn())
 
 
 @dataclasses.dataclass(frozen=True)

@@ -35,7 +35,6 @@ from typing import Any
 
 import numpy as np
 
-from ..transforms import STREAM
 from .spec import PackSpec
 
 
@@ -59,7 +58,7 @@ class ConcatThenSplit:
         bos_token_id: the BOS token, needed with ``REPLACE_FIRST_TOKEN_WITH_BOS``.
     """
 
-    runs = STREAM  # on the ordered stream (see operations.transforms)
+    runs = "stream"  # on the ordered stream: operations.transforms.STREAM
 
     def __init__(
         self,

@@ -28,7 +28,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..transforms import STREAM
 from .spec import PackSpec
 
 
@@ -65,7 +64,7 @@ class FitPack:
     """
 
     best_fit = False
-    runs = STREAM  # on the ordered stream (see operations.transforms)
+    runs = "stream"  # on the ordered stream: operations.transforms.STREAM
 
     def __init__(
         self,

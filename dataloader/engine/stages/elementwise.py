@@ -18,17 +18,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from dataloader.engine.compute import IN_PROCESS
+from dataloader.engine.compute import IN_PROCESS, apply_element_ops
+from dataloader.engine.plan import Step
 from dataloader.engine.stages.base import DatasetIterator
 from dataloader.errors import PipelineError
-from dataloader.operations import (
-    Batch,
-    FilterTransform,
-    FlatMapTransform,
-    MapWithIndexTransform,
-    Operation,
-)
-from dataloader.operations.transforms import resolve_seed
+from dataloader.operations import Batch, Operation
+from dataloader.operations.transforms import MANY, resolve_seed
 from dataloader.samplers import RecordRngFactory
 
 
@@ -45,10 +40,11 @@ class ElementwiseIterator(DatasetIterator):
         super().__init__(parent)
         self._stats_name = " + ".join(op.name for op in ops)  # its seconds in stats()
         self._watch = watch  # a FilterWatch: Grain's filter thresholds
-        self._ops = [
-            (op, op.element_fn(), _rngs(op, stream, default_seed)) for stream, op in enumerate(ops)
-        ]
-        self._expands = any(isinstance(op, FlatMapTransform) for op in ops)
+        self._steps = tuple(
+            Step(op, stream, resolve_seed(op, default_seed)) for stream, op in enumerate(ops)
+        )
+        self._rngs: dict[int, RecordRngFactory] = {}  # kept across elements
+        self._expands = any(op.returns == MANY for op in ops)
         self._index = 0  # parent elements consumed
         self._pending: list[Any] = []  # outputs of the last parent element
         self._given = 0  # how many of them were handed out
@@ -70,34 +66,16 @@ class ElementwiseIterator(DatasetIterator):
         return item
 
     def _apply(self, element: Any, index: int) -> list[Any]:
-        items: list[tuple[Any, int]] = [(element, 0)]
-        for op, fn, rngs in self._ops:
-            out: list[tuple[Any, int]] = []
-            for x, sub in items:
-                try:
-                    if isinstance(op, FilterTransform):
-                        if fn(x):
-                            out.append((x, sub))
-                    elif isinstance(op, FlatMapTransform):
-                        start = len(out)
-                        out += [(y, start + j) for j, y in enumerate(op.checked_flat_map(x))]
-                    elif rngs is not None:
-                        out.append((fn(x, rngs(index, sub)), sub))
-                    elif isinstance(op, MapWithIndexTransform):
-                        out.append((fn(index, x), sub))
-                    else:
-                        out.append((fn(x), sub))
-                except IN_PROCESS:  # a real Ctrl-C, maybe
-                    raise
-                except BaseException as exc:  # SystemExit too: user code never ends the job
-                    raise PipelineError(
-                        f"{op.name} failed on element {index} of the stream of {self._parent!r}"
-                        f"{f' (output {sub})' if sub else ''}: {type(exc).__name__}: {exc}",
-                        operation=op.name,
-                        position=index,
-                    ) from exc
-            items = out
-        return [x for x, _ in items]
+        out, _, _ = apply_element_ops(self._steps, [element], None, None, index, self._fail, rngs=self._rngs)
+        return out
+
+    def _fail(self, op: Operation, index: int, sub: int, exc: BaseException) -> BaseException:
+        return PipelineError(
+            f"{op.name} failed on element {index} of the stream of {self._parent!r}"
+            f"{f' (output {sub})' if sub else ''}: {type(exc).__name__}: {exc}",
+            operation=op.name,
+            position=index,
+        )
 
     def get_state(self) -> dict[str, Any]:
         if self._given < len(self._pending):
@@ -113,11 +91,6 @@ class ElementwiseIterator(DatasetIterator):
             self._pending = self._apply(next(self._parent), self._index)
             self._index += 1
             self._given = skip
-
-
-def _rngs(op: Operation, stream: int, default_seed: int | None) -> RecordRngFactory | None:
-    seed = resolve_seed(op, default_seed)
-    return None if seed is None else RecordRngFactory(seed, stream)
 
 
 class BatchIterator(DatasetIterator):
@@ -142,7 +115,7 @@ class BatchIterator(DatasetIterator):
                 elements.append(next(self._parent))
             except StopIteration:
                 break
-        if not elements or (self._batch.drop_remainder and len(elements) < self._batch.batch_size):
+        if not self._batch.keeps(len(elements)):
             self._end = start if start is not None else self._parent.get_state()
             raise StopIteration
         try:

@@ -25,7 +25,6 @@ from dataloader.engine.plan import BATCH, ELEMENTS, Plan
 from dataloader.engine.stages.base import DatasetIterator
 from dataloader.engine.state import Cursor, make_state, resolve_state
 from dataloader.engine.stats import Counted, FilterWatch, Stats, collect
-from dataloader.operations import FilterTransform, FlatMapTransform
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,9 +131,7 @@ class DataLoaderIterator(DatasetIterator[Any]):
         plan = self._plan
         if plan.layout == BATCH and not plan.post:
             return plan.batch.batch_size if plan.batch is not None else 1
-        if plan.layout == ELEMENTS and not any(
-            isinstance(s.op, (FilterTransform, FlatMapTransform)) for s in plan.pre
-        ):
+        if plan.layout == ELEMENTS and not any(s.op.reshapes for s in plan.pre):
             return 1
         return None
 

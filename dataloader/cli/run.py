@@ -26,7 +26,6 @@ from dataloader.cli.record import Recorder
 from dataloader.engine.stats import Advice, advise, sorted_stages, summary_line
 from dataloader.engine.stats.progress import Progress
 from dataloader.engine.stats.shape import MAIN
-from dataloader.operations import FilterTransform, FlatMapTransform
 from dataloader.samplers.sharding import shard_length
 
 
@@ -43,7 +42,7 @@ def _default_limit(loader: Any) -> tuple[int | None, str]:
 
 def _output_count_unknown(plan: Any) -> bool:
     """True when a filter or flat map (before or after the batch) makes the count unknown."""
-    return any(isinstance(step.op, (FilterTransform, FlatMapTransform)) for step in (*plan.pre, *plan.post))
+    return any(step.op.reshapes for step in (*plan.pre, *plan.post))
 
 
 def _expected_batches(loader: Any, limit: int | None) -> int | None:
@@ -53,8 +52,7 @@ def _expected_batches(loader: Any, limit: int | None) -> int | None:
         return limit
     total = positions
     if batch is not None:
-        full, rest = divmod(positions, batch.batch_size)
-        total = full + (1 if rest and not batch.drop_remainder else 0)
+        total = batch.batches_in(positions)
     return total if limit is None else min(total, limit)
 
 

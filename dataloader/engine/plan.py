@@ -26,14 +26,8 @@ import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from dataloader.operations import (
-    Batch,
-    FilterTransform,
-    FlatMapTransform,
-    MapTransform,
-    Operation,
-    RandomMapTransform,
-)
+from dataloader.operations import Batch, Operation
+from dataloader.operations.transforms import ELEMENT, GROUP, resolve_seed
 from dataloader.samplers import Sampler
 
 BATCH, ELEMENTS, REGROUP = "batch", "elements", "regroup"
@@ -94,12 +88,12 @@ class Plan:
         """
         end = self.num_positions
         step = self.unit_size
-        drop = self.layout == BATCH and self.batch is not None and self.batch.drop_remainder
         start = position
         while end is None or start < end:
             stop = (start // step + 1) * step
             if end is not None and stop > end:
-                if drop:
+                # A unit of the batch layout is the batch that starts at stop - step.
+                if self.layout == BATCH and self.batch is not None and not self.batch.keeps(end - stop + step):
                     return
                 stop = end
             yield start, stop
@@ -119,7 +113,8 @@ def make_plan(
     post: list[Step] = []
     batch: Batch | None = None
     for i, op in enumerate(operations):
-        if isinstance(op, Batch):
+        runs = getattr(op, "runs", None)
+        if runs == GROUP:
             if batch is not None:
                 raise ValueError(
                     f"operations[{i}] is a second Batch ({op.name}); a pipeline takes one "
@@ -127,19 +122,14 @@ def make_plan(
                 )
             batch = op
             continue
-        if not isinstance(op, (MapTransform, RandomMapTransform, FilterTransform, FlatMapTransform)):
+        # The engine computes by position: it runs element operations that need no index
+        # (an element's index in the stream is only known in order).
+        if runs != ELEMENT or op.needs_index:
             hint = f"; wrap it as MapTransform({getattr(op, '__name__', 'fn')})" if callable(op) else ""
             raise TypeError(f"operations[{i}] is {op!r}, expected a {_KINDS}{hint}")
-        seed = None
-        if isinstance(op, RandomMapTransform):
-            seed = op.rng_seed if op.rng_seed is not None else sampler.seed
-            if seed is None:
-                raise ValueError(
-                    f"operations[{i}] ({op.name}) is a random map but the sampler has no seed; "
-                    f"pass seed=... to the sampler so augmentations are reproducible"
-                )
+        seed = resolve_seed(op, sampler.seed, f"operations[{i}] ")
         (post if batch is not None else pre).append(Step(op, i, seed))
-    reshapes = any(isinstance(s.op, (FilterTransform, FlatMapTransform)) for s in pre)
+    reshapes = any(s.op.reshapes for s in pre)
     if batch is None:
         layout, size = ELEMENTS, unit_size or DEFAULT_UNIT_SIZE
     elif reshapes:

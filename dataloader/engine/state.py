@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 from dataloader.engine.plan import BATCH, ELEMENTS, REGROUP, Plan
 from dataloader.errors import StateMismatchError
-from dataloader.operations import FlatMapTransform
+from dataloader.operations.transforms import MANY
 
 STATE_VERSION = 1
 
@@ -200,7 +200,7 @@ def _check_cursor(plan: Plan, cursor: Cursor) -> None:
             f"a position within this loader's stream, which ends at position {end} (a "
             f"state from a longer stream, e.g. more epochs, does not fit)",
         )
-    if cursor.sub_index and not any(isinstance(s.op, FlatMapTransform) for s in plan.pre):
+    if cursor.sub_index and not any(s.op.returns == MANY for s in plan.pre):
         raise _refuse("sub_index", cursor.sub_index, "0: no flat map comes before the batch")
     if cursor.skip and not plan.post:
         raise _refuse("skip", cursor.skip, "0: no operation follows the batch")

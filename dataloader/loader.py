@@ -245,21 +245,12 @@ class DataLoader:
 
 
 def _check_stage_operations(tail: list[Any]) -> None:
-    """The operations after a packer: element-wise ones, batches and packers."""
-    from dataloader.engine.stages.tail import PACKERS
-    from dataloader.operations import (
-        Batch,
-        FilterTransform,
-        FlatMapTransform,
-        MapTransform,
-        MapWithIndexTransform,
-        RandomMapTransform,
-    )
+    """The operations after a packer: any that declares where it runs (element-wise ones,
+    batches and stream operations)."""
+    from dataloader.operations.transforms import ELEMENT, GROUP, STREAM
 
-    kinds = (*PACKERS, Batch, MapTransform, RandomMapTransform, FilterTransform,
-             FlatMapTransform, MapWithIndexTransform)
     for op in tail:
-        if not isinstance(op, kinds):
+        if getattr(op, "runs", None) not in (ELEMENT, GROUP, STREAM):
             raise TypeError(
                 f"{op!r} after a packer is not an operation (a map, random map, filter, "
                 f"flat map, batch or packer)"

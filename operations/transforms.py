@@ -35,6 +35,9 @@ import numpy as np
 ELEMENT = "element"  # on each element alone, by position: in any process, in any order
 GROUP = "batch"  # on a group of consecutive elements (``Batch``)
 STREAM = "stream"  # on the ordered stream: its output depends on what came before (packers)
+# A STREAM operation also names the stage that runs it, ``stage = "module:Class"`` (a
+# ``DatasetIterator`` made as ``Class(parent, op)``): a name, because operations/ never
+# imports the engine; the engine imports it when it first runs one.
 
 # What an element operation's function returns (``Operation.returns``).
 ONE = "one"  # the new element

@@ -45,6 +45,7 @@ from dataloader.operations import (
     Operation,
     RandomMapTransform,
 )
+from dataloader.operations.transforms import ELEMENT, GROUP, STREAM
 
 _TRANSFORMS: dict[str, type[Operation]] = {
     "map": MapTransform,
@@ -56,6 +57,11 @@ _TRANSFORMS: dict[str, type[Operation]] = {
 _POSITIONAL = {"map": 1, "random_map": 2, "flat_map": 1, "filter": 1}
 _PACKERS = {"first_fit_pack": FirstFitPack, "best_fit_pack": BestFitPack, "concat_then_split": ConcatThenSplit}
 _KINDS = (*_TRANSFORMS, "operation", "batch", *_PACKERS)
+
+
+def _declared(target: Any) -> bool:
+    """Whether ``target`` is an operation instance: it declares where it runs."""
+    return not isinstance(target, type) and getattr(target, "runs", None) in (ELEMENT, GROUP, STREAM)
 
 
 def _resolve(where: str, path: Any) -> Any:
@@ -143,18 +149,18 @@ def _packer(where: str, kind: str, spec: Any) -> Any:
 
 def _operation(where: str, path: str, args: dict[str, Any]) -> Any:
     target = _resolve(check.sub(where, "operation"), path)
-    if isinstance(target, (Operation, Batch)):
+    if _declared(target):
         if args:
             raise check.fail(where, f"{path} is already an operation; it takes no args")
         return target
     if not callable(target):
         raise check.fail(check.sub(where, "operation"), f"{path} is a {type(target).__name__}, not callable")
     made = _construct(where, target, path, args)
-    if not isinstance(made, (Operation, Batch)):
+    if not _declared(made):
         raise check.fail(
             check.sub(where, "operation"),
             f"{path}(**args) returned a {type(made).__name__}, not an operation (MapTransform, "
-            f"RandomMapTransform, FlatMapTransform, FilterTransform or Batch)",
+            f"RandomMapTransform, FlatMapTransform, FilterTransform, Batch or a packer)",
         )
     return made
 
@@ -191,7 +197,7 @@ def build_operations(where: str, entries: Any) -> list[Any]:
     if not isinstance(entries, list):
         raise check.fail(where, f"expected a list of operations, got {entries!r}")
     built = [build_operation(check.sub(where, i), entry) for i, entry in enumerate(entries)]
-    batches = [i for i, op in enumerate(built) if isinstance(op, Batch)]
+    batches = [i for i, op in enumerate(built) if op.runs == GROUP]
     if len(batches) > 1:
         raise check.fail(where, f"at most one batch is allowed, found batches at {batches}")
     return built

@@ -58,7 +58,6 @@ from dataloader.config.operations import build_operations
 from dataloader.config.overrides import apply_overrides
 from dataloader.errors import ConfigError
 from dataloader.loader import DataLoader
-from dataloader.operations import RandomMapTransform
 from dataloader.options import DEFAULT_STALL_WARNING_S, AutoWorkers, ReadOptions
 from dataloader.samplers import IndexSampler, NoSharding, ShardByJaxProcess, ShardOptions
 from dataloader.sources import expand_paths
@@ -367,7 +366,7 @@ def parse_config(
         check.string("description", data["description"])
     sampler = _sampler(data.get("sampler"))
     operations = tuple(build_operations("operations", data.get("operations")))
-    if sampler.seed is None and any(isinstance(op, RandomMapTransform) for op in operations):
+    if sampler.seed is None and any(getattr(op, "needs_seed", False) for op in operations):
         raise check.fail("sampler.seed", "the pipeline has a random_map, which needs a seed; add e.g. seed: 42")
     return PipelineConfig(
         data=data,

@@ -59,6 +59,7 @@ class ConcatThenSplit:
     """
 
     runs = "stream"  # on the ordered stream: operations.transforms.STREAM
+    stage = "dataloader.engine.stages.packing:ConcatIterator"  # the stage that runs it
 
     def __init__(
         self,

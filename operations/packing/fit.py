@@ -65,6 +65,7 @@ class FitPack:
 
     best_fit = False
     runs = "stream"  # on the ordered stream: operations.transforms.STREAM
+    stage = "dataloader.engine.stages.packing:FitPackIterator"  # the stage that runs it
 
     def __init__(
         self,

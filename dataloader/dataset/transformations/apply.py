@@ -13,15 +13,20 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from dataloader.operations import (
-    Batch,
-    FilterTransform,
-    FlatMapTransform,
-    MapTransform,
-    MapWithIndexTransform,
-    RandomMapTransform,
-)
-from dataloader.operations.packing import ConcatThenSplit, FitPack
+from dataloader.operations.transforms import ELEMENT, GROUP, KEEP, MANY, STREAM
+
+
+def _element_call(ds: Any, op: Any) -> Any:
+    """``ds`` with the chained call that fits what the element operation declares."""
+    if op.needs_seed:
+        return ds.random_map(op)
+    if op.needs_index:
+        return ds.map_with_index(op)
+    if op.returns == KEEP:
+        return ds.filter(op)
+    if op.returns == MANY:
+        return ds.flat_map(op)
+    return ds.map(op)
 
 
 def apply_transformations(ds: Any, transformations: Any) -> Any:
@@ -35,19 +40,12 @@ def apply_transformations(ds: Any, transformations: Any) -> Any:
 
     items = transformations if isinstance(transformations, Sequence) else [transformations]
     for i, op in enumerate(items):
-        if isinstance(op, Batch):
+        runs = getattr(op, "runs", None)
+        if runs == GROUP:
             ds = ds._then(op) if isinstance(ds, IterDataset) else ds._batch(op)
-        elif isinstance(op, RandomMapTransform):
-            ds = ds.random_map(op)
-        elif isinstance(op, FilterTransform):
-            ds = ds.filter(op)
-        elif isinstance(op, FlatMapTransform):
-            ds = ds.flat_map(op)
-        elif isinstance(op, MapWithIndexTransform):
-            ds = ds.map_with_index(op)
-        elif isinstance(op, MapTransform):
-            ds = ds.map(op)
-        elif isinstance(op, (FitPack, ConcatThenSplit)) and isinstance(ds, IterDataset):
+        elif runs == ELEMENT:
+            ds = _element_call(ds, op)
+        elif runs == STREAM and isinstance(ds, IterDataset):
             from dataloader.dataset.transformations.packing import PackIterDataset
 
             ds = PackIterDataset(ds, op)

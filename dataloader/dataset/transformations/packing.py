@@ -22,12 +22,12 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from dataloader.dataset.base import DatasetIterator, IterDataset
-from dataloader.engine.stages.packing import packing_stage
+from dataloader.engine.stages.tail import stream_stage
 from dataloader.operations.packing import BestFitPack, BOSHandling, ConcatThenSplit, FirstFitPack
 
 
 class PackIterDataset(IterDataset):
-    """The parent's stream packed by a packing operation (any of the three)."""
+    """The parent's stream through a stream operation (a packer: any of the three)."""
 
     def __init__(self, parent: IterDataset, packer: Any) -> None:
         if not isinstance(parent, IterDataset):
@@ -38,7 +38,7 @@ class PackIterDataset(IterDataset):
         self.packer = packer
 
     def __iter__(self) -> DatasetIterator:
-        return packing_stage(iter(self._parent), self.packer)
+        return stream_stage(iter(self._parent), self.packer)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._parent!r}, {self.packer.name})"

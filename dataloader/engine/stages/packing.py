@@ -211,12 +211,3 @@ class ConcatIterator(DatasetIterator):
         if skip:
             self._fill()
             self._handed = skip
-
-
-def packing_stage(parent: DatasetIterator, op: Any) -> DatasetIterator:
-    """The stage iterator of a packing operation."""
-    if isinstance(op, FitPack):
-        return FitPackIterator(parent, op)
-    if isinstance(op, ConcatThenSplit):
-        return ConcatIterator(parent, op)
-    raise TypeError(f"{op!r} is not a packing operation (FirstFitPack, BestFitPack, ConcatThenSplit)")

@@ -10,30 +10,50 @@ stages' states and records the operations it was made for.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 from typing import Any
 
 from dataloader.engine.stages.base import DatasetIterator
 from dataloader.engine.stages.elementwise import BatchIterator, ElementwiseIterator
-from dataloader.engine.stages.packing import packing_stage
 from dataloader.errors import StateMismatchError
-from dataloader.operations import Batch
-from dataloader.operations.packing import ConcatThenSplit, FitPack
+from dataloader.operations.transforms import GROUP, STREAM
 
-PACKERS = (FitPack, ConcatThenSplit)
+
+def _runs(op: Any) -> Any:
+    return getattr(op, "runs", None)
+
+
+def stream_stage(parent: DatasetIterator, op: Any) -> DatasetIterator:
+    """The stage that runs a stream operation (a packer, ...) over ``parent``.
+
+    The operation names it (``stage = "module:Class"``, see ``operations.transforms``).
+
+    Raises:
+        TypeError: ``op`` does not run on the stream or names no stage.
+    """
+    path = getattr(op, "stage", None)
+    if _runs(op) != STREAM or not isinstance(path, str) or ":" not in path:
+        raise TypeError(
+            f"{op!r} is not a stream operation: it needs runs = 'stream' and stage = "
+            f"'module:Class' naming the DatasetIterator that runs it (as the packers have)"
+        )
+    module, _, name = path.partition(":")
+    stage: DatasetIterator = getattr(importlib.import_module(module), name)(parent, op)
+    return stage
 
 
 def split_at_first_packer(operations: Sequence[Any]) -> tuple[list[Any], list[Any]]:
-    """The operations before the first packer (for the engine), and the rest.
+    """The operations before the first stream operation (for the engine), and the rest.
 
     Raises:
         ValueError: a ``Batch`` comes before a packer (pack sequences, then batch rows).
     """
     operations = list(operations)
-    first = next((i for i, op in enumerate(operations) if isinstance(op, PACKERS)), None)
+    first = next((i for i, op in enumerate(operations) if _runs(op) == STREAM), None)
     if first is None:
         return operations, []
-    batches = [i for i, op in enumerate(operations[:first]) if isinstance(op, Batch)]
+    batches = [i for i, op in enumerate(operations[:first]) if _runs(op) == GROUP]
     if batches:
         raise ValueError(
             f"operations[{batches[0]}] is a Batch before the packer operations[{first}] "
@@ -62,10 +82,10 @@ class TailIterator(DatasetIterator):
         top = head
         group: list[Any] = []
         for op in tail:
-            if isinstance(op, (*PACKERS, Batch)):
+            if _runs(op) in (STREAM, GROUP):
                 if group:
                     top, group = ElementwiseIterator(top, tuple(group), seed), []
-                top = packing_stage(top, op) if isinstance(op, PACKERS) else BatchIterator(top, op)
+                top = stream_stage(top, op) if _runs(op) == STREAM else BatchIterator(top, op)
             else:
                 group.append(op)
         if group:

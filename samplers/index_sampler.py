@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -34,6 +35,33 @@ _INT64_MAX = 2**63 - 1
 _FEW_EPOCHS = 4
 # The orders a shuffling sampler can read epochs in (see IndexSampler's permutation).
 PERMUTATIONS = ("granary", "grain")
+PERMUTATION_ENV = "GRANARY_PERMUTATION"
+"""The environment variable that picks the order of shuffles built without an explicit
+``permutation`` (``MapDataset.shuffle``): unset or ``granary``, or ``grain``."""
+
+
+def choose_permutation(permutation: str | None = None) -> str:
+    """``permutation`` checked, or when ``None`` the process-wide default:
+    ``$GRANARY_PERMUTATION``, ``"granary"`` when unset.
+
+    Read when a dataset is built, so code that cannot be edited (a pipeline written for
+    Grain) gets Grain's order from ``GRANARY_PERMUTATION=grain`` or
+    ``install_grain_alias(permutation="grain")``.
+
+    Raises:
+        ValueError: the argument, or the variable, names no order.
+    """
+    if permutation is None:
+        value = os.environ.get(PERMUTATION_ENV, "") or "granary"
+        where = f"{PERMUTATION_ENV}={value!r}"
+    else:
+        value, where = permutation, f"permutation={permutation!r}"
+    if value not in PERMUTATIONS:
+        raise ValueError(
+            f"{where} names no shuffle order; expected one of {list(PERMUTATIONS)} ('grain' for "
+            f"Grain's order, 'granary' or unset for granary's)"
+        )
+    return value
 
 
 def _is_int(value: object) -> bool:

@@ -169,12 +169,17 @@ def _real_grain() -> str | None:
     return spec.origin
 
 
+# GRANARY_PERMUTATION before install_grain_alias(permutation=...) set it (None: unset).
+_UNSET: Any = object()
+_permutation_before: Any = _UNSET
+
+
 def is_installed() -> bool:
     """Whether ``import grain`` gives granary in this process."""
     return _installed is not None
 
 
-def install_grain_alias(force: bool = False) -> None:
+def install_grain_alias(force: bool = False, *, permutation: str | None = None) -> None:
     """Makes ``import grain`` (and its submodules) give granary, here and in workers.
 
     Idempotent. Sets ``GRANARY_GRAIN_ALIAS`` in ``os.environ`` so that child processes
@@ -183,6 +188,11 @@ def install_grain_alias(force: bool = False) -> None:
     Args:
         force: shadow a real Grain that is installed (its modules already imported are
             hidden from ``sys.modules`` until :func:`uninstall_grain_alias`).
+        permutation: ``"grain"`` makes every ``MapDataset.shuffle`` built from now on
+            (that names no order) read Grain's order, element for element, so a run moved
+            from Grain sees Grain's rows; ``"granary"`` our default order. It sets
+            ``GRANARY_PERMUTATION`` (put back by :func:`uninstall_grain_alias`); ``None``
+            leaves it as it is.
 
     Raises:
         RealGrainError: ``grain`` is importable and ``force`` is False.
@@ -192,7 +202,14 @@ def install_grain_alias(force: bool = False) -> None:
         >>> install_grain_alias()  # doctest: +SKIP
         >>> import grain.python as grain  # doctest: +SKIP
     """
-    global _installed
+    global _installed, _permutation_before
+    if permutation is not None:
+        from dataloader.samplers.index_sampler import PERMUTATION_ENV, choose_permutation
+
+        choose_permutation(permutation)  # refuses an unknown order before changing anything
+        if _permutation_before is _UNSET:
+            _permutation_before = os.environ.get(PERMUTATION_ENV)
+        os.environ[PERMUTATION_ENV] = permutation
     if _installed is not None:
         return
     real = _real_grain()
@@ -218,7 +235,15 @@ def uninstall_grain_alias() -> None:
     Real Grain modules hidden by ``force=True`` come back. Objects taken from the alias
     stay what they are (granary's). Idempotent.
     """
-    global _installed
+    global _installed, _permutation_before
+    if _permutation_before is not _UNSET:
+        from dataloader.samplers.index_sampler import PERMUTATION_ENV
+
+        if _permutation_before is None:
+            os.environ.pop(PERMUTATION_ENV, None)
+        else:
+            os.environ[PERMUTATION_ENV] = _permutation_before
+        _permutation_before = _UNSET
     if _installed is None:
         return
     installed, _installed = _installed, None

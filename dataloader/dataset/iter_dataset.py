@@ -232,4 +232,5 @@ def mix_iter_datasets(datasets: Sequence[Any], weights: Sequence[float] | None) 
             "IterDataset.mix: the datasets have different shard_options; shard them "
             "alike (the mixture is sharded as they are)"
         )
-    return LoaderIterDataset(MapDataset.mix(components, weights), shard_options=shardings.pop())
+    return LoaderIterDataset(MapDataset._mix(components, weights, until_exhausted=True),
+                             shard_options=shardings.pop())

@@ -31,7 +31,7 @@ from dataloader.dataset.arguments import (
     random_map_op,
 )
 from dataloader.dataset.compile import nodes as nd
-from dataloader.dataset.compile.index_map import mix_length
+from dataloader.dataset.compile.index_map import exhausted_length, mix_length
 from dataloader.dataset.compile.lower import Compiled, compile_node
 from dataloader.dataset.compile.mixing import MixSchedule, parse_mixture_spec
 from dataloader.operations import (
@@ -46,6 +46,7 @@ from dataloader.operations import (
 from dataloader.operations.padding import BatchAndPad
 from dataloader.options import ReadOptions, check_bool
 from dataloader.samplers import ShardOptions
+from dataloader.samplers.index_sampler import choose_permutation
 
 if TYPE_CHECKING:
     from dataloader.dataset.iter_dataset import LoaderIterDataset
@@ -111,10 +112,17 @@ class MapDataset(Generic[T]):
             self._chain_node = nd.SourceNode(UserDatasetSource(self), len(self), user=True)
         return self._chain_node
 
+    # The node ``.seed()`` was called on (None: no seed, or one inherited through several
+    # parents): Grain's order derives a shuffle's seed from its distance to it.
+    _seed_at: Any = None
+
     def _then(self, node: Any, **changes: Any) -> MapDataset:
+        seed_at = changes.pop("seed_at", self._seed_at)
         fields: dict[str, Any] = {"seed": self._seed, "seed_uses": self._seed_uses, "filtered": self._filtered}
         fields.update(changes)
-        return MapDataset._chain(node, **fields)
+        ds = MapDataset._chain(node, **fields)
+        ds._seed_at = seed_at
+        return ds
 
     def pipe(self, func: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """``func(self, *args, **kwargs)``: chain a transformation that is not a method."""
@@ -154,16 +162,25 @@ class MapDataset(Generic[T]):
 
         Exact over every window of one period (10 positions for 0.3/0.7), deterministic,
         and a pure function of position, so the state stays one position. Each
-        component keeps its own order and epochs. One pass ends where the first finite
-        component with weight runs out; ``repeat()`` the components for an endless mix.
+        component keeps its own order and epochs. One pass is as long as Grain's:
+        ``int(min(len_c / share_c))``, which may end a few positions before the first
+        finite component runs out; ``repeat()`` the components for an endless mix.
 
         Raises:
             ValueError: no datasets, a weight that is negative or not finite, all
                 weights zero, or a batched component that is infinite.
         """
+        return MapDataset._mix(datasets, weights, until_exhausted=False)
+
+    @staticmethod
+    def _mix(datasets: Sequence[MapDataset], weights: Sequence[float] | None, *, until_exhausted: bool) -> MapDataset:
+        """:meth:`mix`, or with ``until_exhausted`` one pass that runs until a finite
+        component with weight runs out (Grain's ``IterDataset.mix``, which the engine
+        path of ``IterDataset.mix`` compiles to)."""
         datasets = _check_datasets(datasets, "mix")
         schedule = MixSchedule(weights, len(datasets))
-        length = mix_length([d._node.length for d in datasets], schedule)
+        lengths = [d._node.length for d in datasets]
+        length = exhausted_length(lengths, schedule) if until_exhausted else mix_length(lengths, schedule)
         node = nd.MixNode(tuple(d._node for d in datasets), schedule, length)
         return _combine(node, datasets)
 
@@ -221,28 +238,65 @@ class MapDataset(Generic[T]):
 
     def seed(self, seed: int) -> MapDataset:
         """Sets the seed of the ``shuffle`` and ``random_map`` calls that follow."""
-        return self._then(self._node, seed=check_seed(seed, "seed"), seed_uses=0)
+        return self._then(self._node, seed=check_seed(seed, "seed"), seed_uses=0, seed_at=self._node)
 
-    def shuffle(self, seed: int | None = None) -> MapDataset:
+    def shuffle(self, seed: int | None = None, *, permutation: str | None = None) -> MapDataset:
         """A global shuffle: a new stateless permutation in every epoch.
 
+        Args:
+            seed: the shuffle's seed; ``None`` takes one from ``.seed(...)`` earlier in
+                the chain.
+            permutation: the order. ``"granary"`` (our keyed Feistel network) or
+                ``"grain"``: Grain 0.2's ``MapDataset.shuffle`` order, element for
+                element, for a run moved from Grain (seeds below ``2**32``; a seed from
+                ``.seed(s)`` is derived as Grain derives it, from ``s`` and the number of
+                calls between). ``None`` (default) reads ``$GRANARY_PERMUTATION``
+                (``granary`` when unset), which ``install_grain_alias(permutation=
+                "grain")`` sets, so a Grain pipeline needs no edit. A state made under one
+                order is refused by the other.
+
         Raises:
-            ValueError: no seed (set one with ``.seed(...)`` or pass ``seed=``), or the
-                dataset is infinite (shuffle before ``repeat()``).
+            ValueError: no seed (set one with ``.seed(...)`` or pass ``seed=``), the
+                dataset is infinite (shuffle before ``repeat()``), or an unknown order.
         """
         length = self._finite("shuffle", "shuffle before repeat(): ds.shuffle().repeat()")
+        permutation = choose_permutation(permutation)
         uses = self._seed_uses
         if seed is not None:
-            key = check_seed(seed, "shuffle seed", bits=SHUFFLE_BITS)
+            if permutation == "grain":
+                key = _grain_seed(seed)
+            else:
+                key = check_seed(seed, "shuffle seed", bits=SHUFFLE_BITS)
         elif self._seed is None:
             raise ValueError(
                 "shuffle() needs a seed; call .seed(...) earlier in the chain, e.g. "
                 "MapDataset.source(src).seed(42).shuffle(), or pass shuffle(seed=42)"
             )
+        elif permutation == "grain":
+            key = _grain_default_seed(self._seed, self._seed_depth())
         else:
             key = check_seed(self._seed, "seed", bits=SHUFFLE_BITS) if uses == 0 else derive_seed(self._seed, uses)
             uses += 1
-        return self._then(nd.ShuffleNode(self._node, key, length), seed_uses=uses)
+        return self._then(nd.ShuffleNode(self._node, key, length, permutation), seed_uses=uses)
+
+    def _seed_depth(self) -> int:
+        """How many Grain datasets a shuffle here is from its ``.seed()`` one (Grain's
+        depth: 1 for ``.seed(s).shuffle()``), counting one per chained call.
+
+        Raises:
+            ValueError: the seed came through a mix or concatenation, or a dataset of the
+                user's own, whose depth Grain aggregates over every parent.
+        """
+        node, depth = self._node, 1
+        while node is not self._seed_at:
+            if self._seed_at is None or not hasattr(node, "parent"):
+                raise ValueError(
+                    "shuffle(permutation='grain') derives its seed from the .seed() call "
+                    "above it in one chain; this one's seed came through a mix, concatenate "
+                    "or a dataset of your own. Pass shuffle(seed=...) explicitly"
+                )
+            node, depth = node.parent, depth + 1
+        return depth
 
     def repeat(self, num_epochs: int | None = None) -> MapDataset:
         """``num_epochs`` passes (``None``: for ever, and ``len`` is ``sys.maxsize``).
@@ -520,6 +574,21 @@ def _check_datasets(datasets: Any, what: str) -> list[MapDataset]:
             )
         d._finite_if_batched(what)
     return datasets
+
+
+def _grain_seed(seed: Any) -> int:
+    """A seed of Grain's shuffle: an integer in ``[0, 2**32)``, as Grain checks it."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**32:
+        raise ValueError(
+            f"shuffle(permutation='grain') takes seeds in [0, 2**32), as Grain's shuffle does, "
+            f"got {seed!r}"
+        )
+    return int(seed)
+
+
+def _grain_default_seed(seed: int, depth: int) -> int:
+    """The seed Grain gives a shuffle ``depth`` datasets below ``.seed(seed)``."""
+    return int(np.random.SeedSequence([seed, depth]).generate_state(1, dtype=np.uint32)[0])
 
 
 def _combined_fields(datasets: list[MapDataset]) -> tuple[int | None, int, bool]:

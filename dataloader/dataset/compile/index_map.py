@@ -43,13 +43,20 @@ class Leaf:
 
 
 class Shuffle:
-    """A new permutation of the child's ``length`` positions in each epoch."""
+    """A new permutation of the child's ``length`` positions in each epoch.
 
-    def __init__(self, child: Any, seed: int) -> None:
+    ``permutation`` is the order (``IndexSampler``'s): ``"granary"`` or ``"grain"``
+    (Grain's ``MapDataset.shuffle``: epoch ``e`` keyed by ``(seed + e) mod 2**32``).
+    """
+
+    def __init__(self, child: Any, seed: int, permutation: str = "granary") -> None:
         self.child, self.seed, self.length = child, seed, child.length
+        self.permutation = permutation
         self.shuffles = True
         # An empty child has no position to permute (and IndexSampler needs records).
-        self._sampler = IndexSampler(child.length, shuffle=True, seed=seed, num_epochs=None) if child.length else None
+        self._sampler = IndexSampler(
+            child.length, shuffle=True, seed=seed, num_epochs=None, permutation=permutation
+        ) if child.length else None
 
     def keys(self, pos: np.ndarray) -> np.ndarray:
         n = self.length
@@ -57,6 +64,8 @@ class Shuffle:
         return self.child.keys(pos - pos % n + self._sampler.record_keys(pos))
 
     def describe(self) -> Any:
+        if self.permutation != "granary":  # the default's signature is as it always was
+            return ["shuffle", self.seed, self.permutation, self.child.describe()]
         return ["shuffle", self.seed, self.child.describe()]
 
 
@@ -198,14 +207,15 @@ class Concatenate:
 class Mix:
     """Interleaves the children by a :class:`MixSchedule`.
 
-    ``length`` (one pass) ends where the first finite component with weight would run
-    out, as in Grain; positions beyond keep drawing from the schedule.
+    ``length`` (one pass) is the node's: Grain's ``MapDataset.mix`` length
+    (:func:`mix_length`), or :func:`exhausted_length` for ``IterDataset.mix``; positions
+    beyond keep drawing from the schedule.
     """
 
-    def __init__(self, children: list[Any], schedule: MixSchedule) -> None:
+    def __init__(self, children: list[Any], schedule: MixSchedule, length: int | None) -> None:
         self.children, self.schedule = children, schedule
         self.shuffles = any(c.shuffles for c in children)
-        self.length = mix_length([c.length for c in children], schedule)
+        self.length = length
 
     def keys(self, pos: np.ndarray) -> np.ndarray:
         comp, k = self.schedule.locate(pos)
@@ -279,7 +289,21 @@ def check_selection(selection_map: Any, index: int, count: int) -> tuple[int, in
 
 
 def mix_length(lengths: list[int | None], schedule: MixSchedule) -> int | None:
-    """Positions before the first component with weight is exhausted (None: never)."""
+    """One pass of a ``MapDataset.mix``: Grain's length (None: no finite component with
+    weight, so it never ends).
+
+    Grain's ``int(min(len_c / (p_c / S)))`` (:meth:`MixSchedule.grain_map_length`), a
+    few positions shorter than where the first component runs out, so that
+    ``len(ds)`` and iteration end where Grain's do.
+    """
+    if all(n is None for n, p in zip(lengths, schedule.counts) if p):
+        return None
+    return schedule.grain_map_length(lengths)
+
+
+def exhausted_length(lengths: list[int | None], schedule: MixSchedule) -> int | None:
+    """Positions before the first component with weight is exhausted (None: never), where
+    Grain's ``IterDataset.mix`` stops."""
     ends = [
         schedule.position_of(c, n)
         for c, n in enumerate(lengths)

@@ -102,7 +102,7 @@ class _Builder:
         lowered = [self.as_leaf(c) if nd.is_batched(c) else self.lower(c) for c in children]
         indices = [c.index for c in lowered]
         if isinstance(node, nd.ShuffleNode):
-            index: Any = im.Shuffle(indices[0], node.seed)
+            index: Any = im.Shuffle(indices[0], node.seed, node.permutation)
         elif isinstance(node, nd.WindowShuffleNode):
             index = im.WindowShuffle(indices[0], node.seed, node.window_size)
         elif isinstance(node, nd.RepeatNode):
@@ -112,7 +112,7 @@ class _Builder:
         elif isinstance(node, nd.ReindexNode):
             index = im.Reindex(indices[0], node.indices)
         elif isinstance(node, nd.MixNode):
-            index = im.Mix(indices, node.schedule)
+            index = im.Mix(indices, node.schedule, node.length)
         elif isinstance(node, nd.SelectNode):
             index = im.Select(indices, node.selection_map, node.length)
         else:
@@ -139,13 +139,14 @@ def _canonical_sampler(index: Any, seed: int | None) -> IndexSampler | None:
     epochs: int | None = 1
     if isinstance(index, im.Repeat):
         epochs, index = index.num_epochs, index.child
-    shuffle_seed = None
+    shuffle_seed, permutation = None, "granary"
     if isinstance(index, im.Shuffle):
-        shuffle_seed, index = index.seed, index.child
+        shuffle_seed, permutation, index = index.seed, index.permutation, index.child
     if not isinstance(index, im.Leaf) or index.length == 0:
         return None  # an empty leaf has no IndexSampler (it needs records): the index map
     if shuffle_seed is not None:
-        return IndexSampler(index.length, shuffle=True, seed=shuffle_seed, num_epochs=epochs)
+        return IndexSampler(index.length, shuffle=True, seed=shuffle_seed, num_epochs=epochs,
+                            permutation=permutation)
     return IndexSampler(index.length, shuffle=False, seed=seed, num_epochs=epochs)
 
 
@@ -236,7 +237,7 @@ def compile_node(node: Any, seed: int | None) -> Compiled:
         endless = im.IndexMapSampler(low.index, builder.num_records, seed, endless=True)
     else:
         endless = IndexSampler(sampler.num_records, shuffle=sampler.shuffle, seed=sampler.seed,
-                               num_epochs=None)
+                               num_epochs=None, permutation=sampler.permutation)
     if len(builder.sources) == 1 and not is_tagged:  # its keys start at 0: no wrapper needed
         source = builder.sources[0]
     else:

@@ -217,7 +217,8 @@ class MixSchedule:
         its end near the boundary (Grain's sources wrap such an index around).
         """
         maxsize = 2**63 - 1
-        ends = [(maxsize if n is None else n) / (p / self.period) for n, p in zip(lengths, self.counts)]
+        # (a component of weight 0, which Grain refuses, never runs out)
+        ends = [(maxsize if n is None else n) / (p / self.period) for n, p in zip(lengths, self.counts) if p]
         return min(maxsize, int(min(ends)))
 
     def describe(self) -> list[str]:

@@ -31,8 +31,11 @@ class ShuffleNode:
     parent: Any
     seed: int
     length: int
+    permutation: str = "granary"  # or "grain": Grain's order (see IndexSampler)
 
     def __repr__(self) -> str:
+        if self.permutation != "granary":
+            return f"{self.parent!r}.shuffle(seed={self.seed}, permutation={self.permutation!r})"
         return f"{self.parent!r}.shuffle(seed={self.seed})"
 
 

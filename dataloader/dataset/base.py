@@ -54,6 +54,7 @@ from dataloader.operations import (
     Operation,
     RandomMapTransform,
 )
+from dataloader.operations.transforms import MANY
 
 if TYPE_CHECKING:
     from dataloader.options import MultiprocessingOptions
@@ -115,7 +116,7 @@ class IterDataset(Generic[T], abc.ABC):
 
     def map(self, transform: Any) -> IterDataset:
         """Applies ``transform`` to every element (a ``FlatMapTransform`` flattens, as in Grain)."""
-        if isinstance(transform, FlatMapTransform):
+        if getattr(transform, "returns", None) == MANY:
             return self.flat_map(transform)
         return self._then(as_operation(transform, MapTransform, "map"))
 

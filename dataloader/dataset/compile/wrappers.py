@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from dataloader.operations import FilterTransform, MapTransform, Operation, RandomMapTransform
+from dataloader.operations.transforms import KEEP, ONE
 
 
 class _Wrapper:
@@ -123,20 +124,20 @@ class NonePassingFilter(_Wrapper, FilterTransform):
 
 def none_passing(op: Operation) -> Operation:
     """``op``, letting ``None`` through untouched (a flat map has no such form: refused)."""
-    if isinstance(op, RandomMapTransform):
+    if op.needs_seed:
         return NonePassingRandomMap(op)
-    if isinstance(op, FilterTransform):
+    if op.returns == KEEP:
         return NonePassingFilter(op)
-    if isinstance(op, MapTransform):
+    if op.returns == ONE and not op.needs_index:
         return NonePassingMap(op)
     return op
 
 
 def tagged(op: Operation, parts: frozenset[int]) -> Operation:
     """``op`` restricted to the elements of ``parts``."""
-    if isinstance(op, RandomMapTransform):
+    if op.needs_seed:
         return TaggedRandomMap(op, parts)
-    if isinstance(op, FilterTransform):
+    if op.returns == KEEP:
         return TaggedFilter(op, parts)
-    assert isinstance(op, MapTransform), op
+    assert op.returns == ONE and not op.needs_index, op
     return TaggedMap(op, parts)

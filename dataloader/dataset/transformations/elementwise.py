@@ -17,11 +17,10 @@ from dataloader.engine.stages.elementwise import BatchIterator, ElementwiseItera
 from dataloader.engine.stats import FilterWatch
 from dataloader.operations import (
     Batch,
-    FilterTransform,
-    FlatMapTransform,
     MapWithIndexTransform,
     Operation,
 )
+from dataloader.operations.transforms import GROUP
 from dataloader.options import DatasetOptions
 
 
@@ -44,11 +43,9 @@ def then(parent: IterDataset, op: Operation | Batch) -> IterDataset:
     A ``map_with_index`` after a filter or flat map starts a stage of its own, so that its
     index counts the elements that reach it.
     """
-    if isinstance(op, Batch):
+    if op.runs == GROUP:
         return BatchIterDataset(parent, op)
-    if type(parent) is ElementwiseIterDataset and not (
-        isinstance(op, MapWithIndexTransform) and parent.reshapes
-    ):
+    if type(parent) is ElementwiseIterDataset and not (op.needs_index and parent.reshapes):
         merged = ElementwiseIterDataset(parent._parent, (*parent.ops, op))
         merged._seed, merged._seed_uses = parent._seed, parent._seed_uses
         return merged
@@ -65,7 +62,7 @@ class ElementwiseIterDataset(IterDataset):
     def __init__(self, parent: IterDataset, ops: tuple[Operation, ...]) -> None:
         super().__init__(parent)
         self.ops = ops
-        self.reshapes = any(isinstance(op, (FilterTransform, FlatMapTransform)) for op in ops)
+        self.reshapes = any(op.reshapes for op in ops)
 
     def __iter__(self) -> ElementwiseIterator:
         return ElementwiseIterator(iter(self._parent), self.ops, watch=self._filter_watch())

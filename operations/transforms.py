@@ -51,8 +51,12 @@ def resolve_seed(op: Any, default: int | None, where: str = "") -> int | None:
     ``None`` for an operation that does not declare ``needs_seed``; the one rule every
     place that runs a random map follows.
 
+    The seed keys a Philox generator, so it must be an integer in ``[0, 2**64)``; it is
+    checked here, where the pipeline is built, rather than in a worker.
+
     Raises:
-        ValueError: ``op`` needs a seed and neither it nor ``default`` has one.
+        ValueError: ``op`` needs a seed and neither it nor ``default`` has one, or the
+            seed is not an integer in ``[0, 2**64)``.
     """
     if not getattr(op, "needs_seed", False):
         return None
@@ -62,7 +66,12 @@ def resolve_seed(op: Any, default: int | None, where: str = "") -> int | None:
             f"{where}{op.name} is a random map but the sampler has no seed; pass seed=... to "
             f"the sampler (or give the operation an rng_seed) so augmentations are reproducible"
         )
-    return seed
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**64:
+        raise ValueError(
+            f"{where}{op.name} has the seed {seed!r}; a random map's seed (its rng_seed, else "
+            f"the sampler's) must be an integer in [0, 2**64)"
+        )
+    return int(seed)
 
 
 def _callable_name(fn: Any) -> str:

@@ -143,3 +143,13 @@ def test_seed_rule_refuses_a_random_map_without_any_seed():
 
     with pytest.raises(ValueError, match=r"operations\[2\] RandomMapTransform\(.*\) is a random map but the sampler has no seed; pass seed="):
         resolve_seed(RandomMapTransform(lambda x, rng: x), None, "operations[2] ")
+
+
+@pytest.mark.parametrize("seed", [-1, 2**64, 1.5, True])
+def test_seed_rule_refuses_a_seed_a_generator_cannot_take(seed):
+    from dataloader.operations.transforms import resolve_seed
+
+    op = RandomMapTransform(lambda x, rng: x)
+    op.rng_seed = seed
+    with pytest.raises(ValueError, match=rf"has the seed {seed!r}; .* must be an integer in \[0, 2\*\*64\)"):
+        resolve_seed(op, 1)

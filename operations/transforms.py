@@ -37,7 +37,9 @@ GROUP = "batch"  # on a group of consecutive elements (``Batch``)
 STREAM = "stream"  # on the ordered stream: its output depends on what came before (packers)
 # A STREAM operation also names the stage that runs it, ``stage = "module:Class"`` (a
 # ``DatasetIterator`` made as ``Class(parent, op)``): a name, because operations/ never
-# imports the engine; the engine imports it when it first runs one.
+# imports the engine; the engine imports it when it first runs one. A class that sets
+# ``config_key`` in its own body (and is exported by ``dataloader.operations``) is built by
+# that key in a YAML config's ``operations:``, with the entry's mapping as its arguments.
 
 # What an element operation's function returns (``Operation.returns``).
 ONE = "one"  # the new element

@@ -35,11 +35,8 @@ from dataloader.config import checks as check
 from dataloader.config.import_path import ImportPathError, resolve_import
 from dataloader.operations import (
     Batch,
-    BestFitPack,
     BOSHandling,
-    ConcatThenSplit,
     FilterTransform,
-    FirstFitPack,
     FlatMapTransform,
     MapTransform,
     Operation,
@@ -55,7 +52,17 @@ _TRANSFORMS: dict[str, type[Operation]] = {
 }
 # How many leading positional arguments the loader passes (element, and rng).
 _POSITIONAL = {"map": 1, "random_map": 2, "flat_map": 1, "filter": 1}
-_PACKERS = {"first_fit_pack": FirstFitPack, "best_fit_pack": BestFitPack, "concat_then_split": ConcatThenSplit}
+
+
+def _declared_kinds() -> dict[str, type]:
+    """The operations built by a key of their own: those that declare ``config_key``."""
+    from dataloader import operations
+
+    classes = (getattr(operations, name) for name in operations.__all__)
+    return {cls.__dict__["config_key"]: cls for cls in classes if isinstance(cls, type) and "config_key" in cls.__dict__}
+
+
+_PACKERS = _declared_kinds()
 _KINDS = (*_TRANSFORMS, "operation", "batch", *_PACKERS)
 
 
@@ -137,14 +144,18 @@ def _batch(where: str, spec: Any) -> Batch:
 
 
 def _packer(where: str, kind: str, spec: Any) -> Any:
-    """A packer from its arguments (a mapping; ``bos_handling`` by its name)."""
+    """An operation built by its own key (a packer, ...) from its arguments (a mapping;
+    ``bos_handling`` by its name); each argument its constructor requires must be there."""
     spec = dict(check.mapping(where, spec))
-    check.get(spec, "length_struct", where=where)
+    cls = _PACKERS[kind]
+    for name, parameter in inspect.signature(cls).parameters.items():
+        if parameter.default is parameter.empty and parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY):
+            check.get(spec, name, where=where)
     if "bos_handling" in spec:
         names = [h.name for h in BOSHandling]
         name = check.string(check.sub(where, "bos_handling"), spec["bos_handling"], choices=names)
         spec["bos_handling"] = BOSHandling[name]
-    return _construct(where, _PACKERS[kind], kind, spec)
+    return _construct(where, cls, kind, spec)
 
 
 def _operation(where: str, path: str, args: dict[str, Any]) -> Any:

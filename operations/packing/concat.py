@@ -60,6 +60,7 @@ class ConcatThenSplit:
 
     runs = "stream"  # on the ordered stream: operations.transforms.STREAM
     stage = "dataloader.engine.stages.packing:ConcatIterator"  # the stage that runs it
+    config_key = "concat_then_split"  # its key in a YAML config's operations
 
     def __init__(
         self,

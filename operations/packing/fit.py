@@ -166,9 +166,13 @@ class FitPack:
 class FirstFitPack(FitPack):
     """First-fit packing: each element goes into the first row where it fits."""
 
+    config_key = "first_fit_pack"  # its key in a YAML config's operations
+
 
 class BestFitPack(FitPack):
     """Best-fit packing: each element goes into the fullest row where it fits."""
+
+    config_key = "best_fit_pack"  # its key in a YAML config's operations
 
     best_fit = True
 

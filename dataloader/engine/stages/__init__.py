@@ -6,4 +6,11 @@ the ordered stream the engine hands out, so it never depends on the number of wo
 Each stage is a :class:`~dataloader.engine.stages.base.DatasetIterator` whose state
 nests its parent's. ``DataLoader`` uses them for the operations after a packer, and the
 dataset API for the iterator-level datasets.
+
+Where a stage lives (one rule): a stage that ``DataLoader`` runs (an operation of its
+list: element operations, packers, the tail after a packer, and the base class) lives
+here. A stage only the dataset API builds lives beside its dataset in
+``dataloader/dataset/transformations/``, the dataset and its iterator in one file. Three
+older dataset-only iterators (``interleave``, ``window_shuffle``, ``prefetch``) still
+live here; they move when next touched.
 """

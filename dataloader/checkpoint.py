@@ -131,13 +131,15 @@ def find_state_file(directory: epath.Path, process_index: int, process_count: in
 def _restore_from(path: epath.Path, iterator: Any) -> Any:
     """Sets ``iterator`` to the state in ``path`` and returns it (the state without one).
 
-    A state that Grain's DataLoader wrote is converted first, where that is exact.
+    A state that Grain's DataLoader wrote is converted first, where that is exact; one
+    of Grain's dataset iterators (``{"next_index": n}``) is converted by the iterator's
+    ``set_state``, which knows the order of its stream.
     """
     state = json.loads(path.read_text())
     if iterator is None:
         return state
     try:
-        if grain_state.is_grain_state(state):
+        if grain_state.is_grain_state(state) and "last_seen_indices" in state:
             current = iterator.get_state()
             if isinstance(current, dict) and "made_for" in current:
                 state = grain_state.from_grain(state, current)

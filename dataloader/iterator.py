@@ -15,10 +15,12 @@ in one place.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from dataloader.engine import grain_state
 from dataloader.engine.assemble import make_assembler
 from dataloader.engine.executor import Executor
 from dataloader.engine.plan import BATCH, ELEMENTS, Plan
@@ -122,9 +124,41 @@ class DataLoaderIterator(DatasetIterator[Any]):
         Raises:
             StateMismatchError: the state was made for another data set, seed, sharding
                 or pipeline; the message names each difference.
+
+        A state of Grain's own iterators (its DataLoader's, or a dataset iterator's
+        ``{"next_index": n}`` as MaxText checkpoints hold) is converted first where
+        granary continues it exactly, and refused saying why otherwise
+        (:mod:`dataloader.engine.grain_state`).
         """
-        self._restart(resolve_state(self._plan, state))
+        self._restart(resolve_state(self._plan, self._from_grain(state)))
         self._closed = False
+
+    # Set by the dataset that to_iter_dataset() made (None: a DataLoader's, judged by its
+    # sampler): whether the stream reads Grain's order, and positions per index of
+    # Grain's MapDataset (its batch size when that MapDataset was batched).
+    _grain_order: bool | None = None
+    _grain_positions_per_index = 1
+
+    def _from_grain(self, state: Any) -> Any:
+        """``state`` as granary's if it is one of Grain's (see :meth:`set_state`)."""
+        parsed = state
+        if isinstance(state, (str, bytes)):
+            try:
+                parsed = json.loads(state)
+            except ValueError:
+                return state  # resolve_state says what is wrong with it
+        if not grain_state.is_grain_state(parsed):
+            return state
+        current = self.get_state()
+        if "last_seen_indices" in parsed:
+            return grain_state.from_grain(parsed, current)
+        grain_order = self._grain_order
+        if grain_order is None:
+            grain_order = grain_state.reads_grains_order(self._plan.sampler)
+        return grain_state.from_grain_dataset(
+            parsed, current, grain_order=grain_order,
+            positions_per_index=self._grain_positions_per_index, end=self._plan.sampler.num_positions,
+        )
 
     def _outputs_per_position(self) -> int | None:
         """Positions per output when that is fixed (a plain batch, or maps only)."""

@@ -23,7 +23,7 @@ from typing import Any
 
 from dataloader.dataset.arguments import check_seed, random_map_op
 from dataloader.dataset.base import IterDataset
-from dataloader.dataset.compile.nodes import has_user_dataset, is_batched
+from dataloader.dataset.compile.nodes import has_user_dataset, is_batched, reads_grains_order
 from dataloader.dataset.compile.wrappers import DropNone
 from dataloader.dataset.context import inherited_options, inherited_workers
 from dataloader.dataset.map_dataset import MapDataset
@@ -188,6 +188,16 @@ class LoaderIterDataset(IterDataset):
         return self._loader
 
     def __iter__(self) -> DatasetIterator:
+        iterator = self._new_iterator()
+        # What a Grain dataset-iterator state needs to be read (DataLoaderIterator.set_state):
+        # whether the order is Grain's, and positions per index of a batched MapDataset.
+        node = self._parent._node
+        iterator._grain_order = reads_grains_order(node)  # type: ignore[attr-defined]
+        if is_batched(node):
+            iterator._grain_positions_per_index = self._parent._compiled.batch_size or 1  # type: ignore[attr-defined]
+        return iterator
+
+    def _new_iterator(self) -> DatasetIterator:
         options = inherited_options()
         if self._mp is None:
             inherited = inherited_workers()

@@ -24,10 +24,18 @@ it was made for, when the continuation is exact:
 * the sampler's ``num_records``, ``shuffle``, ``seed``, ``num_epochs`` and sharding
   match the iterator's.
 
-Anything else is refused with :class:`~dataloader.StateMismatchError` saying why, as
-are the states of Grain's dataset iterators (``{"next_index": ...}`` and the nested
-states of its prefetchers), whose indices count elements of a chain granary cannot
-map onto its positions.
+Anything else is refused with :class:`~dataloader.StateMismatchError` saying why.
+
+Grain's **dataset iterators** save ``{"next_index": n}`` for ``MapDataset ...
+.to_iter_dataset()`` followed by maps, filters, batches and (thread) prefetches (each
+passes its parent's state on), and ``mp_prefetch`` nests it in an interleave's state
+(``{"iterators_in_use_states": [{"next_index": n}], ...}``, one per worker). ``n``
+counts indices of the ``MapDataset`` that ``to_iter_dataset`` reads, as granary's
+position does (``n`` batches of ``B`` are ``n * B`` positions when that ``MapDataset``
+itself is batched), so :func:`from_grain_dataset` continues it exactly when granary
+reads those indices in Grain's order: unshuffled, or shuffled with
+``permutation="grain"`` (no window shuffle), unsharded by ``shard_options``, with one
+``mp_prefetch`` worker, and no stage holding state of its own (packers, rebatching).
 """
 
 from __future__ import annotations
@@ -101,10 +109,9 @@ def from_grain(state: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]
     """
     if "last_seen_indices" not in state:
         raise StateMismatchError(
-            f"this is a state of Grain's dataset iterators (keys {sorted(state)}), whose "
-            f"indices count elements of a Grain chain that granary cannot map onto its "
-            f"positions; restore from a checkpoint granary saved, or place the iterator "
-            f"with dl.experimental.set_next_index if you know the next element's index"
+            f"this is a state of Grain's dataset iterators (keys {sorted(state)}); it "
+            f"restores through the set_state of the dataset iterator it was saved from "
+            f"(iter(ds).set_state(state)), which knows the order of its stream"
         )
     if not isinstance(current, dict) or "made_for" not in current or "position" not in current:
         raise StateMismatchError(
@@ -163,3 +170,113 @@ def _exact(position: int, num_records: int, shard_count: int, shuffle: bool) -> 
         return True
     per_shard, remainder = divmod(num_records, shard_count)
     return remainder == 0 and per_shard > 0 and position % per_shard == 0
+
+
+# The keys of a granary state that a Grain dataset-iterator state can stand for: a
+# position and what it was made for; anything more is a stage's own state.
+_PLAIN_KEYS = {"version", "position", "sub_index", "skip", "made_for"}
+_HOW = (
+    "restore from a checkpoint granary saved, or start the stream over (restore nothing)"
+)
+
+
+def reads_grains_order(sampler: Any) -> bool:
+    """Whether a DataLoader's ``sampler`` reads its records in Grain's dataset order: no
+    shuffle, or ``permutation="grain"`` (a dataset's iterator is told by its dataset)."""
+    return not getattr(sampler, "shuffle", True) or getattr(sampler, "permutation", None) == "grain"
+
+
+def dataset_next_index(state: dict[str, Any]) -> int:
+    """The ``next_index`` a Grain dataset-iterator ``state`` continues from.
+
+    Raises:
+        StateMismatchError: a state of several ``mp_prefetch`` workers, or of a stage
+            that holds more than an index.
+    """
+    if "iterators_in_use_states" in state:  # mp_prefetch: an interleave of its workers
+        inner = state["iterators_in_use_states"]
+        if not isinstance(inner, list) or len(inner) != 1 or state.get("future_states"):
+            count = len(inner) if isinstance(inner, list) else inner
+            raise StateMismatchError(
+                f"this Grain state was saved under mp_prefetch with {count} workers: each "
+                f"Grain worker reads its own stride of the stream and their outputs are "
+                f"interleaved, so the order depends on the worker count, and granary's "
+                f"does not; it cannot continue it exactly. Only states of one worker "
+                f"convert; {_HOW}"
+            )
+        return dataset_next_index(inner[0])
+    if "workers_state" in state:  # older mp_prefetch: one state per worker
+        workers, skips = state["workers_state"], state.get("iterations_to_skip") or {}
+        if not isinstance(workers, dict) or len(workers) != 1 or any(skips.values()):
+            raise StateMismatchError(
+                f"this Grain state was saved by {len(workers)} mp_prefetch workers, whose "
+                f"interleaved order granary cannot continue exactly; {_HOW}"
+            )
+        (inner,) = workers.values()
+        return dataset_next_index(inner)
+    index = state.get("next_index")
+    if set(state) != {"next_index"} or isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise StateMismatchError(
+            f"this Grain dataset-iterator state ({str(state)[:120]}) holds more than an "
+            f"index (or an index that is not a non-negative integer): a Grain stage with "
+            f"state of its own (a packer, a flat map, a window shuffle), which granary "
+            f"cannot continue exactly; {_HOW}"
+        )
+    return index
+
+
+def from_grain_dataset(
+    state: dict[str, Any], current: dict[str, Any], *, grain_order: bool, positions_per_index: int = 1,
+    end: int | None = None,
+) -> dict[str, Any]:
+    """A Grain dataset-iterator ``state`` as granary's, for an iterator whose state is ``current``.
+
+    Args:
+        state: what Grain's ``DatasetIterator.get_state()`` gave (JSON-decoded).
+        current: the restoring iterator's own ``get_state()``.
+        grain_order: whether the restoring stream reads its indices in Grain's order
+            (:func:`reads_grains_order`).
+        positions_per_index: granary positions per index of Grain's ``MapDataset``
+            (its batch size when that ``MapDataset`` is batched).
+        end: the stream's number of positions, if finite (a short last batch ends it
+            before ``index * positions_per_index``).
+
+    Raises:
+        StateMismatchError: the continuation would not be exact; the message says why and
+            what to do.
+    """
+    index = dataset_next_index(state)
+    if not isinstance(current, dict) or "made_for" not in current or "position" not in current:
+        raise StateMismatchError(
+            f"this is a Grain dataset-iterator state ({str(state)[:80]}); it restores into "
+            f"a granary iterator of MapDataset...to_iter_dataset(), whose state has a "
+            f"position; this iterator's state is {str(current)[:120]}"
+        )
+    extra = sorted(set(current) - _PLAIN_KEYS)
+    if extra:
+        raise StateMismatchError(
+            f"this is a Grain dataset-iterator state ({str(state)[:80]}), which holds one "
+            f"index; this pipeline has stages with state of their own ({', '.join(extra)}) "
+            f"that it does not carry, so it cannot continue exactly; {_HOW}"
+        )
+    made_for = current["made_for"]
+    if made_for.get("shard_count", 1) != 1:
+        raise StateMismatchError(
+            f"this is a Grain dataset-iterator state ({str(state)[:80]}); this stream is "
+            f"sharded by shard_options ({made_for['shard_index']} of "
+            f"{made_for['shard_count']}, interleaved), which Grain's to_iter_dataset has "
+            f"no counterpart of; shard with ds[h::H] as in Grain to continue it, or {_HOW}"
+        )
+    if not grain_order:
+        raise StateMismatchError(
+            f"this is a Grain dataset-iterator state ({str(state)[:80]}): its index counts "
+            f"elements in Grain's shuffle order, and this pipeline shuffles in granary's "
+            f"(or window-shuffles), so the rest of the epoch would repeat some records and "
+            f"skip others. Build the shuffle with shuffle(..., permutation='grain'), or set "
+            f"GRANARY_PERMUTATION=grain (install_grain_alias(permutation='grain')) before "
+            f"the dataset is built, to read Grain's order and continue exactly; or {_HOW}"
+        )
+    position = index * positions_per_index
+    if end is not None and positions_per_index > 1:
+        position = min(position, end)
+    return {**current, "position": position, "sub_index": 0, "skip": 0}

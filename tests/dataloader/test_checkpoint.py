@@ -444,7 +444,7 @@ def test_a_sharded_grain_state_at_its_epoch_end_restores_into_the_next_epoch(tmp
         (grain_dataloader_state([9], grain_sampler(True, 7)), r"middle of a shuffled epoch \(local position 10\)"),
         (grain_dataloader_state([8, 9], grain_sampler(True, 7), worker_count=2), r"worker_count=2: Grain's DataLoader"),
         (grain_dataloader_state([29], grain_sampler(True, 8)), r"seed=8 but this iterator has seed=7"),
-        (json.dumps({"next_index": 12}), r"state of Grain's dataset iterators \(keys \['next_index'\]\)"),
+        (json.dumps({"next_index": 12}), r"Grain dataset-iterator state \(\{'next_index': 12\}\): its index counts elements in Grain's shuffle order"),
     ],
     ids=["mid-epoch", "two-workers", "other-seed", "dataset-iterator"],
 )

@@ -189,3 +189,14 @@ def has_user_dataset(node: Any) -> bool:
         return node.user
     children = [node.parent] if hasattr(node, "parent") else list(getattr(node, "parents", ()))
     return any(has_user_dataset(c) for c in children)
+
+
+def reads_grains_order(node: Any) -> bool:
+    """Whether the tree reads its indices in the order Grain's datasets would: every
+    ``shuffle`` in Grain's order (``permutation="grain"``) and no window shuffle (ours
+    permutes windows its own way). A Grain dataset-iterator state continues exactly only
+    then (:mod:`dataloader.engine.grain_state`)."""
+    if isinstance(node, WindowShuffleNode) or (isinstance(node, ShuffleNode) and node.permutation != "grain"):
+        return False
+    children = [node.parent] if hasattr(node, "parent") else list(getattr(node, "parents", ()))
+    return all(reads_grains_order(c) for c in children)

@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from dataloader.engine.grain_state import from_grain, is_grain_state, parse_sampler
+from dataloader.engine.grain_state import (
+    dataset_next_index,
+    from_grain,
+    from_grain_dataset,
+    is_grain_state,
+    parse_sampler,
+    reads_grains_order,
+)
 from dataloader.errors import StateMismatchError
+from dataloader.samplers import IndexSampler
 
 SAMPLER = ("IndexSampler(num_records=30, shard_options=ShardOptions(shard_index={}, shard_count={}, "
            "drop_remainder=False), shuffle={}, num_epochs=2, seed={})")
@@ -62,3 +70,42 @@ def test_a_state_for_another_sharding_names_each_difference():
 def test_a_grain_state_into_an_iterator_without_positions_is_refused():
     with pytest.raises(StateMismatchError, match=r"restores only into a granary DataLoader"):
         from_grain(grain([9]), {"global_next_index": 8, "made_for": {}})
+
+
+def test_dataset_next_index_reads_grains_nested_states():
+    """Shapes grain 0.2.18 saves: a dataset iterator, mp_prefetch of one worker (an
+    interleave's state), and the older per-worker mp_prefetch state."""
+    assert dataset_next_index({"next_index": 20}) == 20
+    interleave = {"next_index_in_cycle": 0, "next_index_in_datasets": 1, "iterators_in_use_indices": [0],
+                  "iterators_in_use_states": [{"next_index": 20}], "exhausted": [0], "future_states": {}}
+    assert dataset_next_index(interleave) == 20
+    assert dataset_next_index({"workers_state": {"0": {"next_index": 5}}, "iterations_to_skip": {"0": 0},
+                               "last_worker_index": 0}) == 5
+
+
+@pytest.mark.parametrize(
+    ("state", "message"),
+    [
+        ({"workers_state": {"0": {"next_index": 5}, "1": {"next_index": 4}}, "iterations_to_skip": {}},
+         r"saved by 2 mp_prefetch workers"),
+        ({"next_index": -1}, r"not a non-negative integer"),
+        ({"next_index": True}, r"not a non-negative integer"),
+    ],
+)
+def test_dataset_next_index_refuses_what_cannot_continue(state, message):
+    with pytest.raises(StateMismatchError, match=message):
+        dataset_next_index(state)
+
+
+def test_from_grain_dataset_moves_the_position_and_keeps_what_it_was_made_for():
+    current = granary(position=0)
+    moved = from_grain_dataset({"next_index": 3}, current, grain_order=True, positions_per_index=5, end=13)
+    assert moved == {**current, "position": 13}  # a short last batch ends the stream at 13
+    with pytest.raises(StateMismatchError, match=r"stages with state of their own \(tail\)"):
+        from_grain_dataset({"next_index": 3}, {**current, "tail": {}}, grain_order=True)
+
+
+def test_reads_grains_order_by_sampler():
+    assert reads_grains_order(IndexSampler(10))
+    assert reads_grains_order(IndexSampler(10, shuffle=True, seed=1, permutation="grain"))
+    assert not reads_grains_order(IndexSampler(10, shuffle=True, seed=1))

@@ -88,6 +88,23 @@ READ = 0
 IN_PROCESS: tuple[type[BaseException], ...] = (KeyboardInterrupt,)
 
 
+def call_user(what: str, where: Callable[[], str], fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, user code run in this process by a stage (a batch, a stream operation).
+
+    A ``KeyboardInterrupt`` passes (it may be a real Ctrl-C); any other error, ``SystemExit``
+    too (user code never ends the job), becomes a :class:`PipelineError` saying that
+    ``what`` failed ``where()`` (made only on failure).
+    """
+    try:
+        return fn(*args)
+    except IN_PROCESS:
+        raise
+    except BaseException as exc:
+        raise PipelineError(
+            f"{what} failed {where()}: {type(exc).__name__}: {exc}", operation=what
+        ) from exc
+
+
 def stage_names(plan: Plan) -> list[str]:
     """The name of each stage number a :data:`Report` receives."""
     return ["read", *plan.operation_names]

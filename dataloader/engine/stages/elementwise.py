@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dataloader.engine.compute import IN_PROCESS, apply_element_ops
+from dataloader.engine.compute import apply_element_ops, call_user
 from dataloader.engine.plan import Step
 from dataloader.engine.stages.base import DatasetIterator
 from dataloader.errors import PipelineError
@@ -118,16 +118,9 @@ class BatchIterator(DatasetIterator):
         if not self._batch.keeps(len(elements)):
             self._end = start if start is not None else self._parent.get_state()
             raise StopIteration
-        try:
-            return self._batch.batch_fn(elements)
-        except IN_PROCESS:
-            raise
-        except BaseException as exc:
-            raise PipelineError(
-                f"{self._batch.name} failed on a batch of the stream of {self._parent!r}: "
-                f"{type(exc).__name__}: {exc}",
-                operation=self._batch.name,
-            ) from exc
+        return call_user(
+            self._batch.name, lambda: f"on a batch of the stream of {self._parent!r}", self._batch.batch_fn, elements
+        )
 
     def get_state(self) -> dict[str, Any]:
         return {"parent": self._end if self._end is not None else self._parent.get_state()}

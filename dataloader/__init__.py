@@ -72,6 +72,7 @@ _EXPORTS: dict[str, str] = {
     # operations
     "Batch": "dataloader.operations",
     "BatchAndPad": "dataloader.operations",
+    "BucketByLength": "dataloader.operations",
     "FilterTransform": "dataloader.operations",
     "FlatMapTransform": "dataloader.operations",
     "MapTransform": "dataloader.operations",

@@ -1,5 +1,5 @@
 """Operations a pipeline applies to elements: map, random map, flat map, filter, batch,
-padding, packing and tokenization.
+padding, packing, bucketing by length and tokenization.
 
 Depends on numpy only (a tokenizer library is imported when a ``Tokenize`` is used);
 knows nothing of samplers, sources or the loader.
@@ -7,6 +7,7 @@ knows nothing of samplers, sources or the loader.
 
 
 from .batch import Batch, stack_elements
+from .bucket import BucketByLength
 from .packing import BestFitPack, BOSHandling, ConcatThenSplit, FirstFitPack
 from .padding import BatchAndPad, batch_and_pad, batch_and_pad_with_mask
 from .tokenize import Tokenize
@@ -24,6 +25,7 @@ __all__ = [
     "Batch",
     "BatchAndPad",
     "BestFitPack",
+    "BucketByLength",
     "ConcatThenSplit",
     "FilterTransform",
     "FirstFitPack",

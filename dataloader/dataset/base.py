@@ -152,6 +152,15 @@ class IterDataset(Generic[T], abc.ABC):
         """Groups consecutive elements into batches of ``batch_size``."""
         return self._then(Batch(batch_size, drop_remainder=drop_remainder, batch_fn=batch_fn))
 
+    def bucket_by_length(self, *args: Any, **kwargs: Any) -> IterDataset:
+        """Batches elements of similar length together, padded (tf.data's
+        ``bucket_by_sequence_length``): the arguments are
+        :class:`~dataloader.operations.BucketByLength`'s (``element_length_func``,
+        ``bucket_boundaries``, ``bucket_batch_sizes``, ...)."""
+        from dataloader.operations import BucketByLength
+
+        return self.apply(BucketByLength(*args, **kwargs))
+
     def prefetch(self, buffer_size: int | MultiprocessingOptions = 2) -> IterDataset[T]:
         """Computes elements ahead in a background thread (``MultiprocessingOptions``:
         ``mp_prefetch``, as in Grain)."""

@@ -31,12 +31,10 @@ from dataloader.engine.stages.base import DatasetIterator
 from dataloader.loader import DataLoader
 from dataloader.operations import (
     Batch,
-    FilterTransform,
-    FlatMapTransform,
-    MapWithIndexTransform,
     Operation,
 )
 from dataloader.operations.padding import BatchAndPad
+from dataloader.operations.transforms import GROUP
 from dataloader.options import DatasetOptions, MultiprocessingOptions, ReadOptions, check_bool
 from dataloader.samplers import ShardOptions
 
@@ -99,9 +97,9 @@ class LoaderIterDataset(IterDataset):
         return LoaderIterDataset(self._parent, **fields)
 
     def _then(self, op: Operation | Batch) -> IterDataset:
-        if isinstance(op, Batch) and self._is_batched():
+        if op.runs == GROUP and self._is_batched():
             return super()._then(op)  # a batch of batches, at the iterator level
-        if isinstance(op, MapWithIndexTransform):
+        if getattr(op, "needs_index", False):
             # The engine numbers positions; Grain's index counts the elements that reach
             # the call, which differ after a filter or flat map.
             return super()._then(op)
@@ -121,10 +119,10 @@ class LoaderIterDataset(IterDataset):
         return self._then(BatchAndPad(batch_size, pad_value=pad_value, mask_key=mask_key))
 
     def _is_batched(self) -> bool:
-        return is_batched(self._parent._node) or any(isinstance(o, Batch) for o in self._operations)
+        return is_batched(self._parent._node) or any(o.runs == GROUP for o in self._operations)
 
     def _reshaped(self) -> bool:
-        return any(isinstance(o, (FilterTransform, FlatMapTransform)) for o in self._operations)
+        return any(getattr(o, "reshapes", False) for o in self._operations)
 
     def prefetch(self, buffer_size: int | MultiprocessingOptions = 2) -> LoaderIterDataset:
         """Computes up to ``buffer_size`` work units ahead in a thread (without workers).
@@ -155,7 +153,7 @@ class LoaderIterDataset(IterDataset):
     def _as_map_dataset(self) -> MapDataset:
         ds = self._parent
         for op in self._operations:
-            assert not isinstance(op, Batch), "mix refuses batched streams"
+            assert op.runs != GROUP, "mix refuses batched streams"
             ds = ds._apply(op)
         return ds
 

@@ -44,6 +44,7 @@ from dataloader.operations import (
     RandomMapTransform,
 )
 from dataloader.operations.padding import BatchAndPad
+from dataloader.operations.transforms import KEEP
 from dataloader.options import ReadOptions, check_bool
 from dataloader.samplers import ShardOptions
 from dataloader.samplers.index_sampler import choose_permutation
@@ -406,7 +407,7 @@ class MapDataset(Generic[T]):
 
     def _apply(self, op: Operation) -> MapDataset:
         """``op`` (a map, random map or filter) applied to every element."""
-        filtered = self._filtered or isinstance(op, FilterTransform)
+        filtered = self._filtered or op.returns == KEEP
         return self._then(nd.OpNode(self._node, op, self._node.length), filtered=filtered)
 
     def batch(
@@ -441,7 +442,7 @@ class MapDataset(Generic[T]):
         if n is None:
             length = None
         else:
-            length = n // op.batch_size if op.drop_remainder else -(-n // op.batch_size)
+            length = op.batches_in(n)
         return self._then(nd.BatchNode(self._node, op, length))
 
     # -- access ----------------------------------------------------------------------------

@@ -39,7 +39,8 @@ from dataloader.dataset.compile.fanout import FanOutSource, WithIndexSource
 from dataloader.dataset.compile.wrappers import DropNone, Untag, none_passing, tagged
 from dataloader.engine.compute import compute_unit
 from dataloader.engine.plan import Plan, make_plan
-from dataloader.operations import Batch, FilterTransform, Operation
+from dataloader.operations import Batch, Operation
+from dataloader.operations.transforms import KEEP
 from dataloader.samplers import IndexSampler
 
 
@@ -126,7 +127,7 @@ def _may_yield_none(node: Any) -> bool:
     """Whether reading ``node``'s items can give ``None``: a filter's or a flat map's holes
     anywhere below it, through maps and index-level calls (a slice or a repeat of a
     filtered dataset keeps its holes)."""
-    if isinstance(node, nd.OpNode) and isinstance(node.op, FilterTransform):
+    if isinstance(node, nd.OpNode) and node.op.returns == KEEP:
         return True
     if isinstance(node, nd.FlatMapNode):
         return True

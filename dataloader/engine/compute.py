@@ -187,14 +187,20 @@ def apply_element_ops(
     for step in steps:
         if report is not None:
             report(1 + step.stream)
-        began = time.perf_counter()
         op, fn = step.op, step.fn
+        if not elements:  # all filtered out: nothing to do, nothing to time
+            if timings is not None:
+                timings.setdefault(op.name, 0.0)
+            continue
+        began = time.perf_counter() if timings is not None else 0.0
         out: list[Any] = []
         append = out.append
         try:
             if op.needs_seed:
-                pos = positions if positions is not None else np.arange(start, start + len(elements))
-                keys = (rng_keys(pos) if rng_keys is not None else pos).tolist()
+                keys: Any = range(start, start + len(elements))  # no tags: the positions
+                if rng_keys is not None or positions is not None:
+                    pos = positions if positions is not None else np.arange(start, start + len(elements))
+                    keys = (rng_keys(pos) if rng_keys is not None else pos).tolist()
                 sub = [0] * len(elements) if subs is None else subs.tolist()
                 # One reusable generator per operation, reset for each element.
                 factory = rngs.get(step.stream)
@@ -222,8 +228,17 @@ def apply_element_ops(
             pos_i = int(positions[i]) if positions is not None else start + i
             sub_i = int(subs[i]) if subs is not None else 0
             raise fail(op, pos_i, sub_i, exc) from exc
+        # Without tags (positions None: start + arange) an operation that keeps every
+        # element, or turns each into one, leaves them None: the iterator-level stages
+        # call this for one element at a time, where building arrays would cost most.
         if op.returns == ONE:
             elements = out
+        elif positions is None and op.returns == KEEP and all(out):
+            pass
+        elif positions is None and op.returns == KEEP and not any(out):
+            elements, positions = [], np.empty(0, dtype=np.int64)
+        elif positions is None and op.returns == MANY and all(len(o) == 1 for o in out):
+            elements = [o[0] for o in out]
         else:
             if positions is None:
                 positions = np.arange(start, start + len(elements), dtype=np.int64)

@@ -19,6 +19,7 @@ import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
+from dataloader.engine.grain_state import is_grain_state
 from dataloader.engine.stats import collect
 from dataloader.engine.stats.clock import Clock, Hook
 from dataloader.errors import StateMismatchError
@@ -165,6 +166,14 @@ def expect_state(state: Any, keys: Sequence[str], where: str) -> dict[str, Any]:
         where: the iterator's name, for the message.
     """
     if not isinstance(state, dict) or any(k not in state for k in keys):
+        if is_grain_state(state):
+            raise StateMismatchError(
+                f"{where} was given a state written by Grain ({str(state)[:200]}); granary "
+                f"continues Grain's dataset-iterator states only for a stream it can map "
+                f"exactly ({{'next_index': n}} of an unpacked to_iter_dataset() in Grain's "
+                f"order), not through this stage. Start this pipeline from its beginning "
+                f"(or from a granary state), or restore the run with Grain"
+            )
         raise StateMismatchError(
             f"expected a state of {where} (a dict with {list(keys)}), got {str(state)[:200]}; "
             f"restore with the state this pipeline's iterator returned"

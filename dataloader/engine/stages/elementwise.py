@@ -20,7 +20,7 @@ from typing import Any
 
 from dataloader.engine.compute import apply_element_ops, call_user
 from dataloader.engine.plan import Step
-from dataloader.engine.stages.base import DatasetIterator
+from dataloader.engine.stages.base import DatasetIterator, expect_state
 from dataloader.errors import PipelineError
 from dataloader.operations import Batch, Operation
 from dataloader.operations.transforms import MANY, resolve_seed
@@ -83,6 +83,7 @@ class ElementwiseIterator(DatasetIterator):
         return {"parent": self._parent.get_state(), "index": self._index, "skip": 0}
 
     def set_state(self, state: dict[str, Any]) -> None:
+        state = expect_state(state, ("parent", "index", "skip"), f"{self!r}")
         self._parent.set_state(state["parent"])
         self._index, skip = int(state["index"]), int(state["skip"])
         self._pending, self._given = [], 0
@@ -126,5 +127,5 @@ class BatchIterator(DatasetIterator):
         return {"parent": self._end if self._end is not None else self._parent.get_state()}
 
     def set_state(self, state: dict[str, Any]) -> None:
-        self._parent.set_state(state["parent"])
+        self._parent.set_state(expect_state(state, ("parent",), f"{self!r}")["parent"])
         self._end = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 import dataloader as dl
@@ -136,3 +137,16 @@ def test_a_shuffle_inside_a_batched_source_is_judged_too():
     whole = head(iter(MD.range(50).shuffle(seed=1, permutation=G).batch(4).repeat(2).to_iter_dataset()), 5)
     grains.set_state({"next_index": 3})
     assert head(grains, 2) == whole[3:5]
+
+
+def test_a_grain_packed_state_is_refused_by_name_not_with_a_key_error():
+    """Grain 0.2.18 saves ``{"parent": {"next_index": 34}, "next_row": 0, "counter": 20}``
+    for MaxText's first-fit packed pipeline (packer, a map, a batch: the map and the
+    batch keep their parent's state). granary's stages say it is Grain's and why they
+    cannot continue it, where a KeyError came out before."""
+    ds = MD.range(200).map(lambda i: {"x": np.arange(1 + i % 5)}).to_iter_dataset()
+    ds = dl.experimental.FirstFitPackIterDataset(ds, length_struct={"x": 8}, num_packing_bins=2)
+    ds = ds.map(lambda row: row).batch(2)
+    it = iter(ds)
+    with pytest.raises(dl.StateMismatchError, match=r"a state written by Grain .*next_index.*restore the run with Grain"):
+        it.set_state({"parent": {"next_index": 34}, "next_row": 0, "counter": 20})

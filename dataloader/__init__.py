@@ -31,6 +31,7 @@ from typing import Any
 _EXPORTS: dict[str, str] = {
     # front door
     "DataLoader": "dataloader.loader",
+    "load": "dataloader.loader",
     "DataLoaderIterator": "dataloader.iterator",
     "MultiprocessingOptions": "dataloader.options",
     "AutoWorkers": "dataloader.options",

@@ -255,3 +255,41 @@ def _check_stage_operations(tail: list[Any]) -> None:
                 f"{op!r} after a packer is not an operation (a map, random map, filter, "
                 f"flat map, batch or packer)"
             )
+
+
+def load(
+    source: Any,
+    *,
+    num_epochs: int | None = None,
+    shuffle: bool = False,
+    seed: int | None = None,
+    shard_options: ShardOptions | None = None,
+    transformations: Sequence[Any] = (),
+    batch_size: int | None = None,
+    drop_remainder: bool = False,
+    worker_count: int | str | AutoWorkers | None = 0,
+    read_options: ReadOptions | None = None,
+) -> DataLoader:
+    """Grain's ``grain.load``: a ``DataLoader`` for a simple pipeline in one call.
+
+    An :class:`~dataloader.samplers.IndexSampler` over ``source`` (``num_epochs``,
+    ``shuffle``, ``seed``, ``shard_options``), ``transformations`` in order, then a
+    ``Batch(batch_size, drop_remainder)`` when ``batch_size`` is given. ``worker_count``
+    None is 0, as in Grain.
+
+    Example:
+        >>> import dataloader as dl
+        >>> [b.tolist() for b in dl.load(dl.RangeDataSource(0, 5, 1), num_epochs=1, batch_size=2)]
+        [[0, 1], [2, 3], [4]]
+    """
+    from dataloader.operations import Batch
+    from dataloader.samplers import IndexSampler, NoSharding
+
+    sampler = IndexSampler(
+        num_records=len(source), shard_options=shard_options or NoSharding(),
+        shuffle=shuffle, num_epochs=num_epochs, seed=seed,
+    )
+    operations = list(transformations)
+    if batch_size is not None:
+        operations.append(Batch(batch_size, drop_remainder=drop_remainder))
+    return DataLoader(source, sampler, operations, worker_count=worker_count or 0, read_options=read_options)

@@ -338,3 +338,21 @@ def test_stats_say_where_the_time_went():
     assert set(stages) == {"read", "MapTransform(test_stats_say_where_the_time_went.<locals>.slow)", "batch"}
     assert stages["MapTransform(test_stats_say_where_the_time_went.<locals>.slow)"] >= 0.04
     assert stats["first_next_s"] + stats["wait_s"] >= 0.04  # the first next() is start-up
+
+
+def test_load_is_grains_one_call_loader():
+    """``dl.load`` (Grain's ``grain.load``) builds the sampler, appends the batch and
+    gives the same batches as the DataLoader written out."""
+    source = dl.RangeDataSource(0, 23, 1)
+    square = dl.transforms.Map(lambda x: x * x)
+    loaded = dl.load(source, num_epochs=2, shuffle=True, seed=5, shard_options=dl.ShardOptions(1, 2),
+                     transformations=[square], batch_size=4, drop_remainder=True)
+    written = dl.DataLoader(
+        source,
+        dl.IndexSampler(23, shard_options=dl.ShardOptions(1, 2), shuffle=True, num_epochs=2, seed=5),
+        [square, dl.Batch(4, drop_remainder=True)],
+    )
+    assert_streams_equal(list(loaded), list(written))
+    assert [len(b) for b in loaded] == [4] * 5
+    assert [b.tolist() for b in dl.load(source, num_epochs=1, batch_size=10, worker_count=None)] == [
+        list(range(10)), list(range(10, 20)), [20, 21, 22]]

@@ -11,9 +11,27 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import yaml
+
 from dataloader.errors import ConfigError
 
 _MISSING: Any = object()
+
+
+def read_yaml_file(path: str) -> Any:
+    """Parses the YAML file at ``path`` (None when the file is empty).
+
+    Raises:
+        ConfigError: the file does not exist, or is not valid YAML (the message names
+            the path and quotes the parser's complaint).
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            return yaml.safe_load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path!r} does not exist") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML: {error}") from None
 
 
 def fail(where: str, message: str) -> ConfigError:

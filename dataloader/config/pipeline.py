@@ -50,8 +50,6 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import yaml
-
 from dataloader.config import checks as check
 from dataloader.config.import_path import ImportPathError, resolve_import
 from dataloader.config.operations import build_operations
@@ -397,13 +395,7 @@ def load_config(
             starts with the key.
     """
     path = os.fspath(path)
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path!r} does not exist") from None
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: not valid YAML: {error}") from None
+    data = check.read_yaml_file(path)
     if data is None:
         data = {}
     if not isinstance(data, Mapping):

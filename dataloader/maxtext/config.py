@@ -105,7 +105,6 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-import yaml
 from absl import logging
 
 from dataloader.config import checks as check
@@ -411,13 +410,7 @@ def load_maxtext_config(
         ConfigError: the file is missing or not YAML, or a key is unknown or invalid.
     """
     path = os.fspath(path)
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path!r} does not exist") from None
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: not valid YAML: {error}") from None
+    data = check.read_yaml_file(path)
     if not isinstance(data, Mapping):
         raise ConfigError(f"{path}: expected a mapping of MaxText keys, got {data!r}")
     return parse_maxtext_config(data, overrides, other_keys=other_keys, ignore_unknown=ignore_unknown)

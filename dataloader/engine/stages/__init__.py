@@ -10,7 +10,9 @@ dataset API for the iterator-level datasets.
 Where a stage lives (one rule): a stage that ``DataLoader`` runs (an operation of its
 list: element operations, packers, the tail after a packer, and the base class) lives
 here. A stage only the dataset API builds lives beside its dataset in
-``dataloader/dataset/transformations/``, the dataset and its iterator in one file. Three
-older dataset-only iterators (``interleave``, ``window_shuffle``, ``prefetch``) still
-live here; they move when next touched.
+``dataloader/dataset/transformations/``, the dataset and its iterator in one file (as
+``window_shuffle`` is). Two older dataset-only iterators still live here and move when
+next touched: ``interleave`` (beside its dataset it makes a module of 420 lines, so it
+wants a split of its own first) and ``prefetch`` (its thread-owning base class is
+subclassed by Grain's ``ThreadPrefetchDatasetIterator`` under the same name).
 """

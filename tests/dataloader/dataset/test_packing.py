@@ -3,6 +3,7 @@ every step, do not depend on the worker count, and refuse a state of another pac
 
 from __future__ import annotations
 
+import inspect
 import json
 
 import numpy as np
@@ -207,3 +208,36 @@ def test_nested_meta_features_pack_and_restore_at_every_step():
     assert all(sorted(r["x"]) == ["ids", "k"] and r["x"]["k"].shape == (4,) for r in rows)
     held = sorted(int(k) for r in rows for k, s in zip(r["x"]["k"], range(4)) if s < len(set(r["t_segment_ids"]) - {0}))
     assert held == list(range(40))
+
+
+_FIT_SIGNATURE = (
+    "(parent: 'IterDataset', *, length_struct: 'Any', num_packing_bins: 'int', seed: 'int' = 0, "
+    "shuffle_bins: 'bool' = True, shuffle_bins_group_by_feature: 'str | None' = None, "
+    "meta_features: 'Sequence[str]' = (), pack_alignment_struct: 'Any' = None, "
+    "padding_struct: 'Any' = None, max_sequences_per_bin: 'int | None' = None) -> 'None'"
+)
+
+
+@pytest.mark.parametrize(("name", "expected"), [
+    ("FirstFitPackIterDataset", _FIT_SIGNATURE),
+    ("BestFitPackIterDataset", _FIT_SIGNATURE),
+    ("ConcatThenSplitIterDataset",
+     "(parent: 'IterDataset', *, length_struct: 'Mapping[str, int]', "
+     "meta_features: 'Collection[str]' = (), split_full_length_features: 'bool' = True, "
+     "bos_handling: 'BOSHandling' = <BOSHandling.DO_NOTHING: 1>, "
+     "bos_features: 'Collection[str]' = (), bos_token_id: 'int | None' = None) -> 'None'"),
+])
+def test_packing_datasets_keep_grains_signatures(name, expected):
+    # Grain's names, order, keyword-only arguments and defaults: code written for Grain
+    # (and tools reading the signature) must see the same parameters.
+    assert str(inspect.signature(getattr(dl.experimental, name))) == expected
+
+
+def test_packing_datasets_refuse_a_positional_or_unknown_argument():
+    ds = dl.MapDataset.range(3).map(tokens).to_iter_dataset()
+    with pytest.raises(TypeError):
+        dl.experimental.FirstFitPackIterDataset(ds, {"tokens": 8}, 2)
+    with pytest.raises(TypeError, match="num_bins"):
+        dl.experimental.BestFitPackIterDataset(ds, length_struct={"tokens": 8}, num_bins=2)
+    with pytest.raises(TypeError, match="length_struct"):
+        dl.experimental.ConcatThenSplitIterDataset(ds)

@@ -18,12 +18,12 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
-from typing import Any
+import inspect
+from typing import Any, ClassVar
 
 from dataloader.dataset.base import DatasetIterator, IterDataset
 from dataloader.engine.stages.tail import stream_stage
-from dataloader.operations.packing import BestFitPack, BOSHandling, ConcatThenSplit, FirstFitPack
+from dataloader.operations.packing import BestFitPack, ConcatThenSplit, FirstFitPack
 
 
 class PackIterDataset(IterDataset):
@@ -44,61 +44,54 @@ class PackIterDataset(IterDataset):
         return f"{type(self).__name__}({self._parent!r}, {self.packer.name})"
 
 
-class _FitPackIterDataset(PackIterDataset):
-    """Grain's signature of the first-fit and best-fit datasets."""
-
-    _packer: type = FirstFitPack
-
-    def __init__(
-        self,
-        parent: IterDataset,
-        *,
-        length_struct: Any,
-        num_packing_bins: int,
-        seed: int = 0,
-        shuffle_bins: bool = True,
-        shuffle_bins_group_by_feature: str | None = None,
-        meta_features: Sequence[str] = (),
-        pack_alignment_struct: Any = None,
-        padding_struct: Any = None,
-        max_sequences_per_bin: int | None = None,
-    ) -> None:
-        super().__init__(parent, self._packer(
-            length_struct, num_packing_bins, seed=seed, shuffle_bins=shuffle_bins,
-            shuffle_bins_group_by_feature=shuffle_bins_group_by_feature,
-            meta_features=meta_features, pack_alignment_struct=pack_alignment_struct,
-            padding_struct=padding_struct, max_sequences_per_bin=max_sequences_per_bin,
-        ))
+def _grain_signature(packer: type) -> inspect.Signature:
+    """Grain's signature of a packing dataset: ``parent``, then the packer's own
+    parameters (names, annotations, defaults), all keyword-only."""
+    parent = inspect.Parameter("parent", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="IterDataset")
+    own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in inspect.signature(packer).parameters.values()]
+    return inspect.Signature([parent, *own], return_annotation="None")
 
 
-class FirstFitPackIterDataset(_FitPackIterDataset):
+class _PackerIterDataset(PackIterDataset):
+    """A packing dataset whose arguments are its packer's, so they are written once (on
+    the packer); ``inspect.signature`` and ``help`` show them as Grain's signature."""
+
+    _packer: ClassVar[type]
+    __signature__: ClassVar[inspect.Signature]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.__signature__ = _grain_signature(cls._packer)
+
+    def __init__(self, parent: IterDataset, **kwargs: Any) -> None:
+        # Checked here, so an unknown or missing argument is named as this dataset's.
+        signature = type(self).__signature__
+        unknown = sorted(set(kwargs) - set(signature.parameters))
+        if unknown:
+            raise TypeError(
+                f"{type(self).__name__}() got unknown arguments {unknown}; "
+                f"it takes {list(signature.parameters)}"
+            )
+        try:
+            signature.bind(parent, **kwargs)
+        except TypeError as error:
+            raise TypeError(f"{type(self).__name__}(): {error}") from None
+        super().__init__(parent, self._packer(**kwargs))
+
+
+class FirstFitPackIterDataset(_PackerIterDataset):
     """First-fit packing (see :class:`~dataloader.operations.packing.FirstFitPack`)."""
 
     _packer = FirstFitPack
 
 
-class BestFitPackIterDataset(_FitPackIterDataset):
+class BestFitPackIterDataset(_PackerIterDataset):
     """Best-fit packing (see :class:`~dataloader.operations.packing.BestFitPack`)."""
 
     _packer = BestFitPack
 
 
-class ConcatThenSplitIterDataset(PackIterDataset):
+class ConcatThenSplitIterDataset(_PackerIterDataset):
     """Concat-then-split packing (see :class:`~dataloader.operations.packing.ConcatThenSplit`)."""
 
-    def __init__(
-        self,
-        parent: IterDataset,
-        *,
-        length_struct: Mapping[str, int],
-        meta_features: Collection[str] = (),
-        split_full_length_features: bool = True,
-        bos_handling: BOSHandling = BOSHandling.DO_NOTHING,
-        bos_features: Collection[str] = (),
-        bos_token_id: int | None = None,
-    ) -> None:
-        super().__init__(parent, ConcatThenSplit(
-            length_struct, meta_features=meta_features,
-            split_full_length_features=split_full_length_features, bos_handling=bos_handling,
-            bos_features=bos_features, bos_token_id=bos_token_id,
-        ))
+    _packer = ConcatThenSplit

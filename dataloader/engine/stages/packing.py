@@ -40,16 +40,25 @@ def _failed(op: Any, exc: Exception) -> PipelineError:
     return PipelineError(f"{op.name} failed: {type(exc).__name__}: {exc}", operation=op.name)
 
 
-class FitPackIterator(DatasetIterator):
-    """First-fit or best-fit packing of the parent's elements, round by round."""
+class _PackIterator(DatasetIterator):
+    """What both packing stages share: the packer, and what a state records about it."""
 
     _stats_batches = False  # stats(): its rows are the elements out
 
-    def __init__(self, parent: DatasetIterator, op: FitPack) -> None:
+    def __init__(self, parent: DatasetIterator, op: Any) -> None:
         super().__init__(parent)
         self._stats_name = op.name
         self._op = op
         self._describe = op.describe()
+
+
+class FitPackIterator(_PackIterator):
+    """First-fit or best-fit packing of the parent's elements, round by round."""
+
+    _op: FitPack
+
+    def __init__(self, parent: DatasetIterator, op: FitPack) -> None:
+        super().__init__(parent, op)
         self._start: tuple[Any, int] = (parent.get_state(), 0)  # where the round starts
         self._counter = 0  # rows of the rounds before it
         self._rows: list[dict[str, Any]] | None = None
@@ -123,7 +132,7 @@ class FitPackIterator(DatasetIterator):
             self._carry = (self._op.pieces(element), piece, state["parent"])
 
 
-class ConcatIterator(DatasetIterator):
+class ConcatIterator(_PackIterator):
     """Concat-then-split packing of the parent's elements, one fill at a time.
 
     A fill is Grain's: elements go into one row until one does not fit whole; with
@@ -131,13 +140,10 @@ class ConcatIterator(DatasetIterator):
     row exactly become rows of their own, handed out after the filled row.
     """
 
-    _stats_batches = False  # stats(): its rows are the elements out
+    _op: ConcatThenSplit
 
     def __init__(self, parent: DatasetIterator, op: ConcatThenSplit) -> None:
-        super().__init__(parent)
-        self._stats_name = op.name
-        self._op = op
-        self._describe = op.describe()
+        super().__init__(parent, op)
         self._carry: tuple[Any, dict[str, int], Any] | None = None  # (element, offsets, state before)
         self._ended = False
         self._ready: list[dict[str, Any]] = []  # the rows of the last fill

@@ -42,15 +42,23 @@ process 0's file on another process count (as above) and converts a state that G
 own ``DataLoader`` wrote where the continuation is exact
 (:mod:`dataloader.engine.grain_state`).
 
+Orbax v1. Every :class:`~dataloader.DatasetIterator` (a DataLoader's, a dataset's, the
+device queue's) is also a ``StatefulCheckpointable`` of ``orbax.checkpoint.v1``, as
+Grain's iterators are: ``ocp.save_checkpointables(path, {"iter": it})`` and
+``ocp.load_checkpointables(path, {"iter": it})`` write and read the same files, through
+:func:`v1_save` and :func:`v1_load`.
+
 This module imports Orbax and JAX; ``import dataloader`` loads it only on first use of
 one of its names, so worker processes never import either.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import re
+from collections.abc import Coroutine
 from typing import Any
 
 import jax
@@ -147,6 +155,63 @@ def _restore_from(path: epath.Path, iterator: Any) -> Any:
     except StateMismatchError as error:
         raise StateMismatchError(f"{path}: {error}") from error
     return iterator
+
+
+def _process() -> tuple[int, int]:
+    return jax.process_index(), jax.process_count()
+
+
+def v1_save(iterator: Any, directory: Any) -> Coroutine[Any, Any, None]:
+    """Orbax v1's ``StatefulCheckpointable.save`` for ``iterator``, as Grain's is.
+
+    The state is taken now, so the training loop may go on while Orbax runs the
+    returned coroutine (not yet awaited) in its background thread. That coroutine waits
+    for Orbax to create ``directory`` (a ``PathAwaitingCreation``) and writes this
+    process's ``process_<i>-of-<n>.json``, the state as indented JSON (Grain's files).
+    It writes a temporary file and renames it, so a failed write leaves no state file
+    behind.
+
+    Raises:
+        TypeError: the iterator's state is not JSON-able (raised here, before Orbax
+            creates anything).
+    """
+    text = _state_text(iterator, indent=4)
+    index, count = _process()
+
+    async def write() -> None:
+        path = await directory.await_creation()
+        target = epath.Path(path) / state_filename(index, count)
+        temporary = target.parent / f".{target.name}.partial"
+        try:
+            await asyncio.to_thread(temporary.write_text, text)
+            await asyncio.to_thread(temporary.replace, target)
+        except BaseException:
+            if temporary.exists():
+                temporary.unlink()
+            raise
+
+    return write()
+
+
+def v1_load(iterator: Any, directory: Any) -> Coroutine[Any, Any, None]:
+    """Orbax v1's ``StatefulCheckpointable.load`` for ``iterator``, as Grain's is.
+
+    Returns a coroutine (not yet awaited) that Orbax runs in its background thread: it
+    reads this process's file (process 0's on another process count, see the module
+    docstring) and sets the iterator to it, converting a state Grain wrote where that is
+    exact, as :class:`CheckpointRestore` does.
+
+    The coroutine raises:
+        FileNotFoundError: the checkpoint holds no state for this process.
+        StateMismatchError: the state does not fit the iterator.
+    """
+    index, count = _process()
+
+    async def read() -> None:
+        path = await asyncio.to_thread(find_state_file, epath.Path(directory), index, count)
+        await asyncio.to_thread(_restore_from, path, iterator)
+
+    return read()
 
 
 class IteratorCheckpointHandler(ocp.handlers.AsyncCheckpointHandler):

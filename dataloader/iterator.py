@@ -65,7 +65,8 @@ class DataLoaderIterator(DatasetIterator[Any]):
     Args:
         engine: the loader's :class:`LoaderEngine`; or, as Grain's signature has it, the
             ``DataLoader`` itself, whose engine value is taken (the loader is not kept).
-        state: a state from ``get_state`` to start from; None: the beginning.
+        state: a state from ``get_state`` to start from (or one of Grain's, converted
+            as :meth:`set_state` converts it); None: the beginning.
 
     Example:
         >>> it = iter(loader)                       # doctest: +SKIP
@@ -92,6 +93,10 @@ class DataLoaderIterator(DatasetIterator[Any]):
         self._stats = Stats()
         self._stats_batches = self._plan.batch is not None
         self._pipeline = engine.pipeline
+        if state is not None:
+            # Grain's states are converted as set_state converts them, against this
+            # iterator's state at the beginning (there is no assembler yet to ask).
+            state = self._from_grain(state, make_state(self._plan, Cursor(0)))
         self._restart(resolve_state(self._plan, state) if state is not None else Cursor(0))
 
     def _restart(self, cursor: Cursor) -> None:
@@ -139,8 +144,9 @@ class DataLoaderIterator(DatasetIterator[Any]):
     _grain_order: bool | None = None
     _grain_positions_per_index = 1
 
-    def _from_grain(self, state: Any) -> Any:
-        """``state`` as granary's if it is one of Grain's (see :meth:`set_state`)."""
+    def _from_grain(self, state: Any, current: dict[str, Any] | None = None) -> Any:
+        """``state`` as granary's if it is one of Grain's (see :meth:`set_state`);
+        ``current`` is this iterator's own state (None: ``get_state()``)."""
         parsed = state
         if isinstance(state, (str, bytes)):
             try:
@@ -149,7 +155,8 @@ class DataLoaderIterator(DatasetIterator[Any]):
                 return state  # resolve_state says what is wrong with it
         if not grain_state.is_grain_state(parsed):
             return state
-        current = self.get_state()
+        if current is None:
+            current = self.get_state()
         if "last_seen_indices" in parsed:
             return grain_state.from_grain(parsed, current)
         grain_order = self._grain_order

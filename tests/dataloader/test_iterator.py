@@ -72,6 +72,28 @@ def test_grains_signature_takes_the_loader_and_a_state():
     assert [b.tolist() for b in resumed] == rest
 
 
+def sequential_loader():
+    return dl.DataLoader(dl.RangeDataSource(10), dl.IndexSampler(10, shuffle=False, num_epochs=1), [])
+
+
+def test_a_grain_dataset_state_given_to_the_constructor_continues_as_set_state_does():
+    expected = list(range(3, 10))
+    assert list(sequential_loader().iterator({"next_index": 3})) == expected
+    assert list(dl.DataLoaderIterator(sequential_loader(), {"next_index": 3})) == expected
+    assert list(dl.DataLoaderIterator(sequential_loader().engine, '{"next_index": 3}')) == expected
+
+
+def test_a_grain_state_the_constructor_cannot_continue_gets_set_states_message():
+    loader = small_loader()
+    with pytest.raises(dl.StateMismatchError) as by_set_state:
+        iter(loader).set_state({"next_index": 3})
+    with pytest.raises(dl.StateMismatchError) as by_constructor:
+        loader.iterator({"next_index": 3})
+    assert str(by_constructor.value) == str(by_set_state.value)
+    assert "Grain's shuffle order" in str(by_constructor.value)
+    assert "version None" not in str(by_constructor.value)
+
+
 def test_something_that_is_not_a_loader_is_refused_naming_it():
     with pytest.raises(TypeError, match=r"needs a DataLoader \(or its \.engine\), got str: 'loader'"):
         dl.DataLoaderIterator("loader")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import abc
 import functools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
 from dataloader.engine.grain_state import is_grain_state
@@ -85,6 +85,37 @@ class DatasetIterator(Iterator[T], abc.ABC):
         for parent in self._parents:
             if hasattr(parent, "start_prefetch"):
                 parent.start_prefetch()
+
+    # Orbax v1's StatefulCheckpointable protocol, as Grain's iterators have it: Orbax
+    # awaits save/load in its event loop and runs the coroutine each returns (not yet
+    # awaited) in its background thread. The work is in dataloader.checkpoint, imported
+    # here on first use, because it needs Orbax and JAX, which the engine never loads
+    # itself (Orbax has loaded both when it calls these).
+
+    async def save(self, directory: Any) -> Coroutine[Any, Any, None]:
+        """Orbax v1: saves ``get_state()`` (taken now) to ``directory``.
+
+        Writes ``process_<i>-of-<n>.json`` for this JAX process, as Grain does, once
+        Orbax has created ``directory``; nothing is left half-written when that fails.
+
+        Example:
+            >>> from orbax.checkpoint import v1 as ocp             # doctest: +SKIP
+            >>> ocp.save_checkpointables(path, {"iter": iterator})
+        """
+        from dataloader import checkpoint
+
+        return checkpoint.v1_save(self, directory)
+
+    async def load(self, directory: Any) -> Coroutine[Any, Any, None]:
+        """Orbax v1: continues from the state saved in ``directory`` (by :meth:`save`,
+        by Grain, or by the v0 handlers), when the returned coroutine runs.
+
+        Example:
+            >>> ocp.load_checkpointables(path, {"iter": iterator}) # doctest: +SKIP
+        """
+        from dataloader import checkpoint
+
+        return checkpoint.v1_load(self, directory)
 
     def stats(self) -> dict[str, Any]:
         """Where the time went, in the shape every iterator shares (see the README's

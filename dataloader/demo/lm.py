@@ -26,7 +26,6 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from importlib import resources
 from typing import Any
 
 import jax
@@ -53,7 +52,7 @@ _DEFAULTS: dict[str, Any] = {
 
 
 def default_config_path() -> str:
-    return str(resources.files("dataloader.configs") / "lm_demo.yaml")
+    return loop.packaged_config("lm_demo.yaml")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,13 +94,8 @@ class LMOptions:
         )
         if options.width % options.heads:
             raise check.fail("base_num_query_heads", f"must divide base_emb_dim={options.width}, got {options.heads}")
-        if not options.checkpoint_every < options.preempt_at <= options.steps:
-            raise check.fail("preempt_at", f"expected checkpoint_period < preempt_at <= steps, got "
-                             f"{options.checkpoint_every} < {options.preempt_at} <= {options.steps}")
-        if options.preempt_at % options.checkpoint_every == 0:
-            raise check.fail("preempt_at", f"must not be a multiple of checkpoint_period="
-                             f"{options.checkpoint_every}, got {options.preempt_at}; the resume "
-                             f"would have no batches to compare")
+        loop.check_schedule("preempt_at", "checkpoint_period", options.checkpoint_every,
+                            options.preempt_at, options.steps)
         return options
 
 
@@ -172,38 +166,28 @@ def run_lm_demo(out_dir: str = "demo_out", config_path: str | None = None, overr
     params_count = sum(x.size for x in jax.tree.leaves(template["params"]))
     out(f"[3/5] training a {opts.layers}-layer transformer ({params_count / 1e3:.0f}k parameters) for steps "
         f"0..{opts.preempt_at}, async Orbax checkpoint every {opts.checkpoint_every} steps into {ckpt_dir}")
-    first, saved, stats_first = loop.preempted_run(job, ckpt_dir, template, out)
-    state, second, step, stats_second = loop.resumed_run(job, ckpt_dir, template, out, "[4/5]")
-    same_batches, loss_gap = loop.compare(first, second, step, opts.preempt_at, out)
-    evaluation = _evaluate(config, state["params"], shape, batch_size)
+    run = loop.preempt_and_resume(job, ckpt_dir, template, out, "[4/5]")
+    first, second, wait, loop_s = run.first, run.second, run.wait, run.loop_s
+    evaluation = _evaluate(config, run.state["params"], shape, batch_size)
     out(f"[5/5] eval: loss {evaluation['eval_loss']:.4f} over {evaluation['eval_targets']:,} held-out "
         f"targets: {evaluation['eval_rows']} rows in {evaluation['eval_batches']} batches, "
         f"{evaluation['eval_padding_rows']} padding rows masked, nothing dropped")
-    wait, loop_s = loop.wait_share(first, second)
     tokens = first.items + second.items
     result: dict[str, Any] = {
-        "resume_ok": same_batches,
-        "losses_identical": loss_gap == 0,
+        **run.figures(),
         "first_loss": first.losses[0],
         "final_loss": second.losses[opts.steps - 1],
         "tokens_per_s": tokens / (first.loop_s + second.loop_s),
         "fill_ratio": tokens / max(first.cells + second.cells, 1),
-        "first_batch_s": first.first_batch_s,
-        "wait_fraction": wait,
         "step_ms": 1e3 * loop_s / max(len(first.losses) + len(second.losses) - 2, 1),
-        "checkpoints": saved,
-        "resumed_from": step,
         **evaluation,
     }
     out(f"summary: loss {result['first_loss']:.3f} -> {result['final_loss']:.3f} (eval "
         f"{result['eval_loss']:.3f}); {result['tokens_per_s']:,.0f} tokens/s; rows {result['fill_ratio']:.1%} "
         f"full; first batch after {result['first_batch_s'] * 1e3:.0f} ms; waiting for data "
         f"{wait:.1%} of the training loop ({result['step_ms']:.0f} ms per step)")
-    out(f"  pipeline time (all processes): {loop.where_time_went(stats_first)} before the preemption; "
-        f"{loop.where_time_went(stats_second)} after")
-    result["seconds"] = time.perf_counter() - started
-    out(f"  done in {result['seconds']:.1f} s; resume {'OK' if result['resume_ok'] else 'FAILED'}")
-    return result
+    run.report_pipeline_time(out)
+    return loop.finish(result, started, out)
 
 
 def main(out_dir: str, config_path: str | None, overrides: Sequence[str]) -> int:

@@ -13,14 +13,43 @@ import dataclasses
 import os
 import time
 from collections.abc import Callable
+from importlib import resources
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
 
 from dataloader.checkpoint import CheckpointRestore, CheckpointSave
+from dataloader.config import checks as check
 from dataloader.demo.model import fingerprint
 from dataloader.engine.stats import sorted_stages
+
+
+def packaged_config(name: str) -> str:
+    """The path of a config shipped in ``dataloader.configs``."""
+    return str(resources.files("dataloader.configs") / name)
+
+
+def check_schedule(preempt_key: str, every_key: str, every: int, preempt_at: int, steps: int) -> None:
+    """Refuses a schedule whose resume would have nothing to compare.
+
+    Args:
+        preempt_key, every_key: the config's names of ``preempt_at`` and of the
+            checkpoint period, for the messages.
+        every, preempt_at, steps: the checkpoint period, the preemption step, the steps.
+
+    Raises:
+        ConfigError: not ``every < preempt_at <= steps``, or ``preempt_at`` a multiple of
+            ``every``.
+    """
+    if not every < preempt_at <= steps:
+        raise check.fail(preempt_key, f"expected {every_key} < preempt_at <= steps, got "
+                         f"{every} < {preempt_at} <= {steps}")
+    if preempt_at % every == 0:
+        # A checkpoint at preempt_at itself would leave no batches between the
+        # restored step and the preemption to compare.
+        raise check.fail(preempt_key, f"must not be a multiple of {every_key}={every}, got "
+                         f"{preempt_at}; the resume would have no batches to compare")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +178,57 @@ def compare(first: Run, second: Run, step: int, preempt_at: int, out: Callable[[
         f"(fingerprints {first.fingerprints[step]}... = {second.fingerprints[step]}...); losses "
         + ("identical" if gap == 0 else f"differ by up to {gap:.2g} (device arithmetic)"))
     return same, gap
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """Both stretches of training and the comparison of the steps trained twice."""
+
+    first: Run
+    second: Run
+    state: Any  # the model's state after the resumed run
+    resumed_from: int
+    checkpoints: list[int]
+    stats_first: dict[str, Any]
+    stats_second: dict[str, Any]
+    same_batches: bool
+    loss_gap: float
+    wait: float  # share of the loop blocked on data
+    loop_s: float
+
+    def figures(self) -> dict[str, Any]:
+        """The figures both demos report about the resume and the waiting."""
+        return {
+            "resume_ok": self.same_batches,
+            "losses_identical": self.loss_gap == 0,
+            "first_batch_s": self.first.first_batch_s,
+            "wait_fraction": self.wait,
+            "checkpoints": self.checkpoints,
+            "resumed_from": self.resumed_from,
+        }
+
+    def report_pipeline_time(self, out: Callable[[str], None]) -> None:
+        out(f"  pipeline time (all processes): {where_time_went(self.stats_first)} before the "
+            f"preemption; {where_time_went(self.stats_second)} after")
+
+
+def preempt_and_resume(job: Job, ckpt_dir: str, template: Any, out: Callable[[str], None],
+                       label: str) -> Outcome:
+    """:func:`preempted_run`, :func:`resumed_run` (its first line labelled ``label``),
+    then :func:`compare`."""
+    first, saved, stats_first = preempted_run(job, ckpt_dir, template, out)
+    state, second, step, stats_second = resumed_run(job, ckpt_dir, template, out, label)
+    same_batches, loss_gap = compare(first, second, step, job.preempt_at, out)
+    wait, loop_s = wait_share(first, second)
+    return Outcome(first, second, state, step, saved, stats_first, stats_second, same_batches,
+                   loss_gap, wait, loop_s)
+
+
+def finish(result: dict[str, Any], started: float, out: Callable[[str], None]) -> dict[str, Any]:
+    """Adds the demo's ``seconds`` since ``started`` to ``result`` and says it is done."""
+    result["seconds"] = time.perf_counter() - started
+    out(f"  done in {result['seconds']:.1f} s; resume {'OK' if result['resume_ok'] else 'FAILED'}")
+    return result
 
 
 def wait_share(first: Run, second: Run) -> tuple[float, float]:

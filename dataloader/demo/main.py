@@ -25,7 +25,6 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
-from importlib import resources
 from typing import Any
 
 import jax
@@ -44,7 +43,7 @@ _TRAIN_DEFAULTS = {"steps": 400, "checkpoint_every": None, "preempt_at": None, "
 
 
 def default_config_path() -> str:
-    return str(resources.files("dataloader.configs") / "demo.yaml")
+    return loop.packaged_config("demo.yaml")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,15 +76,8 @@ class TrainOptions:
             log_every=check.integer("train.log_every", values["log_every"], low=1),
             seed=check.integer("train.seed", values["seed"], low=0),
         )
-        if not options.checkpoint_every < options.preempt_at <= options.steps:
-            raise check.fail("train.preempt_at", f"expected checkpoint_every < preempt_at <= steps, got "
-                             f"{options.checkpoint_every} < {options.preempt_at} <= {options.steps}")
-        if options.preempt_at % options.checkpoint_every == 0:
-            # A checkpoint at preempt_at itself would leave no batches between the
-            # restored step and the preemption to compare.
-            raise check.fail("train.preempt_at", f"must not be a multiple of checkpoint_every="
-                             f"{options.checkpoint_every}, got {options.preempt_at}; the resume "
-                             f"would have no batches to compare")
+        loop.check_schedule("train.preempt_at", "checkpoint_every", options.checkpoint_every,
+                            options.preempt_at, options.steps)
         return options
 
 
@@ -128,37 +120,27 @@ def run_demo(out_dir: str = "demo_out", config_path: str | None = None, override
         preempt_at=opts.preempt_at, steps=opts.steps)
     out(f"[3/4] training steps 0..{opts.preempt_at}, async Orbax checkpoint every "
         f"{opts.checkpoint_every} steps into {ckpt_dir}")
-    first, saved, stats_first = loop.preempted_run(job, ckpt_dir, template, out)
-    params, second, step, stats_second = loop.resumed_run(job, ckpt_dir, template, out, "[4/4]")
-    same_batches, loss_gap = loop.compare(first, second, step, opts.preempt_at, out)
+    run = loop.preempt_and_resume(job, ckpt_dir, template, out, "[4/4]")
+    first, second, wait, loop_s = run.first, run.second, run.wait, run.loop_s
     test = np.load(data["test"])
-    wait, loop_s = loop.wait_share(first, second)
     result: dict[str, Any] = {
-        "resume_ok": same_batches,
-        "losses_identical": loss_gap == 0,
+        **run.figures(),
         "final_loss": float(second.losses[opts.steps - 1]),
-        "test_accuracy": accuracy(params, test["images"], test["labels"]),
+        "test_accuracy": accuracy(run.state, test["images"], test["labels"]),
         "records_per_s": (first.items + second.items) / (first.loop_s + second.loop_s),
-        "first_batch_s": first.first_batch_s,
-        "wait_fraction": wait,
-        "checkpoints": saved,
-        "resumed_from": step,
     }
     out(f"summary: final loss {result['final_loss']:.4f}, test accuracy {result['test_accuracy']:.1%}; "
         f"{result['records_per_s']:,.0f} records/s; first batch after {result['first_batch_s'] * 1e3:.0f} ms; "
         f"waiting for data {wait:.1%} of the training loop")
-    out(f"  pipeline time (all processes): {loop.where_time_went(stats_first)} before the preemption; "
-        f"{loop.where_time_went(stats_second)} after")
+    run.report_pipeline_time(out)
     if wait > 0.2:
         step_ms = 1e3 * (loop_s - first.wait_s - second.wait_s) / (len(first.losses) + len(second.losses))
-        batch_ms = 1e3 * sum(stats_first["stage_seconds"].values()) / max(stats_first["units"], 1)
+        batch_ms = 1e3 * sum(run.stats_first["stage_seconds"].values()) / max(run.stats_first["units"], 1)
         out(f"  why: the loop spends ~{step_ms:.1f} ms per step outside next() (training step, "
             f"fingerprint, checkpoints), a batch costs the pipeline ~{batch_ms:.1f} ms of CPU, and "
             f"{config.loader.worker_count} workers share {os.cpu_count()} cores with the training "
             f"process: with spare cores (loader.worker_count) the workers keep ahead")
-    result["seconds"] = time.perf_counter() - started
-    out(f"  done in {result['seconds']:.1f} s; resume {'OK' if result['resume_ok'] else 'FAILED'}")
-    return result
+    return loop.finish(result, started, out)
 
 
 def main(out_dir: str, config_path: str | None, overrides: Sequence[str]) -> int:

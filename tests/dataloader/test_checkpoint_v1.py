@@ -37,6 +37,7 @@ ITERATORS = {
     "loader": loader_iterator,
     "packed": packed_iterator,
     "workers": pytest.param(iterator_with_workers, marks=pytest.mark.multiprocess),
+    "device": lambda: dl.device_prefetch(loader_iterator(), cpu_buffer_size=2, device_buffer_size=2),
 }
 
 

@@ -161,3 +161,15 @@ def test_load_into_another_loader_names_the_difference(tmp_path):
     with pytest.raises(Exception, match="Failed to load checkpointable: iter") as raised:
         ocp.load_checkpointables(tmp_path / "step", {"iter": other})
     assert "seed" in str(cause(raised.value, dl.StateMismatchError))
+
+
+def test_an_async_save_keeps_the_state_of_the_call_while_the_loop_goes_on(tmp_path):
+    expected = as_lists(loader_iterator())
+    it = loader_iterator()
+    next(it), next(it)
+    pending = ocp.save_checkpointables_async(tmp_path / "step", {"iter": it})
+    next(it), next(it)
+    pending.result()
+    fresh = loader_iterator()
+    ocp.load_checkpointables(tmp_path / "step", {"iter": fresh})
+    assert as_lists(fresh) == expected[2:]

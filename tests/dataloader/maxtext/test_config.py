@@ -169,7 +169,7 @@ def test_tfrecord_files_hold_tf_examples_unless_told(base_keys):
 
 
 def test_keys_without_an_equivalent_are_accepted_and_logged(base_keys, caplog):
-    caplog.set_level("INFO")
+    caplog.set_level("INFO", logger="absl")  # absl.app, run by other tests, may have raised its level
     config = parse_maxtext_config({**base_keys, "colocated_python_data_input": True,
                                    "expansion_factor_real_data": 2.0, "generate_padding_batch_train": True,
                                    "generate_padding_batch_eval": True})

@@ -162,7 +162,7 @@ def test_a_mixtures_sources_open_in_grain_data_source_max_workers_threads(base_k
 
 
 def test_tfrecord_with_workers_says_where_it_is_read(base_keys, text_data, caplog):
-    caplog.set_level("INFO")
+    caplog.set_level("INFO", logger="absl")  # absl.app, run by other tests, may have raised its level
     config = parse_maxtext_config(_tfrecord_keys(base_keys, text_data, grain_worker_count_eval=2))
     batches = _take(eval_dataset(config, global_batch_size=4), 2)
     logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("granary: grain_worker")]

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
+import signal
+import subprocess
+import sys
+import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -43,7 +48,14 @@ def take(iterator: Any, limit: int | None) -> list[Any]:
     return list(itertools.islice(iterator, limit))
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
+# How long a test waits for something that happens in the background (a worker stops, a
+# block is freed, a thread ends) before calling it a failure. On an idle machine these
+# take milliseconds; beside other jobs on two cores they have taken seconds, so the
+# deadline is generous: waiting ends as soon as the condition holds, a pass costs nothing.
+PATIENCE_S = 60.0
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = PATIENCE_S) -> bool:
     """Polls ``predicate`` until it is true or ``timeout`` seconds pass; returns its last value."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -53,7 +65,7 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
     return predicate()
 
 
-def wait_full(iterator: Any, timeout: float = 10.0) -> None:
+def wait_full(iterator: Any, timeout: float = PATIENCE_S) -> None:
     """Waits until both buffers of a device iterator are full, so a state is taken under load.
 
     Full means ``cpu_buffer_size`` batches waiting on the host and ``device_buffer_size``
@@ -63,6 +75,35 @@ def wait_full(iterator: Any, timeout: float = 10.0) -> None:
     assert wait_until(
         lambda: feed.host.full() and len(feed.device) == iterator.device_buffer_size, timeout=timeout
     ), f"the device iterator's buffers did not fill within {timeout} s"
+
+
+# Put first in every script a test starts: a shell runs a background job with SIGINT
+# ignored, and a child inherits that, so without it a test of Ctrl-C run as `make test &`
+# would wait in vain for a KeyboardInterrupt.
+_CTRL_C_WORKS = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+
+
+@contextlib.contextmanager
+def python_script(body: str, **popen_kwargs: Any) -> Iterator[subprocess.Popen]:
+    """Runs ``body`` (dedented) in a new Python process from the repository's root.
+
+    Yields the process, with text pipes for stdout and stderr. The child takes Ctrl-C as a
+    terminal's foreground job would, whatever the test process ignores, and runs in its
+    own session (process group): when the block ends, however it ends (a failed assert, a
+    timeout), the whole group is killed, so no script outlives its test.
+    """
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CTRL_C_WORKS + textwrap.dedent(body)], cwd=REPO_ROOT,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        **popen_kwargs,
+    )
+    try:
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.kill()
+        proc.communicate()
 
 
 def _continuation(make_iterator: Callable[[], Any], state: Any, limit: int = 5) -> list[Any]:

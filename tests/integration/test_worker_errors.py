@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 
 import dataloader as dl
-from tests.helpers import REPO_ROOT, two_array_record_files
+from tests.helpers import PATIENCE_S, REPO_ROOT, python_script, two_array_record_files
 from tests.integration import workers_pipelines as wp
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(120)]
@@ -77,7 +78,7 @@ def test_sys_exit_in_a_worker_does_not_end_the_training_process():
 
 
 def test_a_real_ctrl_c_still_interrupts_a_loader_without_workers():
-    script = textwrap.dedent(
+    with python_script(
         """
         import dataloader as dl
         from tests.integration import workers_pipelines as wp
@@ -89,14 +90,13 @@ def test_a_real_ctrl_c_still_interrupts_a_loader_without_workers():
         for batch in it:
             pass
         """
-    )
-    proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "running"
-    proc.send_signal(2)  # SIGINT, what Ctrl-C sends
-    _, err = proc.communicate(timeout=20)
-    assert proc.returncode != 0
-    assert err.rstrip().endswith("KeyboardInterrupt"), err  # not wrapped in a PipelineError
-    assert "PipelineError" not in err
+    ) as proc:
+        assert proc.stdout.readline().strip() == "running"
+        proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
+        _, err = proc.communicate(timeout=PATIENCE_S)
+        assert proc.returncode != 0
+        assert err.rstrip().endswith("KeyboardInterrupt"), err  # not wrapped in a PipelineError
+        assert "PipelineError" not in err
 
 
 @pytest.mark.parametrize(("op", "how"), [(wp.exit_on(23, 7), r"exit code 7"), (wp.kill_self_on(23), r"signal 9")])

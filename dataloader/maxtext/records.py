@@ -2,16 +2,20 @@
 
 MaxText's Grain pipeline reads ArrayRecord files whose records are serialized
 ``tf.train.Example`` protocol buffers (what TFDS and Beam write), and parses them with
-TensorFlow. Their wire format is small and fixed, so it is decoded here directly::
+TensorFlow. Here they are parsed by the ``protobuf`` library, with the messages
+declared in :mod:`dataloader.maxtext.example_pb` (TensorFlow's field numbers)::
 
     Example   { Features features = 1; }
     Features  { map<string, Feature> feature = 1; }     (entries: key = 1, value = 2)
     Feature   { oneof { BytesList bytes_list = 1; FloatList float_list = 2;
                         Int64List int64_list = 3; } }   (each: repeated value = 1)
 
-:func:`parse_example` gives ``{name: list of bytes | float32 array | int64 array}``;
-:func:`encode_example` writes the same bytes TensorFlow does (packed numbers), for tests
-and for writing such data without TensorFlow.
+So a record is accepted exactly when protobuf accepts it (a truncated or damaged one is
+refused, never read as a different, shorter one), in time linear in its size.
+
+:func:`parse_example` gives ``{name: list of bytes | float32 array | int64 array}``,
+the features in the record's order; :func:`encode_example` writes such a record (packed
+numbers, as TensorFlow writes them), for tests and for writing data without TensorFlow.
 
 Example:
     >>> record = encode_example({"text": [b"hello"], "ids": np.array([1, 2])})
@@ -26,124 +30,166 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+from google.protobuf.message import DecodeError
 
-_VARINT, _FIXED64, _LEN, _FIXED32 = 0, 1, 2, 5
+from dataloader.maxtext.example_pb import Example
 
-
-def _varint(data: bytes, i: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if i >= len(data):
-            raise ValueError("a tf.train.Example record ends inside a number; is it one?")
-        byte = data[i]
-        value |= (byte & 0x7F) << shift
-        i += 1
-        if byte < 0x80:
-            return value, i
-        shift += 7
+_VARINT, _FIXED64, _LEN, _GROUP_START, _GROUP_END, _FIXED32 = 0, 1, 2, 3, 4, 5
 
 
-def _fields(data: bytes) -> list[tuple[int, int, Any]]:
-    """(field number, wire type, value) of a message; LEN values as bytes."""
-    out: list[tuple[int, int, Any]] = []
-    i = 0
-    while i < len(data):
-        key, i = _varint(data, i)
-        number, wire = key >> 3, key & 7
-        value: int | bytes
-        if wire == _VARINT:
-            value, i = _varint(data, i)
-        elif wire == _LEN:
-            size, i = _varint(data, i)
-            value, i = data[i : i + size], i + size
-        elif wire == _FIXED32:
-            value, i = data[i : i + 4], i + 4
-        elif wire == _FIXED64:
-            value, i = data[i : i + 8], i + 8
-        else:
-            raise ValueError(f"not a tf.train.Example record (wire type {wire} at byte {i})")
-        out.append((number, wire, value))
-    return out
-
-
-def _int64s(fields: list[tuple[int, int, Any]]) -> np.ndarray:
-    values: list[int] = []
-    for _, wire, value in fields:
-        if wire == _LEN:  # packed
-            i = 0
-            while i < len(value):
-                v, i = _varint(value, i)
-                values.append(v)
-        else:
-            values.append(value)
-    return np.asarray(values, dtype=np.uint64).astype(np.int64)  # two's complement
-
-
-def _floats(fields: list[tuple[int, int, Any]]) -> np.ndarray:
-    raw = b"".join(value for _, _, value in fields)  # packed or not, 4 bytes each
-    return np.frombuffer(raw, dtype="<f4").astype(np.float32)
-
-
-def parse_example(record: bytes) -> dict[str, Any]:
+def parse_example(record: bytes, *, where: str | None = None) -> dict[str, Any]:
     """The features of a serialized ``tf.train.Example`` (see the module docstring).
 
+    A feature with no list set reads as ``[]``; a name given twice keeps its last value
+    (as protobuf's map does) at its first place.
+
+    Args:
+        record: the serialized message (any bytes-like object).
+        where: names the record in an error, e.g. ``"record 3 of train.array_record"``.
+
     Raises:
-        ValueError: the bytes are not such a record.
+        ValueError: the bytes are not such a record; the message says where they stop
+            making sense (a length past the end, a bad number, a name that is not UTF-8).
+        TypeError: ``record`` is not bytes-like.
     """
+    data = record if isinstance(record, bytes) else bytes(memoryview(record))
+    try:
+        example = Example.FromString(data)
+    except DecodeError as error:
+        what = where or "a record"
+        raise ValueError(
+            f"{what} ({len(data):,} byte{'s' * (len(data) != 1)}) is not a valid tf.train.Example: "
+            f"{_problem(data) or str(error)}; check that the data set holds tf.train.Example "
+            f"records (record_format) and that the file is not damaged"
+        ) from None
     out: dict[str, Any] = {}
-    for number, _, features in _fields(bytes(record)):
-        if number != 1:
-            continue
-        for entry_number, _, entry in _fields(features):
-            if entry_number != 1:
-                continue
-            parts = {n: v for n, _, v in _fields(entry)}
-            name = parts.get(1, b"").decode("utf-8")
-            kinds = _fields(parts.get(2, b""))
-            value: Any = []
-            for kind, _, payload in kinds:
-                inner = [f for f in _fields(payload) if f[0] == 1]
-                if kind == 1:
-                    value = [bytes(v) for _, _, v in inner]
-                elif kind == 2:
-                    value = _floats(inner)
-                elif kind == 3:
-                    value = _int64s(inner)
-            out[name] = value
-    return out
-
-
-def _len_field(number: int, payload: bytes) -> bytes:
-    return _encode_varint((number << 3) | _LEN) + _encode_varint(len(payload)) + payload
-
-
-def _encode_varint(value: int) -> bytes:
-    out = bytearray()
-    value &= (1 << 64) - 1
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
+    for entry in example.features.feature:
+        feature = entry.value
+        kind = feature.WhichOneof("kind")
+        value: Any
+        if kind == "bytes_list":
+            value = list(feature.bytes_list.value)
+        elif kind == "float_list":
+            value = np.array(feature.float_list.value, dtype=np.float32)
+        elif kind == "int64_list":
+            value = np.array(feature.int64_list.value, dtype=np.int64)
         else:
-            out.append(byte)
-            return bytes(out)
+            value = []
+        out[entry.key] = value
+    return out
 
 
 def encode_example(features: Mapping[str, Any]) -> bytes:
-    """A serialized ``tf.train.Example``: lists of bytes/str, or arrays of ints or floats."""
-    entries = b""
+    """A serialized ``tf.train.Example``: lists of bytes/str, or arrays of ints or floats.
+
+    Features are written in the mapping's order. A bare ``bytes``/``str`` is a list of
+    one; an empty list is an empty float list (as an empty ``np.asarray`` is float).
+
+    Raises:
+        TypeError: a value is neither text nor numbers; the message names the feature.
+    """
+    example = Example()
+    entries = example.features.feature
     for name, value in features.items():
+        feature = entries.add(key=name).value
         if isinstance(value, (bytes, str)):
             value = [value]
-        array = None if isinstance(value, list) and value and isinstance(value[0], (bytes, str)) else np.asarray(value)
-        if array is None:
-            payload = b"".join(_len_field(1, v.encode() if isinstance(v, str) else v) for v in value)
-            feature = _len_field(1, payload)
-        elif array.dtype.kind == "f":
-            feature = _len_field(2, _len_field(1, array.astype("<f4").tobytes()))
+        if isinstance(value, list) and value and isinstance(value[0], (bytes, str)):
+            feature.bytes_list.value.extend(v.encode() if isinstance(v, str) else v for v in value)
+            continue
+        array = np.asarray(value).reshape(-1)
+        if array.dtype.kind == "f":
+            feature.float_list.SetInParent()  # present even when empty
+            feature.float_list.value.extend(array.astype(np.float32).tolist())
+        elif array.dtype.kind in "biu":
+            feature.int64_list.SetInParent()
+            # uint64 past 2**63 wraps to two's complement, as int64 on the wire does.
+            feature.int64_list.value.extend(array.astype(np.int64).tolist())
         else:
-            packed = b"".join(_encode_varint(int(v)) for v in array.reshape(-1))
-            feature = _len_field(3, _len_field(1, packed))
-        entries += _len_field(1, _len_field(1, name.encode()) + _len_field(2, feature))
-    return _len_field(1, entries)
+            raise TypeError(
+                f"feature {name!r} holds {array.dtype} values; a tf.train.Example holds "
+                f"bytes/str (a list of them), integers or floats"
+            )
+    return example.SerializeToString()
+
+
+# What a failure looks like: protobuf says only "Error parsing message", so a rejected
+# record is walked again here, within the schema's messages, to name the first field that
+# does not fit. The walk is linear and never allocates more than the record; protobuf's
+# verdict stands whatever it finds.
+
+# message -> {field number: (name, what its bytes hold)}; anything else is skipped.
+_NESTED: dict[str, dict[int, tuple[str, str]]] = {
+    "Example": {1: ("features", "Features")},
+    "Features": {1: ("feature", "FeatureEntry")},
+    "FeatureEntry": {1: ("key", "utf-8"), 2: ("value", "Feature")},
+    "Feature": {1: ("bytes_list", "list"), 2: ("float_list", "FloatList"), 3: ("int64_list", "Int64List")},
+    "FloatList": {1: ("value", "floats")},
+    "Int64List": {1: ("value", "varints")},
+    "list": {},
+}
+
+
+def _varint(data: bytes, i: int, end: int, what: str) -> tuple[int, int]:
+    """(value, next byte) of a varint at ``i``; ValueError past ``end`` or 10 bytes."""
+    value = 0
+    for n in range(10):
+        if i + n >= end:
+            raise ValueError(f"{what} at byte {i} runs past the end of its message (byte {end})")
+        byte = data[i + n]
+        value |= (byte & 0x7F) << (7 * n)
+        if byte < 0x80:
+            return value, i + n + 1
+    raise ValueError(f"{what} at byte {i} is longer than 10 bytes")
+
+
+def _walk(data: bytes, i: int, end: int, message: str, path: str) -> None:
+    fields = _NESTED.get(message, {})
+    while i < end:
+        start = i
+        key, i = _varint(data, i, end, f"{path}a field's key")
+        number, wire = key >> 3, key & 7
+        name, holds = fields.get(number, (f"field {number}", ""))
+        here = f"{path}{name} at byte {start}"
+        if number == 0:
+            raise ValueError(f"{path}field 0 at byte {start}: no field is numbered 0")
+        if wire == _VARINT:
+            _, i = _varint(data, i, end, f"{here}: the number")
+        elif wire in (_FIXED64, _FIXED32):
+            i += 8 if wire == _FIXED64 else 4
+            if i > end:
+                raise ValueError(f"{here}: a fixed-size number runs past the end (byte {end})")
+        elif wire == _LEN:
+            size, i = _varint(data, i, end, f"{here}: the length")
+            if size > end - i:
+                raise ValueError(f"{here} says it has {size:,} bytes, but {end - i:,} are left "
+                                 f"(a truncated record?)")
+            if holds == "utf-8":
+                try:
+                    data[i : i + size].decode("utf-8")
+                except UnicodeDecodeError:
+                    raise ValueError(f"{here}: a feature name that is not UTF-8") from None
+            elif holds == "floats" and size % 4:
+                raise ValueError(f"{here}: {size} bytes of packed floats, not a multiple of 4")
+            elif holds == "varints":
+                j = i
+                while j < i + size:
+                    _, j = _varint(data, j, i + size, f"{here} > a value")
+            elif holds:
+                _walk(data, i, i + size, holds, f"{here} > ")
+            i += size
+        elif wire == _GROUP_END:
+            raise ValueError(f"{here}: a group ends that never started")
+        elif wire != _GROUP_START:  # a group (an old encoding) is left to protobuf to judge
+            raise ValueError(f"{here}: wire type {wire} does not exist")
+        else:
+            return
+
+
+def _problem(data: bytes) -> str | None:
+    """What is wrong with a record protobuf refused, if the walk finds it."""
+    try:
+        _walk(data, 0, len(data), "Example", "")
+    except ValueError as error:
+        return str(error)
+    return None

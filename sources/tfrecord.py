@@ -15,6 +15,10 @@ resumes from it with one ``seek``.
 Both checksums of every record are checked. A bad checksum, or a file that ends
 inside a record, raises ``ValueError`` naming the file and the byte offset of the
 record, so a corrupt or truncated shard is found, never silently read as garbage.
+A record's length is checked against the bytes left in the file before its data is
+read, and data is read in chunks of at most ``_CHUNK_BYTES`` (:func:`read_bounded`),
+so a damaged length field (a 44-byte file that claims a record of 2**60 bytes) costs
+what the file holds, never the claimed size.
 
 A file whose name ends in ``.gz`` (``data.tfrecord.gz``, as TensorFlow writes with
 ``compression_type="GZIP"``) is read through the standard library's ``gzip``, streaming;
@@ -52,6 +56,29 @@ _MASK_DELTA = 0xA282EAD8
 _GZIP_ERRORS = (gzip.BadGzipFile, EOFError, zlib.error)
 # Read in large blocks: records are often small, and each read() is a system call.
 _BUFFER_BYTES = 1 << 20
+# The most one read() asks for: Python's read(n) allocates n bytes before reading, so a
+# length field is never passed to it whole (see read_bounded).
+_CHUNK_BYTES = 1 << 24
+
+
+def read_bounded(file: Any, size: int) -> bytes:
+    """``size`` bytes of ``file``, or fewer if it ends first, read in bounded chunks.
+
+    ``file.read(n)`` allocates ``n`` bytes up front, so reading a length taken from a
+    damaged file in one call can ask for gigabytes (or fail with ``OverflowError``)
+    before finding that the file is short. Here memory grows only with the bytes that
+    are really there.
+    """
+    if size <= _CHUNK_BYTES:
+        return bytes(file.read(size))
+    parts, left = [], size
+    while left:
+        part = file.read(min(left, _CHUNK_BYTES))
+        if not part:
+            break
+        parts.append(part)
+        left -= len(part)
+    return b"".join(parts)
 
 
 def _crc32c() -> Callable[[bytes], int]:
@@ -149,12 +176,16 @@ class TFRecordReader:
                 f"TFRecord file {self.path!r}: the length of the record at byte offset {start} "
                 f"fails its CRC check; the file is corrupt or not a TFRecord file"
             )
+        if self.size is not None and start + _HEADER.size + length + _FOOTER.size > self.size:
+            self.size = os.fstat(self._file.fileno()).st_size  # the file may have grown
+            if start + _HEADER.size + length + _FOOTER.size > self.size:
+                raise self._too_long(start, length, self.size - start - _HEADER.size)
         try:
-            body = self._file.read(length + _FOOTER.size)
+            body = read_bounded(self._file, length + _FOOTER.size)
         except _GZIP_ERRORS as error:
             raise self._bad_gzip(error) from None
         if len(body) < length + _FOOTER.size:
-            raise self._truncated(start, _HEADER.size + length + _FOOTER.size, _HEADER.size + len(body))
+            raise self._too_long(start, length, len(body))
         data = body[:length]
         crc = crc32c(data)
         if ((crc >> 15 | crc << 17) + _MASK_DELTA) & 0xFFFFFFFF != _FOOTER.unpack_from(body, length)[0]:
@@ -175,6 +206,14 @@ class TFRecordReader:
         return ValueError(
             f"TFRecord file {self.path!r} is truncated: the record at byte offset {start} needs "
             f"{needed} bytes but the file ends after {found}; rewrite or drop the file"
+        )
+
+    def _too_long(self, start: int, length: int, left: int) -> ValueError:
+        return ValueError(
+            f"TFRecord file {self.path!r} is truncated: the record at byte offset {start} says "
+            f"its data has {length:,} bytes (plus a {_FOOTER.size}-byte checksum), but the file "
+            f"has {left:,} bytes after its header (or that length field is damaged); rewrite "
+            f"or drop the file"
         )
 
     def check_first_record(self) -> None:

@@ -9,6 +9,8 @@ and the byte offset (Beam's says "Not a valid TFRecord" with a hex dump of the r
 Beam's TFRecord source is unsplittable anyway (one file is one sequential read), so
 reading a file in one ``DoFn`` loses no parallelism.
 
+Records are read with Beam's CRC (``_TFRecordUtil._masked_crc32c``) in our own loop,
+the data in bounded chunks, so a damaged length field never allocates what it claims.
 Counting and skipping use the framing only: they read each 12-byte header, check the
 length's CRC and seek past the data, so cutting a file into shards does not read its
 data twice. Reading checks both CRCs of every record. A gzipped file
@@ -29,6 +31,7 @@ from typing import IO
 from apache_beam.io.tfrecordio import _TFRecordUtil
 
 from dataloader.beam.record_files import Opener, RecordFormat, open_local
+from dataloader.sources.tfrecord import read_bounded
 
 _HEADER = 12  # length (8) + masked CRC of the length (4)
 _FOOTER = 4  # masked CRC of the data
@@ -91,20 +94,38 @@ def read(path: str, open_file: Opener = open_local, start: int = 0,
         while stop is None or index < stop:
             offset = f.tell()
             try:
-                record = _TFRecordUtil.read_record(f)
+                record = _read_record(f)
             except ValueError as error:
-                reason = str(error).split(":")[0]  # drop Beam's hex dump of the record
-                if "Fewer than" in reason:
-                    reason = f"truncated ({reason.removeprefix('Not a valid TFRecord. ')})"
-                elif "data mask" in reason:
-                    reason = "its data fails the CRC check"
-                elif "length mask" in reason:
-                    reason = "its length fails the CRC check"
-                raise ValueError(f"{path}: record {index} at byte offset {offset}: {reason}") from None
+                raise ValueError(f"{path}: record {index} at byte offset {offset}: {error}") from None
             if record is None:
                 return
             yield record
             index += 1
+
+
+def _read_record(f: IO[bytes]) -> bytes | None:
+    """The next record's data (None at the end), both CRCs checked with Beam's codec.
+
+    Beam's ``_TFRecordUtil.read_record`` does the same but reads the data with one
+    ``read(length)``, which allocates the length a damaged header claims before finding
+    the file short; this reads it in bounded chunks.
+    """
+    header = f.read(_HEADER)
+    if not header:
+        return None
+    if len(header) < _HEADER:
+        raise ValueError(f"truncated: {len(header)} bytes left of a {_HEADER}-byte record header")
+    length, length_crc = struct.unpack("<QI", header)
+    if _TFRecordUtil._masked_crc32c(header[:8]) != length_crc:
+        raise ValueError("its length fails the CRC check")
+    body = read_bounded(f, length + _FOOTER)
+    if len(body) < length + _FOOTER:
+        raise ValueError(f"truncated: its length field says {length:,} bytes of data (plus a "
+                         f"{_FOOTER}-byte checksum), {len(body):,} bytes are left")
+    data = body[:length]
+    if _TFRecordUtil._masked_crc32c(data) != struct.unpack_from("<I", body, length)[0]:
+        raise ValueError("its data fails the CRC check")
+    return data
 
 
 TFRECORD = RecordFormat("tfrecord", count, read)

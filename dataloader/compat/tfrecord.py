@@ -9,7 +9,10 @@ the reader reads the records of whatever file object ``self._reader`` holds.
 
 Unlike Grain's, both CRC32C checksums of every record are checked (with granary's
 :func:`~dataloader.sources.tfrecord.masked_crc`, as ``TFRecordIterDataset`` does), so a
-corrupt or truncated file fails with its byte offset instead of yielding garbage.
+corrupt or truncated file fails with its byte offset instead of yielding garbage, and a
+record's data is read in bounded chunks
+(:func:`~dataloader.sources.tfrecord.read_bounded`): a damaged length field costs the
+bytes the file really holds, not the gigabytes it claims.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import struct
 from typing import Any
 
 from dataloader.dataset import DatasetIterator
-from dataloader.sources.tfrecord import masked_crc
+from dataloader.sources.tfrecord import masked_crc, read_bounded
 
 _LENGTH = struct.Struct("<Q")
 _CRC = struct.Struct("<I")
@@ -50,17 +53,19 @@ class _TFRecordReader:
         if masked_crc(head[: _LENGTH.size]) != _CRC.unpack_from(head, _LENGTH.size)[0]:
             raise self._corrupt(start, "has a record length that fails its CRC check")
         (length,) = _LENGTH.unpack_from(head)
-        body = self._reader.read(length + _CRC.size)
+        body = read_bounded(self._reader, length + _CRC.size)
         if len(body) < length + _CRC.size:
-            raise self._corrupt(start, f"ends inside a record of {length} bytes")
+            raise self._corrupt(start, f"ends inside a record of {length} bytes",
+                                f"; {len(body):,} bytes are left of the {length + _CRC.size:,} its length "
+                                f"field asks for (data and checksum)")
         data = body[:length]
         if masked_crc(data) != _CRC.unpack_from(body, length)[0]:
             raise self._corrupt(start, f"has a record of {length} bytes that fails its CRC check")
         return data
 
-    def _corrupt(self, start: int, what: str) -> ValueError:
+    def _corrupt(self, start: int, what: str, detail: str = "") -> ValueError:
         name = getattr(self._reader, "name", self._reader)
-        return ValueError(f"TFRecord file {name!r} {what} (byte offset {start}); "
+        return ValueError(f"TFRecord file {name!r} {what} (byte offset {start}){detail}; "
                           f"the file is corrupt or not a TFRecord file")
 
     def seek(self, offset: int) -> None:

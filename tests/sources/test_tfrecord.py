@@ -91,7 +91,7 @@ def test_a_truncated_file_is_named_by_file_and_offset(tmp_path, cut):
     (tmp_path / "cut.tfrecord").write_bytes(MORRIS_FILE[: 17 + cut])
     with TFRecordReader(tmp_path / "cut.tfrecord") as reader:
         assert reader.read() == b"1"
-        with pytest.raises(ValueError, match=rf"cut\.tfrecord' is truncated: the record at byte offset 17 .* ends after {cut}"):
+        with pytest.raises(ValueError, match=rf"cut\.tfrecord' is truncated: the record at byte offset 17 (needs .* ends after {cut}|says its data has 3 bytes .* has {cut - 12} bytes after its header)"):
             reader.read()
 
 

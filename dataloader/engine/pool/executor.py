@@ -32,6 +32,7 @@ import cloudpickle
 from dataloader.engine.compute import UnitResult, compute_unit
 from dataloader.engine.plan import Plan
 from dataloader.engine.pool.autoscale.measure import Scaling
+from dataloader.engine.pool.autoscale.oom import OomWatch
 from dataloader.engine.pool.guard import Guarded
 from dataloader.engine.pool.messages import Done, Failed, Fatal, Ready, Task, remote_error
 from dataloader.engine.pool.process import WorkerProcess
@@ -96,6 +97,7 @@ class PoolExecutor(Guarded):
         self.worker_counts: list[tuple[float, int]] = []  # (time.monotonic(), count) at each change
         self._window = Window(self._initial * buffer_size, buffer_size)
         self._watch = StallWatch(plan, stall_warning_s, unit_timeout_s)
+        self._oom = OomWatch()  # before any worker starts: kills counted from here on
         super().__init__()
         self._start()
         self._window.reset(plan.units(position))
@@ -269,7 +271,8 @@ class PoolExecutor(Guarded):
             errors = [(unit, stuck.error)] if unit is not None and stuck.error is not None else []
         else:
             tokens, poisoned = self._window.worker_died(w.key, MAX_CRASHES)
-            errors = [(u, crash_error(self._plan, self._window.range(u), code, MAX_CRASHES)) for u in poisoned]
+            oom = self._oom.report(w.index, w.pid, code, len(self._workers.live()), self._workers.worker_bytes())
+            errors = [(u, crash_error(self._plan, self._window.range(u), code, MAX_CRASHES, oom)) for u in poisoned]
         for token in tokens:
             self._transport.give_back(token)
         for unit, error in errors:

@@ -19,13 +19,18 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 from collections.abc import Callable
 
+from dataloader.engine.pool.autoscale.limits import Limits, read_limits
 from dataloader.options import AutoWorkers
 
 WAIT_HIGH = 0.05  # the consumer waited more than this share of the time: add
 WAIT_LOW = 0.01  # less than this (two intervals in a row) with idle workers: retire
+# Under a pids limit (threads count as tasks): a worker is a process with a few threads
+# of its own (numpy's and the transport's, when there are any); the trainer keeps some
+# room for its own threads and processes.
+PIDS_PER_WORKER = 4
+PIDS_SPARE = 16
 
 
 class Scaler:
@@ -89,18 +94,6 @@ class Scaler:
         return 0
 
 
-def _meminfo() -> dict[str, int]:
-    """``/proc/meminfo`` in bytes (empty where there is none)."""
-    found: dict[str, int] = {}
-    with contextlib.suppress(OSError), open("/proc/meminfo") as f:
-        for line in f:
-            key, _, rest = line.partition(":")
-            parts = rest.split()
-            if parts:
-                found[key] = int(parts[0]) * (1024 if parts[-1] == "kB" else 1)
-    return found
-
-
 def private_bytes(pid: int) -> int:
     """Memory only ``pid`` holds (private pages, what one more such process costs);
     0 when unknown."""
@@ -118,22 +111,35 @@ def room(
     blocks_per_worker: int,
     block_bytes: int,
     shm_free: int | None,
+    found: Limits | None = None,
 ) -> int:
     """How many more workers fit: each costs ``worker_bytes`` of private memory and
     ``blocks_per_worker`` result blocks of ``block_bytes`` (in ``/dev/shm``, which has
-    ``shm_free`` bytes free; None: results go through pipes)."""
-    info = _meminfo()
+    ``shm_free`` bytes free; None: results go through pipes), and
+    :data:`PIDS_PER_WORKER` tasks of a pids limit.
+
+    Memory is what the container allows, not only what the host has
+    (:mod:`~dataloader.engine.pool.autoscale.limits`, read now unless ``found`` is
+    given): ``min_free_memory`` of the container's limit (or of the host's memory,
+    without one) stays free. ``/dev/shm`` is charged to the container's memory too, so
+    blocks count against both.
+    """
+    found = read_limits() if found is None else found
     fits = 1 << 30
     blocks = blocks_per_worker * block_bytes
     cost = worker_bytes + blocks
-    if cost > 0 and "MemAvailable" in info and "MemTotal" in info:
-        spare = info["MemAvailable"] - options.min_free_memory * info["MemTotal"]
+    available, total = found.available_memory, found.total_memory
+    if cost > 0 and available is not None and total is not None:
+        spare = available - options.min_free_memory * total
         fits = min(fits, max(0, int(spare // cost)))
     if blocks > 0 and shm_free is not None:
         fits = min(fits, max(0, int(shm_free * options.max_shm_share // blocks)))
+    if found.pids_room is not None:
+        fits = min(fits, max(0, (found.pids_room - PIDS_SPARE) // PIDS_PER_WORKER))
     return fits
 
 
 def usable_cpus() -> int:
-    return len(os.sched_getaffinity(0))
-
+    """CPUs this process may use: its affinity (a cpuset), and its container's CPU
+    quota (``cpu.max``, ``cpu.cfs_quota_us``) rounded up."""
+    return read_limits().cpus

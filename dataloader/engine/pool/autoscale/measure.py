@@ -2,8 +2,13 @@
 
 The scheduling loop asks :meth:`Scaling.decide` at each ``next()``: it counts the ready
 workers with no unit (the window was full), and, when the Scaler would add workers, how
-many more the memory of one worker and the result blocks it needs leave room for. The
-loop then adds or retires them through its worker set.
+many more the memory of one worker and the result blocks it needs leave room for, in
+the container's limits (:mod:`~dataloader.engine.pool.autoscale.limits`). The loop then
+adds or retires them through its worker set.
+
+An OOM kill in this process's memory group (its ``oom_kill`` counter rose; looked at
+once per interval) means the count was too high for the memory there is, whatever the
+budget said: the pool retires one worker and never grows back to the count it had.
 """
 
 from __future__ import annotations
@@ -12,7 +17,8 @@ import time
 from typing import TYPE_CHECKING
 
 from dataloader.engine.pool.autoscale import Scaler, room, usable_cpus
-from dataloader.engine.pool.shm import shm_free_bytes
+from dataloader.engine.pool.autoscale.limits import oom_kills
+from dataloader.engine.pool.shm import block_room
 
 if TYPE_CHECKING:
     from dataloader.engine.pool.transport import Transport
@@ -28,6 +34,8 @@ class Scaling:
         self.options, self._buffer = options, buffer_size
         self.scaler = Scaler(options, usable_cpus(), time.monotonic())
         self.high, self.initial = self.scaler.high, self.scaler.initial
+        self._kills, _ = oom_kills()
+        self._looked = time.monotonic()
 
     def waited(self, seconds: float) -> None:
         self.scaler.waited(seconds)
@@ -35,6 +43,10 @@ class Scaling:
     def decide(self, now: float, workers: Workers, window: Window, transport: Transport) -> int:
         """Samples the idle workers; returns the workers to add (> 0) or retire (< 0) now."""
         live = workers.live()
+        if now - self._looked >= self.options.interval_s:
+            self._looked = now
+            if self._oom_killed():
+                return self.back_off(len(live))
         starting = bool(workers.deferred) or not all(w.ready for w in live)
         if not window.exhausted:
             self.scaler.sample(sum(1 for w in live if w.ready and not window.held(w.key)))
@@ -46,7 +58,20 @@ class Scaling:
                 workers.worker_bytes(),
                 self._buffer + 1,
                 transport.blocks.target_size if use_shm else 0,
-                shm_free_bytes() if use_shm else None,
+                block_room() if use_shm else None,
             )
 
         return self.scaler.decide(now, len(live), starting, fits)
+
+    def _oom_killed(self) -> bool:
+        kills, _ = oom_kills()
+        rose = kills is not None and self._kills is not None and kills > self._kills
+        self._kills = kills
+        return rose
+
+    def back_off(self, live: int) -> int:
+        """After an OOM kill: the ceiling drops below ``live`` (not below the floor) and
+        one worker retires if that leaves the floor; returns the change (0 or -1)."""
+        scaler = self.scaler
+        scaler.high = max(scaler.low, min(scaler.high, live - 1))
+        return -1 if live > scaler.high else 0

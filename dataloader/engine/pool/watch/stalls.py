@@ -131,11 +131,20 @@ class StallWatch:
         return stuck
 
 
-def crash_error(plan: Plan, positions: tuple[int, int], code: int, crashes: int) -> WorkerCrashError:
+def crash_error(
+    plan: Plan, positions: tuple[int, int], code: int, crashes: int, oom: str | None = None
+) -> WorkerCrashError:
     """The error at the place of a unit (``positions``) that killed its worker ``crashes``
-    times, the last time with exit code ``code`` (negative: a signal)."""
+    times, the last time with exit code ``code`` (negative: a signal); ``oom``: the
+    OOM killer took the worker the last time, in these words
+    (:mod:`~dataloader.engine.pool.autoscale.oom`), so no record is blamed."""
     start, stop = positions
     keys = unit_record_keys(plan, start, stop).tolist()
+    if oom is not None:
+        return WorkerCrashError(
+            f"the unit of positions [{start}, {stop}) (record indices {keys}) was lost with "
+            f"its worker {crashes} times, the last time for memory: {oom}"
+        )
     how = f"signal {-code}" if code < 0 else f"exit code {code}"
     return WorkerCrashError(
         f"the unit of positions [{start}, {stop}) killed its worker {crashes} times "

@@ -6,6 +6,7 @@ import pytest
 
 from dataloader.engine.pool import autoscale
 from dataloader.engine.pool.autoscale import Scaler
+from dataloader.engine.pool.autoscale.limits import Limit, Limits
 from dataloader.options import AutoWorkers, check_worker_count, most_workers
 
 
@@ -96,17 +97,28 @@ def test_intervals_with_workers_starting_say_nothing():
     assert s.decide(2.0, live=4, starting=False, room=plenty) == 1
 
 
-def test_room_counts_memory_and_shm(monkeypatch):
+def test_room_counts_memory_and_shm():
     gib = 2**30
-    monkeypatch.setattr(autoscale, "_meminfo", lambda: {"MemTotal": 10 * gib, "MemAvailable": 5 * gib})
+    host = Limits(host_total=10 * gib, host_available=5 * gib)
     options = AutoWorkers(min_free_memory=0.2)  # keep 2 GiB: 3 GiB to spend
-    assert autoscale.room(options, gib, 0, 0, None) == 3
+    assert autoscale.room(options, gib, 0, 0, None, host) == 3
     # blocks count against memory too, and against half the free /dev/shm
-    assert autoscale.room(options, gib // 2, 2, gib // 4, None) == 3
-    assert autoscale.room(options, gib // 2, 2, gib // 4, shm_free=2 * gib) == 2
-    assert autoscale.room(options, gib, 0, 0, None) == 3
-    monkeypatch.setattr(autoscale, "_meminfo", lambda: {"MemTotal": 10 * gib, "MemAvailable": gib})
-    assert autoscale.room(options, gib, 0, 0, None) == 0
+    assert autoscale.room(options, gib // 2, 2, gib // 4, None, host) == 3
+    assert autoscale.room(options, gib // 2, 2, gib // 4, 2 * gib, host) == 2
+    assert autoscale.room(options, gib, 0, 0, None, Limits(host_total=10 * gib, host_available=gib)) == 0
+
+
+def test_room_is_what_the_container_allows_not_the_host():
+    gib, mib = 2**30, 2**20
+    # the 1.4 GiB container of issue 21 on a host with 20 GiB free: workers of 300 MiB
+    container = Limits(host_total=32 * gib, host_available=20 * gib, memory_room=int(1.4 * gib) - 200 * mib,
+                       memory=Limit(int(1.4 * gib), "/sys/fs/cgroup/memory.max"))
+    options = AutoWorkers(min_free_memory=0.1)  # 10% of the container's 1.4 GiB stays free
+    assert autoscale.room(options, 300 * mib, 0, 0, None, container) == 3
+    assert autoscale.room(options, 300 * mib, 0, 0, None, Limits(host_total=32 * gib, host_available=20 * gib)) == 57
+    # a pids limit: 4 tasks a worker, 16 kept for the trainer
+    assert autoscale.room(options, 1, 0, 0, None, Limits(pids_room=40)) == 6
+    assert autoscale.room(options, 1, 0, 0, None, Limits(pids_room=10)) == 0
 
 
 def test_private_bytes_of_this_process_is_measured():
@@ -144,3 +156,19 @@ def test_worker_count_accepts_auto_and_names_anything_else():
         check_worker_count("worker_count", -1)
     assert most_workers(AutoWorkers(max_workers=5)) == 5
     assert most_workers(2) == 2
+
+
+def test_an_oom_kill_lowers_the_ceiling_below_the_count_it_happened_at(monkeypatch):
+    from dataloader.engine.pool.autoscale import measure
+
+    kills = [5]
+    monkeypatch.setattr(measure, "oom_kills", lambda: (kills[0], "memory.events"))
+    scaling = measure.Scaling(AutoWorkers(min_workers=2, max_workers=8, initial=4), buffer_size=2)
+    assert not scaling._oom_killed()
+    kills[0] = 6
+    assert scaling._oom_killed() and not scaling._oom_killed()  # each rise is seen once
+    assert scaling.back_off(live=6) == -1 and scaling.scaler.high == 5
+    # the Scaler adds no worker above the new ceiling, however long the consumer waits
+    scaling.scaler.waited(10.0)
+    assert scaling.scaler.decide(100.0, live=5, starting=False, room=plenty) == 0
+    assert scaling.back_off(live=2) == 0 and scaling.scaler.high == 2  # never below the floor

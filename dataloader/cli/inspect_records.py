@@ -30,7 +30,8 @@ def describe_array_records(
         index: the first record to show (negative: from the end).
         records: how many records to show (fewer at the end).
         decode: a function of a record (the pipeline's first map, say); its result is
-            shown (arrays as shape and dtype) beside what the bytes look like.
+            shown (arrays as shape and dtype) beside what the bytes look like, or the
+            exception it raised: one bad record does not hide the others.
 
     Raises:
         FileNotFoundError: a pattern matches nothing.
@@ -57,5 +58,12 @@ def describe_array_records(
         record = source[i]
         lines.append(f"record {i} ({len(record):,} bytes): {describe_record(record)}")
         if decode is not None:
-            lines.append(f"  decoded: {describe_value(decode(record))}")
+            lines.append(f"  decoded: {_decoded(decode, record)}")
     return "\n".join(lines)
+
+
+def _decoded(decode: Callable[[bytes], Any], record: bytes) -> str:
+    try:
+        return describe_value(decode(record))
+    except Exception as error:  # the user's function on foreign data: report, go on
+        return f"failed: {type(error).__name__}: {error}"[:400]

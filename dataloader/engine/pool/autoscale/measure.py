@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from dataloader.engine.pool.autoscale import Scaler, room, usable_cpus
 from dataloader.engine.pool.autoscale.limits import oom_kills
-from dataloader.engine.pool.shm import block_room
+from dataloader.engine.pool.shm import shm_free_bytes
 
 if TYPE_CHECKING:
     from dataloader.engine.pool.transport import Transport
@@ -58,7 +58,7 @@ class Scaling:
                 workers.worker_bytes(),
                 self._buffer + 1,
                 transport.blocks.target_size if use_shm else 0,
-                block_room() if use_shm else None,
+                shm_free_bytes() if use_shm else None,
             )
 
         return self.scaler.decide(now, len(live), starting, fits)

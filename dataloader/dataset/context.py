@@ -65,6 +65,16 @@ def default_workers() -> tuple[MultiprocessingOptions, Any] | None:
     return MultiprocessingOptions(num_workers=count), None
 
 
+def default_worker_count() -> int:
+    """The workers ``mp_prefetch()`` starts when given no options: one per CPU this
+    process may use, which in a container is its CPU quota (``cpu.max``,
+    ``cpu.cfs_quota_us``) and its cpuset, not the host's ``os.cpu_count()`` (Grain's
+    default, which in a 2-CPU container on a 96-core host starts 96 workers)."""
+    from dataloader.engine.pool.autoscale import usable_cpus
+
+    return usable_cpus()
+
+
 def inherited_options() -> DatasetOptions | None:
     """The dataset options of enclosing ``WithOptionsIterDataset`` calls, merged."""
     return _OPTIONS.get()

@@ -17,7 +17,6 @@ continue at the iterator level (:mod:`dataloader.dataset.transformations.element
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,7 +24,7 @@ from dataloader.dataset.arguments import check_seed, random_map_op
 from dataloader.dataset.base import IterDataset
 from dataloader.dataset.compile.nodes import has_user_dataset, is_batched, reads_grains_order
 from dataloader.dataset.compile.wrappers import DropNone
-from dataloader.dataset.context import inherited_options, inherited_workers
+from dataloader.dataset.context import default_worker_count, inherited_options, inherited_workers
 from dataloader.dataset.map_dataset import MapDataset
 from dataloader.engine.stages.base import DatasetIterator
 from dataloader.loader import DataLoader
@@ -145,7 +144,7 @@ class LoaderIterDataset(IterDataset):
         The output is the same for every number of workers, and so is every state.
         """
         if options is None:
-            options = MultiprocessingOptions(num_workers=os.cpu_count() or 1)
+            options = MultiprocessingOptions(num_workers=default_worker_count())
         if not isinstance(options, MultiprocessingOptions):
             raise TypeError(f"mp_prefetch needs MultiprocessingOptions, got {options!r}")
         return self._with(multiprocessing=options, worker_init_fn=worker_init_fn)

@@ -111,24 +111,25 @@ def _tokens(config: MaxTextConfig, ds: Any, column: str, tok: Tokenize | None) -
 
 
 def _meminfo() -> dict[str, int]:
-    """``MemTotal`` and ``MemAvailable`` of ``/proc/meminfo`` in bytes (empty where there is none)."""
-    found: dict[str, int] = {}
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                key, _, rest = line.partition(":")
-                if key in ("MemTotal", "MemAvailable"):
-                    found[key] = int(rest.split()[0]) * 1024
-    except (OSError, ValueError, IndexError):
-        return {}
-    return found
+    """``MemTotal`` and ``MemAvailable`` in bytes as this process sees them: the host's
+    ``/proc/meminfo`` bounded by its container's memory limit (the limit, and the limit
+    less what the container uses; :mod:`~dataloader.engine.pool.autoscale.limits`).
+    Empty where neither is known."""
+    from dataloader.engine.pool.autoscale.limits import read_limits
+
+    found = read_limits()
+    total, available = found.total_memory, found.available_memory
+    return {} if total is None or available is None else {"MemTotal": total, "MemAvailable": available}
 
 
 def auto_workers(ram_budget_mb: int, meminfo: dict[str, int] | None = None) -> AutoWorkers:
     """``worker_count="auto"`` whose workers may take ``ram_budget_mb`` of the memory
     available now (MaxText's ``grain_ram_budget_mb``): the pool adds a worker only while
-    ``min_free_memory`` of the machine's memory stays available, here what is available
-    now less the budget. Without ``/proc/meminfo``, ``AutoWorkers()``'s own bound.
+    ``min_free_memory`` of the memory stays available, here what is available now less
+    the budget. In a container, memory is the container's (its limit, and the limit
+    less its use), so a budget larger than the container allows gives
+    ``min_free_memory=0``: the pool stops at the container's limit, not the host's.
+    Without ``/proc/meminfo``, ``AutoWorkers()``'s own bound.
 
     Example:
         >>> auto_workers(1024, {"MemTotal": 8 << 30, "MemAvailable": 4 << 30}).min_free_memory

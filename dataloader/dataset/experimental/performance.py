@@ -22,9 +22,16 @@ The choice, in order:
    what the budget has left, at most ``max_buffer_size`` (None: 8).
 
 So the workers' memory plus the read-ahead stays within ``ram_budget_mb`` by this
-model. ``ram_budget_mb=None`` means what the machine has available, keeping
+model. ``ram_budget_mb=None`` means what this process may still use, keeping
 ``AutoWorkers().min_free_memory`` of it free and ``/dev/shm`` half free, as ``"auto"``
-does (Grain's own function fails on None). The output never depends on the choice:
+does (Grain's own function fails on None).
+
+In a container, memory and CPUs are the container's
+(:mod:`dataloader.engine.pool.autoscale.limits`): "what this process may still use" is
+the smaller of the host's available memory and the container's limit less its use, the
+CPUs are its CPU quota and affinity, and a ``ram_budget_mb`` above the memory the
+container has left is lowered to it, with a warning naming the limit (a budget the
+kernel does not grant ends in OOM kills). The output never depends on the choice:
 it is the same for every worker count and buffer size.
 
 Differences from Grain: the three budget arguments default to None (Grain requires
@@ -162,6 +169,22 @@ def _machine_budget(unit_bytes: float, buffer_size: int) -> int:
     return room(AutoWorkers(), int(WORKER_BASE_MB * _MB), buffer_size + 1, int(unit_bytes), shm_free_bytes())
 
 
+def _within_container(ram_budget_mb: float) -> float:
+    """``ram_budget_mb``, lowered to what the container has left where that is less."""
+    from dataloader.engine.pool.autoscale.limits import gib, read_limits
+
+    found = read_limits()
+    left, words = found.available_memory, found.memory_words()
+    if words is None or left is None or ram_budget_mb * _MB <= left:
+        return ram_budget_mb
+    log.warning(
+        "pick_performance_config: ram_budget_mb=%s is more than this container has left "
+        "(%s, of %s); budgeting %s instead",
+        ram_budget_mb, gib(left), words, gib(left),
+    )
+    return max(left / _MB, 1e-6)
+
+
 def pick_performance_config(
     ds: MapDataset | IterDataset,
     *,
@@ -208,6 +231,8 @@ def pick_performance_config(
         from dataloader.engine.pool.autoscale import usable_cpus
 
         cap = usable_cpus()
+    if ram_budget_mb is not None:
+        ram_budget_mb = _within_container(ram_budget_mb)
     buffer = min(DEFAULT_BUFFER, max_buffer_size or DEFAULT_BUFFER)
 
     def fits(size: int) -> int:

@@ -14,7 +14,6 @@ iterator-level stages above them run ahead in a thread of this process.
 from __future__ import annotations
 
 import contextlib
-import os
 import queue
 import threading
 import weakref
@@ -22,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dataloader.dataset.base import DatasetIterator, IterDataset
-from dataloader.dataset.context import workers
+from dataloader.dataset.context import default_worker_count, workers
 from dataloader.dataset.transformations.apply import get_next_index, set_next_index
 from dataloader.options import MultiprocessingOptions, check_int, most_workers
 
@@ -256,7 +255,7 @@ class MultiprocessPrefetchIterDataset(IterDataset):
     ) -> None:
         super().__init__(parent)
         if options is None:
-            options = MultiprocessingOptions(num_workers=os.cpu_count() or 1)
+            options = MultiprocessingOptions(num_workers=default_worker_count())
         if not isinstance(options, MultiprocessingOptions):
             raise TypeError(f"mp_prefetch needs MultiprocessingOptions, got {options!r}")
         if worker_init_fn is not None and not callable(worker_init_fn):

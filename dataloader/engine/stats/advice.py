@@ -16,6 +16,12 @@ earlier. The rules, in the order they are reported:
   receiving results than the workers need to compute them: fewer workers, bigger units.
 * ``shm_too_small``: results came through pipes, not shared memory.
 * ``step_starved``: the training step behind the device feed waited for data.
+
+Advice to use more workers never goes past what the process's container allows: the
+``container`` entry of the ``pipeline`` section (the CPUs, from the affinity and the CPU
+quota, and the memory limit; :mod:`~dataloader.engine.pool.autoscale.limits`) caps the
+count advised, and where the count is already there the advice names the limit and
+says to make the work cheaper or give the container more.
 """
 
 from __future__ import annotations
@@ -48,6 +54,29 @@ def _work(stats: dict[str, Any]) -> float:
 def _read_share(stats: dict[str, Any]) -> float:
     work = _work(stats)
     return stats["stage_seconds"].get("read", 0.0) / work if work > 0 else 0.0
+
+
+def _container(stats: dict[str, Any]) -> dict[str, Any]:
+    """The container's limits (an empty dict for a stats.json written before they were)."""
+    return stats["pipeline"].get("container") or {}
+
+
+def _cpus_words(container: dict[str, Any]) -> str:
+    """``"4 CPUs"``, or ``"2 CPUs (cpu.max allows 1.5)"`` where a quota sets it."""
+    cpus = container["cpus"]
+    plural = "s" if cpus != 1 else ""
+    if container.get("cpu_limit"):
+        return f"{cpus} CPU{plural} ({container['cpu_limit']} allows {container['cpu_quota']:g})"
+    return f"{cpus} CPU{plural}"
+
+
+def _memory_words(container: dict[str, Any]) -> str:
+    """``"; the container allows 1.4 GiB of memory (memory.max) for all of them"``, or ""."""
+    if not container.get("memory_mb"):
+        return ""
+    mb = container["memory_mb"]
+    size = f"{mb / 1024:.1f} GiB" if mb >= 1024 else f"{mb:.0f} MiB"
+    return f"; the container allows {size} of memory ({container['memory_limit']}) for all of them"
 
 
 def _pool(stats: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -95,9 +124,11 @@ def io_wait(stats: dict[str, Any]) -> Advice | None:
     who = "the workers" if _pool(stats) else "this process"
     count = stats["pipeline"].get("worker_count", 0)
     more = f"worker_count={max(2, 2 * count)}" if isinstance(count, int) else "a larger worker_count"
+    # Waiting workers may outnumber the CPUs (that is the point), but each costs memory.
     remedy = (
         f"read ahead in threads: ReadOptions(num_threads=8, prefetch_buffer_size=16) "
-        f"(worker_count=0), or use more workers than cores ({more}) so their waits overlap"
+        f"(worker_count=0), or use more workers than cores ({more}) so their waits "
+        f"overlap{_memory_words(_container(stats))}"
     )
     return Advice(
         "io_wait",
@@ -150,12 +181,33 @@ def step_starved(stats: dict[str, Any]) -> Advice | None:
     if "device_feed" not in stats["pipeline"] or stats["wait_share"] < 0.1:
         return None
     count = stats["pipeline"].get("worker_count", 0)
-    fix = (
-        "the auto-sized pool did not keep up: raise its ceiling (AutoWorkers(max_workers=...)) "
-        "or its memory budget (min_free_memory), or make the operations cheaper"
-        if count == "auto"
-        else f"raise worker_count (now {count}), or let the loader pick it: worker_count=\"auto\""
-    )
+    container = _container(stats)
+    cpus = container.get("cpus")
+    memory = _memory_words(container)
+    if count == "auto":
+        fix = (
+            "the auto-sized pool did not keep up: raise its ceiling (AutoWorkers(max_workers=...)) "
+            "or its memory budget (min_free_memory), or make the operations cheaper"
+        )
+        if cpus is not None and (container.get("cpu_limit") or memory):
+            fix = (
+                f"the auto-sized pool did not keep up; it stops at the {_cpus_words(container)} "
+                f"this container allows{memory}: make the operations cheaper, or give the "
+                f"container more CPUs or memory"
+            )
+    elif cpus is not None and isinstance(count, int) and count >= cpus:
+        fix = (
+            f"worker_count={count} already uses the {_cpus_words(container)} this process may "
+            f"use{memory}: more workers would share the same CPUs; make the operations cheaper, "
+            f"or give the container (or the process's affinity) more CPUs"
+        )
+    elif cpus is not None:
+        fix = (
+            f"raise worker_count (now {count}) up to {cpus}, the {_cpus_words(container)} this "
+            f"process may use{memory}, or let the loader pick it: worker_count=\"auto\""
+        )
+    else:
+        fix = f"raise worker_count (now {count}), or let the loader pick it: worker_count=\"auto\""
     return Advice(
         "step_starved",
         f"the training step waited for data {stats['wait_share']:.0%} of the time "

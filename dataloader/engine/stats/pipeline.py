@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from dataloader.engine.pool.autoscale.limits import read_limits
+
 
 def describe_pipeline(
     plan: Any, *, worker_count: Any, worker_buffer_size: int, read_options: Any
@@ -38,4 +40,6 @@ def describe_pipeline(
         "worker_buffer_size": worker_buffer_size,
         "read_threads": read_options.num_threads,
         "read_prefetch": read_options.prefetch_buffer_size,
+        # the CPUs and memory a container allows (the advice never asks for more)
+        "container": read_limits().summary(),
     }

@@ -95,3 +95,44 @@ def test_advice_is_a_function_of_the_stats_so_a_stats_json_gives_it_back(tmp_pat
     stats = run(dl.DataLoader(SlowStorage(200, 0.003), dl.SequentialSampler(200), [dl.Batch(8)]))
     again = json.loads(json.dumps(stats))
     assert dl.advise(again) == dl.advise(stats) != []
+
+
+def test_the_pipeline_section_says_what_the_container_allows():
+    stats = run(dl.DataLoader(dl.RangeDataSource(16), dl.SequentialSampler(16), [dl.Batch(8)]))
+    container = stats["pipeline"]["container"]
+    assert set(container) == {"cpus", "cpu_quota", "cpu_limit", "memory_mb", "memory_limit"}
+    assert container["cpus"] >= 1
+
+
+def starved(worker_count, container):
+    """The step_starved advice of a stats dict whose step waited half the time."""
+    stats = run(dl.DataLoader(dl.RangeDataSource(16), dl.SequentialSampler(16), [dl.Batch(8)]))
+    stats["pipeline"].update(device_feed={"cpu_buffer_size": 2, "device_buffer_size": 3},
+                             worker_count=worker_count, container=container)
+    stats.update(wait_share=0.5, wait_s=3.0)
+    return next(a for a in dl.advise(stats) if a.rule == "step_starved")
+
+
+QUOTA = {"cpus": 2, "cpu_quota": 1.5, "cpu_limit": "cpu.max", "memory_mb": 1433.6, "memory_limit": "memory.max"}
+
+
+def test_starved_steps_never_get_advice_above_the_containers_cpus():
+    advice = starved(2, QUOTA)
+    assert "raise worker_count" not in advice.remedy
+    assert advice.remedy.startswith("worker_count=2 already uses the 2 CPUs (cpu.max allows 1.5) this process may use; "
+                                    "the container allows 1.4 GiB of memory (memory.max) for all of them")
+    assert "give the container (or the process's affinity) more CPUs" in advice.remedy
+    below = starved(1, QUOTA).remedy
+    assert below.startswith("raise worker_count (now 1) up to 2, the 2 CPUs (cpu.max allows 1.5) this process may use")
+    auto = starved("auto", QUOTA).remedy
+    assert "it stops at the 2 CPUs (cpu.max allows 1.5) this container allows" in auto
+    assert "raise its ceiling" not in auto
+
+
+def test_without_container_limits_the_advice_names_the_cpus_only():
+    free = {"cpus": 8, "cpu_quota": None, "cpu_limit": None, "memory_mb": None, "memory_limit": None}
+    assert starved(2, free).remedy == 'raise worker_count (now 2) up to 8, the 8 CPUs this process may use, ' \
+                                      'or let the loader pick it: worker_count="auto"'
+    assert "raise its ceiling (AutoWorkers(max_workers=...))" in starved("auto", free).remedy
+    # a stats.json written before the container entry existed
+    assert starved(2, None).remedy == 'raise worker_count (now 2), or let the loader pick it: worker_count="auto"'

@@ -226,6 +226,20 @@ def test_the_ram_budget_bounds_the_auto_workers():
     assert auto_workers(1024, {}) == dl.AutoWorkers()
 
 
+def test_the_memory_auto_workers_budgets_is_the_containers(monkeypatch):
+    from dataloader.engine.pool.autoscale import limits
+    from dataloader.maxtext import pipeline
+
+    gib = 1 << 30
+    # a 2 GiB container using 0.5 GiB on a host with 60 GiB free of 64
+    found = limits.Limits(host_total=64 * gib, host_available=60 * gib, memory_room=3 * gib // 2,
+                          memory=limits.Limit(2 * gib, "memory.max"))
+    monkeypatch.setattr(limits, "read_limits", lambda: found)
+    assert pipeline._meminfo() == {"MemTotal": 2 * gib, "MemAvailable": 3 * gib // 2}
+    # 1 GiB of budget: keep 0.5 GiB of the container's 2 GiB free (not 59 GiB of the host's 64)
+    assert pipeline.auto_workers(1024).min_free_memory == 0.25
+
+
 def test_elastic_batches_restore_on_another_host_count(base_keys):
     config = parse_maxtext_config({**base_keys, "grain_use_elastic_iterator": True, "packing": False})
     # One JAX process here: global_batch_size is what each host loads, 2 rows on each of 2 hosts.

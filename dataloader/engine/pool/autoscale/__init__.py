@@ -21,7 +21,8 @@ import contextlib
 import math
 from collections.abc import Callable
 
-from dataloader.engine.pool.autoscale.limits import Limits, read_limits
+from dataloader.engine.pool.autoscale import limits
+from dataloader.engine.pool.autoscale.limits import Limits
 from dataloader.options import AutoWorkers
 
 WAIT_HIGH = 0.05  # the consumer waited more than this share of the time: add
@@ -124,7 +125,7 @@ def room(
     without one) stays free. ``/dev/shm`` is charged to the container's memory too, so
     blocks count against both.
     """
-    found = read_limits() if found is None else found
+    found = limits.read_limits() if found is None else found
     fits = 1 << 30
     blocks = blocks_per_worker * block_bytes
     cost = worker_bytes + blocks
@@ -142,4 +143,4 @@ def room(
 def usable_cpus() -> int:
     """CPUs this process may use: its affinity (a cpuset), and its container's CPU
     quota (``cpu.max``, ``cpu.cfs_quota_us``) rounded up."""
-    return read_limits().cpus
+    return limits.read_limits().cpus

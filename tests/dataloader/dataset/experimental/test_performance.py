@@ -126,3 +126,25 @@ def test_the_chosen_options_run_and_give_the_same_elements(kind):
     expected = list(ds.to_iter_dataset())
     with iter(ds.to_iter_dataset(cfg.read_options).mp_prefetch(cfg.multiprocessing_options)) as it:
         assert_streams_equal(list(it), expected)
+
+
+def test_a_budget_above_what_the_container_has_left_is_lowered_to_it(monkeypatch, caplog):
+    from dataloader.engine.pool.autoscale import limits
+
+    found = limits.Limits(host_total=64 << 30, host_available=60 << 30, memory_room=40 * MB,
+                          memory=limits.Limit(100 * MB, "/sys/fs/cgroup/memory.max"), affinity=8)
+    monkeypatch.setattr(limits, "read_limits", lambda: found)
+    with caplog.at_level("WARNING"):
+        cfg = dl.experimental.pick_performance_config(one_mb_batches(), ram_budget_mb=1000, max_workers=8)
+    assert memory_of(cfg, 4 * MB) <= 40 * MB  # the 40 MiB left, not the 1000 MB asked
+    assert cfg.multiprocessing_options.num_workers == 2
+    assert "ram_budget_mb=1000 is more than this container has left (40 MiB, of 100 MiB (memory.max))" in caplog.text
+
+
+def test_default_cpus_are_the_containers_quota(monkeypatch):
+    from dataloader.engine.pool.autoscale import limits
+
+    found = limits.Limits(affinity=16, cpu_quota=limits.Limit(250_000, "cpu.max"))  # 2.5 CPUs
+    monkeypatch.setattr(limits, "read_limits", lambda: found)
+    cfg = dl.experimental.pick_performance_config(one_mb_batches(), ram_budget_mb=10_000)
+    assert cfg.multiprocessing_options.num_workers == 3

@@ -21,8 +21,10 @@ One deliberate difference: TensorFlow's ``Features.feature`` is a
 same way (a key's string is checked to be UTF-8 in both), but protobuf's Python maps
 iterate in hash order. Declared as the repeated entry it is, the features come back
 in the record's order (what ``inspect`` shows, and what the hand-written decoder this
-replaces gave), and a repeated key is resolved by the reader as a map would be: the
-last value wins.
+replaces gave), and the reader applies a map's two other rules itself: a repeated key
+keeps its last value, and an entry holding fields other than key and value is not an
+entry (protobuf moves such an entry to the map's unknown fields; see
+:func:`has_unknown_fields`).
 
 The messages live in a pool of their own, not protobuf's default pool, so they never
 clash with TensorFlow's (``tensorflow.Example``) when both are imported.
@@ -86,10 +88,21 @@ def _file() -> descriptor_pb2.FileDescriptorProto:
 def _classes() -> dict[str, Any]:
     pool = descriptor_pool.DescriptorPool()
     pool.Add(_file())
-    return {
-        name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{_PACKAGE}.{name}"))
-        for name, _ in _SCHEMA
-    }
+    # GetMessageClass replaced MessageFactory.GetPrototype during protobuf 4.x.
+    make = getattr(message_factory, "GetMessageClass", None) or message_factory.MessageFactory(pool).GetPrototype
+    return {name: make(pool.FindMessageTypeByName(f"{_PACKAGE}.{name}")) for name, _ in _SCHEMA}
+
+
+def has_unknown_fields(message: Any) -> bool:
+    """Whether ``message`` itself (not its sub-messages) holds fields the schema lacks."""
+    return len(_unknown_fields(message)) > 0
+
+
+try:  # the module-level API; Message.UnknownFields() before it, removed since
+    from google.protobuf.unknown_fields import UnknownFieldSet as _unknown_fields
+except ImportError:  # pragma: no cover - protobuf < 4.22
+    def _unknown_fields(message: Any) -> Any:
+        return message.UnknownFields()
 
 
 _CLASSES = _classes()

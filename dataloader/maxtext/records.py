@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from dataloader.maxtext.example_pb import Example
+from dataloader.maxtext.example_pb import Example, has_unknown_fields
 
 _VARINT, _FIXED64, _LEN, _GROUP_START, _GROUP_END, _FIXED32 = 0, 1, 2, 3, 4, 5
 
@@ -64,6 +64,8 @@ def parse_example(record: bytes, *, where: str | None = None) -> dict[str, Any]:
         ) from None
     out: dict[str, Any] = {}
     for entry in example.features.feature:
+        if has_unknown_fields(entry):  # not a map entry for protobuf either (example_pb)
+            continue
         feature = entry.value
         kind = feature.WhichOneof("kind")
         value: Any

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import gzip
 import os
+import struct
+import tracemalloc
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dataloader.sources import TFRecordReader, write_tfrecord
 from dataloader.sources.tfrecord import masked_crc
@@ -182,3 +186,89 @@ def test_damaged_gzip_data_is_named(tmp_path):
     (tmp_path / "not.tfrecord.gz").write_bytes(MORRIS_FILE)
     with TFRecordReader(tmp_path / "not.tfrecord.gz") as reader, pytest.raises(ValueError, match=r"gzip data is damaged .*Not a gzipped file"):
         reader.check_first_record()
+
+
+def forged_header(length: int) -> bytes:
+    """A record header whose length field passes its CRC but claims ``length`` bytes."""
+    raw = struct.pack("<Q", length)
+    return raw + struct.pack("<I", masked_crc(raw))
+
+
+@pytest.mark.parametrize("gz", [False, True])
+@pytest.mark.parametrize("length", [1 << 30, 2**64 - 1])
+def test_a_length_past_the_end_of_the_file_is_refused_without_allocating_it(tmp_path, gz, length):
+    """A 44-byte file that claims a 1 GiB (or 2**64-byte) record: an error naming the file,
+    the offset and both lengths, and memory for what the file holds, not what it claims."""
+    data = MORRIS_FILE[:17] + forged_header(length) + b"x" * 15
+    path = tmp_path / ("forged.tfrecord" + (".gz" if gz else ""))
+    path.write_bytes(gzip.compress(data) if gz else data)
+    assert len(data) == 44
+    tracemalloc.start()
+    try:
+        with TFRecordReader(path) as reader:
+            assert reader.read() == b"1"
+            with pytest.raises(ValueError, match=rf"forged\.tfrecord(\.gz)?' is truncated: the record at byte "
+                                                 rf"offset 17 says its data has {length:,} bytes .* but the file "
+                                                 rf"has 15 bytes after its header"):
+                reader.read()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 40 << 20, peak  # at most one bounded chunk (16 MiB) for a gzip stream
+
+
+def test_a_file_that_grew_since_it_was_opened_reads_on(tmp_path):
+    path = tmp_path / "growing.tfrecord"
+    path.write_bytes(MORRIS_FILE[:17])
+    with TFRecordReader(path) as reader:
+        assert reader.read() == b"1"
+        path.write_bytes(MORRIS_FILE)  # the writer finished after the reader opened the file
+        assert reader.read() == b"1 1"
+
+
+# One damage to a file: (what, position as a share of the file, a value).
+DAMAGES = st.tuples(st.sampled_from(["flip", "truncate", "insert", "forge length"]),
+                    st.floats(0, 1, exclude_max=True), st.integers(0, 2**64 - 1))
+
+
+def _damage(data: bytes, damage, starts) -> bytes:
+    what, where, value = damage
+    i = int(where * len(data))
+    if what == "flip":
+        return data[:i] + bytes([data[i] ^ (1 << value % 8)]) + data[i + 1 :]
+    if what == "truncate":
+        return data[:i]
+    if what == "insert":
+        return data[:i] + value.to_bytes(8, "little")[: 1 + value % 8] + data[i:]
+    start = starts[int(where * len(starts))]  # a record's length, replaced with a valid CRC
+    return data[:start] + forged_header(value >> (value % 64)) + data[start + 12 :]
+
+
+@settings(max_examples=200, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(records=st.lists(st.binary(max_size=30), min_size=1, max_size=5), damage=DAMAGES, gz=st.booleans())
+def test_a_damaged_file_reads_a_prefix_of_its_records_then_a_named_error(tmp_path, records, damage, gz):
+    """Whatever the damage, the reader yields records that were written, in order, and then
+    either a ValueError naming the file and a byte offset, or the end, in which case the
+    file is exactly the TFRecord file of what was read (a cut between records)."""
+    write_tfrecord(tmp_path / "whole.tfrecord", records)
+    whole = (tmp_path / "whole.tfrecord").read_bytes()
+    starts = [0]
+    for record in records[:-1]:
+        starts.append(starts[-1] + 16 + len(record))
+    damaged = _damage(whole, damage, starts)
+    path = tmp_path / ("damaged.tfrecord" + (".gz" if gz else ""))
+    path.write_bytes(gzip.compress(damaged) if gz else damaged)
+    read: list[bytes] = []
+    message = None
+    try:
+        with TFRecordReader(path) as reader:
+            read.extend(reader)
+    except ValueError as error:
+        message = str(error)
+    assert read == records[: len(read)]
+    if message is None:
+        write_tfrecord(tmp_path / "read.tfrecord", read)
+        assert (tmp_path / "read.tfrecord").read_bytes() == damaged
+    else:
+        assert f"TFRecord file {str(path)!r}" in message and "byte offset" in message

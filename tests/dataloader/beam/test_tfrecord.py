@@ -61,6 +61,24 @@ def test_a_truncated_file_names_the_offset_of_the_cut_record(files, tmp_path):
         list(tfrecord.read(str(cut)))
 
 
+def test_a_length_field_past_the_end_is_refused_without_allocating_it(tmp_path):
+    """A header that passes its CRC but claims 1 GiB: read names the record, its offset and
+    both lengths, reading only what the file has (count already checks the file size)."""
+    from dataloader.sources.tfrecord import masked_crc
+
+    raw = (1 << 30).to_bytes(8, "little")
+    (tmp_path / "forged.tfrecord").write_bytes(raw + masked_crc(raw).to_bytes(4, "little") + b"x" * 32)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match=r"forged\.tfrecord: record 0 at byte offset 0: truncated: its "
+                                             r"length field says 1,073,741,824 bytes of data .* 32 bytes are left"):
+            list(tfrecord.read(str(tmp_path / "forged.tfrecord")))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 40 << 20, peak
+
+
 # Gzipped TFRecord files (``NAME.tfrecord.gz``), written by granary's own writer.
 
 

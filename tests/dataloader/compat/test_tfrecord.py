@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import io
+import struct
+import tracemalloc
 
 import pytest
 
 import dataloader as dl
 from dataloader.compat.tfrecord import _TFRecordDatasetIterator, _TFRecordReader
+from dataloader.sources.tfrecord import masked_crc
 
 RECORDS = [b"a", b"bb", b"", b"dddd" * 100]
 
@@ -90,3 +93,22 @@ def test_a_truncated_file_fails_naming_the_file_and_offset(tmp_path, path):
     cut.write_bytes(content[:-3])
     with pytest.raises(ValueError, match=r"cut\.tfrecord' ends inside a record of 400 bytes \(byte offset 51\)"):
         list(_TFRecordReader(str(cut)))
+
+
+@pytest.mark.parametrize("length", [1 << 30, 2**64 - 1])
+def test_a_length_field_past_the_end_is_refused_without_allocating_it(tmp_path, length):
+    """A header that passes its CRC but claims a gigabyte: the reader reads what is there
+    (in bounded chunks, through any file object) and names the file, offset and lengths."""
+    raw = struct.pack("<Q", length)
+    (tmp_path / "forged.tfrecord").write_bytes(raw + struct.pack("<I", masked_crc(raw)) + b"x" * 32)
+    reader = _TFRecordReader(str(tmp_path / "forged.tfrecord"))
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match=rf"forged\.tfrecord' ends inside a record of {length} bytes "
+                                             rf"\(byte offset 0\); 32 bytes are left of the {length + 4:,}"):
+            next(reader)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+        reader.close()
+    assert peak < 40 << 20, peak  # one bounded read (16 MiB), not the gigabyte

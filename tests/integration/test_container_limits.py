@@ -1,0 +1,178 @@
+"""Container limits in a real memory cgroup: an OOM kill is reported as one, and
+``worker_count="auto"`` stays within the limit.
+
+Each test makes a memory cgroup with a small limit (and no swap), runs a child script
+that moves itself into it, and reads what the child prints. Making a cgroup needs root
+and a writable cgroup mount (v1 ``/sys/fs/cgroup/memory`` or v2 with the memory
+controller delegated); elsewhere (CI as a user, a container) the tests are skipped and
+say why. Nothing waits on a clock: the OOM case kills the same worker on every try, and
+the auto case checks a bound (never more workers than the memory holds, no OOM kill),
+whatever the count the pool reaches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dataloader.engine.pool.autoscale import limits
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240)]
+
+MIB = 2**20
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@contextlib.contextmanager
+def memory_cgroup(limit: int) -> Iterator[Path]:
+    """A new memory cgroup allowing ``limit`` bytes and no swap; its directory. Removed
+    on exit, after killing what is left in it (only the test's child runs there)."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("memory cgroups are Linux only")
+    if os.geteuid() != 0:
+        pytest.skip("making a memory cgroup needs root (this run is not root, as on CI)")
+    dirs = limits.cgroup_dirs()
+    if "mount:memory" not in dirs:
+        pytest.skip("no cgroup memory controller is mounted here")
+    v1 = bool(dirs.get("v1:memory"))
+    path = Path(dirs["mount:memory"]) / f"granary-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        path.mkdir()
+    except OSError as exc:
+        pytest.skip(f"cannot make a memory cgroup under {path.parent}: {exc}")
+    try:
+        files = (["memory.limit_in_bytes", "memory.memsw.limit_in_bytes"] if v1
+                 else ["memory.max", "memory.swap.max"])
+        if not (path / files[0]).exists():
+            pytest.skip(f"{path.parent} does not delegate the memory controller ({files[0]} is missing)")
+        (path / files[0]).write_text(str(limit))
+        if (path / files[1]).exists():  # no swap: over the limit the OOM killer acts
+            (path / files[1]).write_text(str(limit) if v1 else "0")
+        yield path
+    finally:
+        for _ in range(50):
+            with contextlib.suppress(OSError):
+                for pid in (path / "cgroup.procs").read_text().split():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(pid), signal.SIGKILL)
+            with contextlib.suppress(FileNotFoundError):
+                try:
+                    path.rmdir()
+                except OSError:  # its last processes are still exiting
+                    time.sleep(0.1)
+                    continue
+            break
+
+
+CHILD = r'''
+import json, os, sys
+
+with open(sys.argv[1], "w") as f:  # into the cgroup before anything is imported or started
+    f.write(str(os.getpid()))
+
+import numpy as np
+
+import dataloader as dl
+from dataloader.engine.pool.autoscale import limits, room
+
+MIB = 2**20
+mode, size = sys.argv[2], int(sys.argv[3])
+found = limits.read_limits()
+report = {"limit": found.memory.value if found.memory else None,
+          "available": found.available_memory, "kills_before": found.oom_kills}
+
+
+def hog(x):  # touches every page of more memory than the cgroup allows
+    np.ones(size // 8)
+    return x
+
+
+ballast = []
+
+
+def hold(worker_index, worker_count):  # each worker holds `size` bytes of its own
+    ballast.append(np.ones(size // 8))
+
+
+def slow(x):  # the consumer always waits for one worker: the pool wants more
+    import time
+    time.sleep(0.01)
+    return x
+
+
+if mode == "oom":
+    loader = dl.DataLoader(dl.RangeDataSource(8), dl.SequentialSampler(8), [dl.MapTransform(hog), dl.Batch(2)],
+                           worker_count=1, warm_start=False)
+    try:
+        report["batches"] = sum(1 for _ in loader)
+    except dl.WorkerCrashError as exc:
+        report["error"] = str(exc)
+else:
+    auto = dl.AutoWorkers(min_workers=1, max_workers=8, initial=1, interval_s=0.1)
+    it = iter(dl.DataLoader(dl.RangeDataSource(300), dl.SequentialSampler(300), [dl.MapTransform(slow)],
+                            worker_count=auto, worker_init_fn=hold, warm_start=False))
+    report["records"] = sum(1 for _ in it)
+    report["counts"] = [1] + [count for _, count in it._executor.worker_counts]
+    it.close()
+    host = limits.Limits(host_total=found.host_total, host_available=found.host_available)
+    report["host_room"] = room(dl.AutoWorkers(), size, 0, 0, None, host)
+report["kills_after"] = limits.read_limits().oom_kills
+print("REPORT " + json.dumps(report), flush=True)
+'''
+
+
+def run_child(tmp_path: Path, cgroup: Path, mode: str, size: int) -> dict:
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, str(script), str(cgroup / "cgroup.procs"), mode, str(size)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=200)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    lines = [line for line in out.splitlines() if line.startswith("REPORT ")]
+    assert lines, f"the child printed no report (exit code {proc.returncode}):\n{err[-3000:]}"
+    report = json.loads(lines[-1][len("REPORT "):])
+    report["stderr"] = err
+    return report
+
+
+def test_a_worker_the_oom_killer_takes_is_reported_as_that_not_as_a_bad_record(tmp_path):
+    limit = 400 * MIB
+    with memory_cgroup(limit) as cgroup:
+        report = run_child(tmp_path, cgroup, "oom", 2048 * MIB)  # each try wants 2 GiB
+    assert report["limit"] == limit  # the child reads its cgroup's limit
+    error = report.get("error")
+    assert error is not None, report
+    assert "was killed by the kernel's OOM killer" in error
+    assert "the container allows 400 MiB (memory.limit_in_bytes)" in error or \
+        "the container allows 400 MiB (memory.max)" in error
+    assert "lower worker_count or worker_buffer_size" in error.lower()
+    assert "find the record that crashes" not in error
+    assert report["kills_after"] - report["kills_before"] >= 3  # the unit's three tries
+    assert "killed by the kernel's OOM killer" in report["stderr"]  # each death is logged
+
+
+def test_auto_never_grows_past_what_the_containers_memory_holds(tmp_path):
+    limit, ballast = 640 * MIB, 120 * MIB
+    with memory_cgroup(limit) as cgroup:
+        report = run_child(tmp_path, cgroup, "auto", ballast)
+    assert report["records"] == 300, report
+    assert report["kills_after"] == report["kills_before"], report  # not one OOM kill
+    # The host's memory alone would have allowed all 8; the container holds fewer.
+    assert report["host_room"] >= 8, report
+    assert max(report["counts"]) * ballast < limit, report

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import sys
+import tracemalloc
+import zipfile
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from numpy.lib import format as npy_format
 from PIL import Image
 
 import dataloader as dl
+from dataloader.cli import decode
 from dataloader.cli.decode import describe_record, jpeg_shape, png_shape
 from dataloader.cli.inspect_records import describe_array_records
 from dataloader.demo.data import encode_digit
@@ -125,3 +132,132 @@ def test_python_m_dataloader_inspect_takes_records_and_decode_flags(tmp_path):
                          capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=120)
     assert bad.returncode == 2
     assert bad.stderr.startswith("inspect: cannot import 'dataloader.demo.data.decod'")
+
+
+# Hostile records: every one is described in one line, within bounded memory, never raised.
+
+
+def npy_header(shape, dtype="<f8", fortran=False) -> bytes:
+    out = io.BytesIO()
+    npy_format.write_array_header_1_0(out, {"descr": dtype, "fortran_order": fortran, "shape": tuple(shape)})
+    return out.getvalue()
+
+
+def described_with_peak(record: bytes) -> tuple[str, int]:
+    """describe_record's line and the most memory Python and numpy held while it ran."""
+    tracemalloc.start()
+    try:
+        line = describe_record(record)
+        return line, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_an_npy_header_that_claims_more_than_the_record_is_not_allocated():
+    record = npy_header((10**6, 10**5)) + b"x" * 65  # 193 bytes that claim 745 GiB
+    line, peak = described_with_peak(record)
+    assert len(record) == 193
+    assert line == ("not a valid .npy (its header says shape (1000000, 100000) float64, 745.1 GiB; "
+                    "the record has 65 bytes after it)")
+    assert peak < 1 << 20, peak
+
+
+def test_an_npy_of_python_objects_is_not_unpickled():
+    buffer = io.BytesIO()
+    np.save(buffer, np.array([1, None], dtype=object), allow_pickle=True)
+    assert describe_record(buffer.getvalue()) == (
+        "not a valid .npy (it holds Python objects (object), which would be unpickled; inspect does not load them)")
+
+
+def test_a_fortran_order_npy_shows_its_values_in_c_order():
+    array = np.asfortranarray(np.arange(6, dtype=np.int32).reshape(2, 3))
+    assert describe_record(npy(array)) == "numpy .npy shape (2, 3) int32 [0 1 2 3 4 5]"
+
+
+def test_an_npz_decompresses_within_a_budget_and_shows_larger_members_by_header(monkeypatch):
+    monkeypatch.setattr(decode, "DECODE_BYTES", 1 << 20)
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, small=np.arange(3), big=np.zeros(2 << 20, np.float32))  # 8 MiB in 8 KiB
+    line, peak = described_with_peak(buffer.getvalue())
+    assert line == "numpy .npz {small: shape (3,) int64 [0 1 2]; big: shape (2097152,) float32 (8.0 MiB, values not read)}"
+    assert peak < 2 << 20, peak
+
+
+def test_a_damaged_npz_is_named_as_such():
+    buffer = io.BytesIO()
+    np.savez(buffer, a=np.arange(10))
+    assert describe_record(buffer.getvalue()[:-30]) == "not a valid .npz (BadZipFile: File is not a zip file)"
+    with zipfile.ZipFile(buffer := io.BytesIO(), "w") as archive:
+        archive.writestr("a.npy", b"not numpy")
+    assert describe_record(buffer.getvalue()).startswith("numpy .npz {a: not a valid .npy (its header does not parse")
+
+
+def test_json_nested_past_the_recursion_limit_is_shown_as_such():
+    assert describe_record(b"[" * 100_000 + b"]" * 100_000).startswith(
+        "JSON nested too deeply to decode (past Python's recursion limit) '[[[[")
+
+
+def test_a_truncated_tf_example_is_shown_as_bytes():
+    record = encode_example({"text": [b"hello world"], "ids": np.array([5, 6, 7])})[:14]
+    assert describe_record(record) == "bytes " + repr(record)
+
+
+MAGICS = [b"", b"\x93NUMPY", b"\x93NUMPY\x01\x00", b"\x93NUMPY\x02\x00", b"\x93NUMPY\x03\x00", b"PK\x03\x04",
+          b"\x89PNG\r\n\x1a\n", b"\xff\xd8", b"[", b"{\"a\": ", b"\n\x05"]
+HOSTILE = settings(max_examples=300, deadline=None, derandomize=True)
+
+
+@HOSTILE
+@given(magic=st.sampled_from(MAGICS), rest=st.binary(max_size=200))
+def test_random_bytes_after_any_known_magic_are_described_in_one_bounded_line(magic, rest):
+    line, peak = described_with_peak(magic + rest)
+    assert isinstance(line, str) and 0 < len(line) <= 800
+    assert peak < 4 << 20, peak
+
+
+@HOSTILE
+@given(shape=st.lists(st.integers(0, 2**40), max_size=4),
+       dtype=st.sampled_from(["<f8", "|u1", ">i4", "<c16", "|S7", "|b1", "<U3", "<m8[s]"]),
+       fortran=st.booleans(), data=st.binary(max_size=64))
+def test_crafted_npy_headers_are_checked_before_any_array_is_made(shape, dtype, fortran, data):
+    """Any header with any data: the array's values when the data holds them, else a line
+    that says what the header claims; never an allocation of the claimed size."""
+    line, peak = described_with_peak(npy_header(shape, dtype, fortran) + data)
+    needed = int(np.prod(shape, dtype=object)) * np.dtype(dtype).itemsize
+    if needed <= len(data):
+        assert line.startswith(f"numpy .npy shape {tuple(shape)} "), line
+    else:
+        assert line.startswith(f"not a valid .npy (its header says shape {tuple(shape)} "), line
+    assert peak < 4 << 20, peak
+
+
+def test_inspect_reports_every_record_even_when_records_or_decode_fail(tmp_path):
+    bad_example = encode_example({"text": [b"hello world"]})[:14]
+    records = [b'{"a": 1}', bad_example, npy_header((10**6, 10**5)) + b"x" * 65, b"[" * 50_000]
+    dl.write_array_record(tmp_path / "bad.array_record", records)
+    text = describe_array_records([str(tmp_path / "bad.array_record")], records=4, decode=json.loads)
+    assert text.splitlines()[2:] == [
+        'record 0 (8 bytes): JSON {"a": 1}',
+        "  decoded: {a: 1}",
+        f"record 1 (14 bytes): bytes {bad_example!r}",
+        "  decoded: failed: JSONDecodeError: Expecting value: line 2 column 1 (char 1)",
+        "record 2 (193 bytes): not a valid .npy (its header says shape (1000000, 100000) float64, 745.1 GiB; "
+        "the record has 65 bytes after it)",
+        "  decoded: failed: UnicodeDecodeError: 'utf-8' codec can't decode byte 0x93 in position 0: invalid start byte",
+        "record 3 (50,000 bytes): JSON nested too deeply to decode (past Python's recursion limit) '"
+        + "[" * 200 + "' ...",
+        "  decoded: failed: RecursionError: maximum recursion depth exceeded while decoding a JSON array "
+        "from a unicode string",
+    ]
+
+
+@pytest.mark.timeout(120)
+def test_python_m_dataloader_inspect_exits_0_on_hostile_records(tmp_path):
+    records = [encode_example({"text": [b"hello world"]})[:14], npy_header((10**6, 10**5)) + b"x" * 65]
+    dl.write_array_record(tmp_path / "bad.array_record", records)
+    done = subprocess.run([sys.executable, "-m", "dataloader", "inspect", str(tmp_path / "bad.array_record")],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": REPO_ROOT},
+                          cwd=REPO_ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "record 1 (193 bytes): not a valid .npy (its header says shape (1000000, 100000) float64" in done.stdout

@@ -6,6 +6,7 @@ One assembler per unit layout (see :mod:`dataloader.engine.plan`). Each has ``ne
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -43,9 +44,24 @@ class BatchAssembler:
 
 
 class ElementAssembler:
-    """``elements`` layout, and the survivor stream under ``regroup``."""
+    """``elements`` layout, and the survivor stream under ``regroup``.
 
-    def __init__(self, units: Iterator[UnitResult], cursor: Cursor) -> None:
+    The state is defined on the plan's grid of ``unit_size`` positions, so it does not
+    depend on how the stream was cut into units (:mod:`~dataloader.engine.sizing`):
+    after an output at position ``p`` it is the next output's tags if that output comes
+    before the grid line after ``p``, else that line. When the units in hand end
+    before the line and a filter or flat map may leave positions without outputs,
+    ``state()`` looks at the next units (what ``next()`` would compute anyway); an
+    error met there is raised by the ``next()`` that reaches it.
+
+    Args:
+        grid: the plan's ``unit_size``; ``end``: the stream's end (None: infinite);
+        gaps: a filter or flat map may leave a position without outputs.
+    """
+
+    def __init__(
+        self, units: Iterator[UnitResult], cursor: Cursor, grid: int = 1, end: int | None = None, gaps: bool = True
+    ) -> None:
         self._units = units
         self._outputs: list[Any] = []
         self._pos = self._sub = np.zeros(0, dtype=np.int64)
@@ -53,9 +69,25 @@ class ElementAssembler:
         self._stop = cursor.position
         # Restoring mid-position: the outputs of that position already handed out.
         self._first: Cursor | None = Cursor(cursor.position, cursor.sub_index)
+        self._grid, self._end, self._gaps = grid, end, gaps
+        self._ahead: deque[UnitResult] = deque()  # units state() pulled to look ahead
+        self._error: Exception | None = None  # what the look-ahead met, for next()
+        self._ended = False  # next() met the end of the stream
+
+    def _next_unit(self) -> UnitResult:
+        if self._ahead:
+            return self._ahead.popleft()
+        try:
+            if self._error is not None:
+                error, self._error = self._error, None
+                raise error
+            return next(self._units)
+        except StopIteration:
+            self._ended = True
+            raise
 
     def _pull(self) -> None:
-        r = next(self._units)
+        r = self._next_unit()
         self._outputs = r.outputs
         self._pos, self._sub = r.tags()
         self._stop, self._i = r.stop, 0
@@ -94,11 +126,45 @@ class ElementAssembler:
         return got, first
 
     def state(self) -> Cursor:
-        if self._i < len(self._outputs):
-            return Cursor(int(self._pos[self._i]), int(self._sub[self._i]))
         if self._first is not None:
             return self._first
-        return Cursor(self._stop)
+        if self._ended or self._i == 0:
+            # Every unit was pulled (the stream ended): as after a fixed-size unit.
+            return Cursor(self._stop)
+        # The grid line after the last output handed out: a fixed-size unit ends there.
+        line = (int(self._pos[self._i - 1]) // self._grid + 1) * self._grid
+        if self._end is not None:
+            line = min(line, self._end)
+        if self._i < len(self._outputs):
+            nxt = Cursor(int(self._pos[self._i]), int(self._sub[self._i]))
+            return nxt if nxt.position < line else Cursor(line)
+        if self._stop >= line or not self._gaps:
+            # Without gaps the next output is at self._stop, which is <= line.
+            return Cursor(min(self._stop, line))
+        return self._look_ahead(line)
+
+    def _look_ahead(self, line: int) -> Cursor:
+        """The state when the units in hand end before ``line``: the first output of
+        the next units, or ``line`` if there is none before it."""
+        stop = self._stop
+        i = 0
+        while True:
+            if i == len(self._ahead):
+                if self._error is not None:
+                    return Cursor(stop)
+                try:
+                    self._ahead.append(next(self._units))
+                except Exception as exc:  # raised by the next() that reaches it
+                    self._error = exc
+                    return Cursor(stop)
+            r = self._ahead[i]
+            i += 1
+            if r.outputs:
+                pos, sub = r.tags()
+                return Cursor(int(pos[0]), int(sub[0])) if pos[0] < line else Cursor(line)
+            stop = r.stop
+            if stop >= line:
+                return Cursor(line)
 
 
 class RegroupAssembler:
@@ -114,7 +180,7 @@ class RegroupAssembler:
         assert plan.batch is not None
         self._plan = plan
         self._timings = timings
-        self._src = ElementAssembler(units, cursor)
+        self._src = ElementAssembler(units, cursor, plan.unit_size, plan.num_positions, gaps=True)
         self._outputs: list[Any] = []
         self._j = 0
         self._batch_start = cursor._replace(skip=0)
@@ -163,5 +229,6 @@ def make_assembler(
     if plan.layout == BATCH:
         return BatchAssembler(units, cursor)
     if plan.layout == ELEMENTS:
-        return ElementAssembler(units, cursor)
+        gaps = any(s.op.reshapes for s in plan.pre)
+        return ElementAssembler(units, cursor, plan.unit_size, plan.num_positions, gaps)
     return RegroupAssembler(plan, units, cursor, timings)

@@ -56,7 +56,8 @@ class InProcessExecutor:
     With ``read_options.num_threads == 0`` a unit is computed when it is asked for, so
     creating the executor costs nothing and a restore is O(1). With threads, up to
     ``prefetch_buffer_size`` units are in flight and results are still handed out in
-    unit order.
+    unit order. Each finished unit is reported to the plan's unit ranges
+    (:meth:`~dataloader.engine.sizing.Units.observe`), which size the next ones.
 
     ``close()`` from another thread returns within about a second: a ``next()`` waiting
     on a read-ahead thread then raises :class:`~dataloader.errors.LoaderClosedError`.
@@ -104,7 +105,9 @@ class InProcessExecutor:
     def __next__(self) -> UnitResult:
         if not self._threads or not self._depth:
             start, stop = next(self._units)
-            return compute_unit(self._plan, start, stop)
+            result = compute_unit(self._plan, start, stop)
+            self._units.observe(result)
+            return result
         self._fill()
         if not self._inflight:
             raise StopIteration
@@ -122,6 +125,9 @@ class InProcessExecutor:
                 if isinstance(exc, concurrent.futures.CancelledError):
                     raise
         self._inflight.popleft()
+        # Heard when handed over, in this thread (the sizer is not shared with the
+        # threads): the units already in flight were sized without it.
+        self._units.observe(result)
         return result
 
     def close(self) -> None:

@@ -10,7 +10,7 @@ workers there are. Three layouts, chosen from the operations:
     exactly one batch, ``[k*B, (k+1)*B)``; the worker reads, maps, stacks and applies the
     operations after the batch, and the parent only hands the result on.
 ``elements``
-    No ``Batch``. A unit is ``unit_size`` positions; its outputs are elements, each
+    No ``Batch``. A unit is a range of positions; its outputs are elements, each
     tagged with the position it came from and its rank among that position's outputs
     (``sub``, non-zero only after a flat map).
 ``regroup``
@@ -18,6 +18,12 @@ workers there are. Three layouts, chosen from the operations:
     regroups the surviving elements into batches and applies the operations after the
     batch. Batch composition depends only on the order of survivors, never on unit
     boundaries, so the unit size is free.
+
+Under ``elements`` and ``regroup``, ``unit_size`` is the *grid* the states are defined
+on (128 positions, or the batch size, unless ``ReadOptions(unit_size=...)`` says
+otherwise). A user's ``unit_size`` is also every unit's size; by default units are
+sized by what they cost instead (``adaptive``, :mod:`~dataloader.engine.sizing`): the
+first is one position, so the first element costs one element.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from dataloader.engine.sizing import MAX_UNIT_POSITIONS, Units, UnitSizer, sized_ranges
 from dataloader.operations import Batch, Operation
 from dataloader.operations.transforms import ELEMENT, GROUP, resolve_seed
 from dataloader.samplers import Sampler
@@ -58,7 +65,12 @@ class Step:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """Everything a process needs to compute any unit. Picklable (with cloudpickle)."""
+    """Everything a process needs to compute any unit. Picklable (with cloudpickle).
+
+    ``unit_size``: positions per unit, and under ``elements``/``regroup`` the grid the
+    states are defined on. ``adaptive``: units are sized by what they cost, within
+    that grid (see :meth:`units`).
+    """
 
     source: Any
     sampler: Sampler
@@ -67,6 +79,7 @@ class Plan:
     post: tuple[Step, ...]
     layout: str
     unit_size: int
+    adaptive: bool = False
 
     @property
     def num_positions(self) -> int | None:
@@ -79,13 +92,21 @@ class Plan:
             names.append(self.batch.name)
         return names + [s.op.name for s in self.post]
 
-    def units(self, position: int) -> Iterator[tuple[int, int]]:
+    def units(self, position: int) -> Units:
         """Unit ranges from ``position`` to the end of the stream (for ever if infinite).
 
-        Units stay aligned to multiples of ``unit_size`` after a restore mid-unit (the
-        first one is shorter), so the stream's states are the same whether or not it
-        was restored.
+        Fixed-size units stay aligned to multiples of ``unit_size`` after a restore
+        mid-unit (the first one is shorter). Adaptive ones start at one position and
+        grow while the units the executor reports to :meth:`Units.observe` are cheap
+        and small, inside the same grid; the states do not depend on either.
         """
+        if self.adaptive:
+            cap = max(self.unit_size, MAX_UNIT_POSITIONS // self.unit_size * self.unit_size)
+            sizer = UnitSizer(cap)
+            return Units(sized_ranges(position, self.num_positions, self.unit_size, sizer), sizer)
+        return Units(self._fixed_units(position))
+
+    def _fixed_units(self, position: int) -> Iterator[tuple[int, int]]:
         end = self.num_positions
         step = self.unit_size
         start = position
@@ -104,6 +125,10 @@ def make_plan(
     source: Any, sampler: Sampler, operations: Sequence[Any], unit_size: int | None = None
 ) -> Plan:
     """Validates ``operations`` and chooses the unit layout.
+
+    ``unit_size``: every unit's size under the ``elements`` and ``regroup`` layouts
+    (``ReadOptions.unit_size``); None: units sized by what they cost, on a grid of
+    :data:`DEFAULT_UNIT_SIZE` positions (the batch size under ``regroup``).
 
     Raises:
         TypeError: an operation is not one of the operation types.
@@ -136,4 +161,7 @@ def make_plan(
         layout, size = REGROUP, unit_size or batch.batch_size
     else:
         layout, size = BATCH, batch.batch_size
-    return Plan(source, sampler, tuple(pre), batch, tuple(post), layout, size)
+    # A user's unit_size is every unit's size, as asked; by default units are sized by
+    # what they cost (one batch is one unit under the batch layout).
+    adaptive = layout != BATCH and unit_size is None
+    return Plan(source, sampler, tuple(pre), batch, tuple(post), layout, size, adaptive)

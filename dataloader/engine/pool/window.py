@@ -12,7 +12,13 @@ window
   answers in that order);
 * keeps finished units until the consumer reaches them, and hands them out in order;
 * counts, per unit, how often it was the first unit of a worker that died: a worker
-  computes its units in order, so that unit is the one that killed it.
+  computes its units in order, so that unit is the one that killed it;
+* reports each finished unit to the unit ranges (when they have ``observe``, as the
+  plan's :class:`~dataloader.engine.sizing.Units` do), which size the units made next.
+
+A unit's range is taken from the plan once, when the unit is made, and kept until the
+consumer has it: a unit sent again (its worker died) covers the very same positions,
+however the sizes of the units made since have changed.
 
 ``generation`` numbers the stream: :meth:`reset` starts a new one, and the answers
 still to come about the old one are recognised and dropped.
@@ -60,6 +66,7 @@ class Window:
         """Starts a new stream of unit ranges; what workers still hold becomes stale."""
         self.generation += 1
         self._units = units
+        self._observe = getattr(units, "observe", None)
         self._ranges: dict[int, tuple[int, int]] = {}
         self.created = 0  # units taken from the plan so far
         self._exhausted = False
@@ -141,6 +148,8 @@ class Window:
 
     def finish(self, unit: int, outcome: Outcome) -> None:
         self._done[unit] = outcome
+        if self._observe is not None and outcome.error is None:
+            self._observe(outcome.value)
 
     def take_head(self) -> Outcome | None:
         """The consumer's next outcome if it is finished (and moves the head on)."""

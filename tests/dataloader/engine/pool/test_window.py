@@ -160,3 +160,53 @@ def test_a_timed_out_worker_on_a_stale_unit_blames_nothing():
     tokens, stuck = window.worker_timed_out(1)
     assert tokens == ["old", "new"] and stuck is None
     assert window.next_unit() == 0  # the new stream's unit goes out again
+
+
+def _finished(window: Window, unit: int, seconds_per_position: float = 1e-6) -> None:
+    from types import SimpleNamespace
+
+    start, stop = window.range(unit)
+    result = SimpleNamespace(start=start, stop=stop, began=0.0, ended=seconds_per_position * (stop - start), outputs=[0])
+    window.finish(unit, Outcome(result))
+
+
+def test_finished_units_size_the_units_made_next():
+    from dataloader.engine.sizing import Units, UnitSizer, sized_ranges
+
+    sizer = UnitSizer(cap=1024)
+    window = Window(2, 2)
+    window.add_worker(1)
+    window.reset(Units(sized_ranges(0, None, 128, sizer), sizer))
+    lengths = []
+    for _ in range(6):
+        unit = window.next_unit()
+        assert unit is not None
+        lengths.append(window.range(unit)[1] - window.range(unit)[0])
+        _finished(window, unit)
+        window.take_head()
+    assert lengths == [1, 2, 4, 8, 16, 32]
+
+
+def test_a_unit_sent_again_covers_the_range_it_was_made_with_though_sizes_changed():
+    from dataloader.engine.sizing import Units, UnitSizer, sized_ranges
+
+    sizer = UnitSizer(cap=1024)
+    window = Window(4, 4)
+    window.add_worker(1)
+    window.add_worker(2)
+    window.reset(Units(sized_ranges(0, None, 128, sizer), sizer))
+    a = window.next_unit()
+    _finished(window, a)  # cheap: the units made from now on grow
+    b = window.next_unit()
+    assert b is not None
+    window.sent(2, b, "block-b")
+    lost = window.range(b)
+    c = window.next_unit()
+    assert c is not None
+    _finished(window, c)
+    tokens, poisoned = window.worker_died(2, max_crashes=3)
+    assert tokens == ["block-b"] and poisoned == []
+    assert window.next_unit() == b  # sent again first, over the same positions
+    assert window.range(b) == lost
+    d = window.next_unit()
+    assert d is not None and window.range(d)[1] - window.range(d)[0] > lost[1] - lost[0]

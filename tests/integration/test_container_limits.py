@@ -1,9 +1,10 @@
-"""Container limits in a real memory cgroup: an OOM kill is reported as one, and
-``worker_count="auto"`` stays within the limit.
+"""Container limits in real cgroups: an OOM kill is reported as one,
+``worker_count="auto"`` stays within the memory limit, and a CPU quota and a pids limit
+set the worker counts.
 
-Each test makes a memory cgroup with a small limit (and no swap), runs a child script
+Each test makes a cgroup with a small limit (memory: and no swap), runs a child script
 that moves itself into it, and reads what the child prints. Making a cgroup needs root
-and a writable cgroup mount (v1 ``/sys/fs/cgroup/memory`` or v2 with the memory
+and a writable cgroup mount (v1 ``/sys/fs/cgroup/<controller>`` or v2 with the
 controller delegated); elsewhere (CI as a user, a container) the tests are skipped and
 say why. Nothing waits on a clock: the OOM case kills the same worker on every try, and
 the auto case checks a bound (never more workers than the memory holds, no OOM kill),
@@ -34,30 +35,30 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @contextlib.contextmanager
-def memory_cgroup(limit: int) -> Iterator[Path]:
-    """A new memory cgroup allowing ``limit`` bytes and no swap; its directory. Removed
+def cgroup(controller: str, v1: dict[str, str], v2: dict[str, str]) -> Iterator[Path]:
+    """A new cgroup of ``controller`` with the files ``v1`` or ``v2`` (as the layout is)
+    written in order (a file missing after the first is skipped); its directory. Removed
     on exit, after killing what is left in it (only the test's child runs there)."""
     if not sys.platform.startswith("linux"):
-        pytest.skip("memory cgroups are Linux only")
+        pytest.skip("cgroups are Linux only")
     if os.geteuid() != 0:
-        pytest.skip("making a memory cgroup needs root (this run is not root, as on CI)")
+        pytest.skip(f"making a {controller} cgroup needs root (this run is not root, as on CI)")
     dirs = limits.cgroup_dirs()
-    if "mount:memory" not in dirs:
-        pytest.skip("no cgroup memory controller is mounted here")
-    v1 = bool(dirs.get("v1:memory"))
-    path = Path(dirs["mount:memory"]) / f"granary-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    if f"mount:{controller}" not in dirs:
+        pytest.skip(f"no cgroup {controller} controller is mounted here")
+    files = v1 if dirs.get(f"v1:{controller}") else v2
+    path = Path(dirs[f"mount:{controller}"]) / f"granary-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         path.mkdir()
     except OSError as exc:
-        pytest.skip(f"cannot make a memory cgroup under {path.parent}: {exc}")
+        pytest.skip(f"cannot make a {controller} cgroup under {path.parent}: {exc}")
     try:
-        files = (["memory.limit_in_bytes", "memory.memsw.limit_in_bytes"] if v1
-                 else ["memory.max", "memory.swap.max"])
-        if not (path / files[0]).exists():
-            pytest.skip(f"{path.parent} does not delegate the memory controller ({files[0]} is missing)")
-        (path / files[0]).write_text(str(limit))
-        if (path / files[1]).exists():  # no swap: over the limit the OOM killer acts
-            (path / files[1]).write_text(str(limit) if v1 else "0")
+        first = next(iter(files))
+        if not (path / first).exists():
+            pytest.skip(f"{path.parent} does not delegate the {controller} controller ({first} is missing)")
+        for name, value in files.items():
+            if name == first or (path / name).exists():
+                (path / name).write_text(value)
         yield path
     finally:
         for _ in range(50):
@@ -72,6 +73,13 @@ def memory_cgroup(limit: int) -> Iterator[Path]:
                     time.sleep(0.1)
                     continue
             break
+
+
+def memory_cgroup(limit: int) -> contextlib.AbstractContextManager[Path]:
+    """A memory cgroup allowing ``limit`` bytes and no swap (over the limit the OOM
+    killer acts)."""
+    return cgroup("memory", {"memory.limit_in_bytes": str(limit), "memory.memsw.limit_in_bytes": str(limit)},
+                  {"memory.max": str(limit), "memory.swap.max": "0"})
 
 
 CHILD = r'''
@@ -117,6 +125,14 @@ if mode == "oom":
         report["batches"] = sum(1 for _ in loader)
     except dl.WorkerCrashError as exc:
         report["error"] = str(exc)
+elif mode == "cpu":
+    report["cpus"] = found.cpus
+    report["container"] = found.summary()
+    report["mp_prefetch"] = dl.MapDataset.range(4).to_iter_dataset().mp_prefetch()._mp.num_workers
+    report["auto_high"] = dl.AutoWorkers().bounds(found.cpus)[1]
+elif mode == "pids":
+    report["pids_room"] = found.pids_room
+    report["room"] = room(dl.AutoWorkers(), MIB, 0, 0, None)
 else:
     auto = dl.AutoWorkers(min_workers=1, max_workers=8, initial=1, interval_s=0.1)
     it = iter(dl.DataLoader(dl.RangeDataSource(300), dl.SequentialSampler(300), [dl.MapTransform(slow)],
@@ -176,3 +192,20 @@ def test_auto_never_grows_past_what_the_containers_memory_holds(tmp_path):
     # The host's memory alone would have allowed all 8; the container holds fewer.
     assert report["host_room"] >= 8, report
     assert max(report["counts"]) * ballast < limit, report
+
+
+def test_a_cpu_quota_sets_the_default_and_auto_worker_counts(tmp_path):
+    # half a CPU: one worker, whatever the host has (os.cpu_count() would say otherwise)
+    with cgroup("cpu", {"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": "50000"},
+                {"cpu.max": "50000 100000"}) as group:
+        report = run_child(tmp_path, group, "cpu", 0)
+    assert report["cpus"] == 1 and report["mp_prefetch"] == 1 and report["auto_high"] == 1, report
+    assert report["container"]["cpu_quota"] == 0.5 or os.cpu_count() == 1, report
+
+
+def test_a_pids_limit_bounds_the_workers_auto_may_add(tmp_path):
+    # pids.max counts the group's tasks (threads too); the child is one process with a few threads
+    with cgroup("pids", {"pids.max": "40"}, {"pids.max": "40"}) as group:
+        report = run_child(tmp_path, group, "pids", 0)
+    assert 0 < report["pids_room"] < 40, report
+    assert report["room"] == max(0, (report["pids_room"] - 16) // 4), report  # 4 tasks a worker, 16 spare

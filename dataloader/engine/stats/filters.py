@@ -7,6 +7,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from dataloader.operations.transforms import KEEP, MANY
 
 logger = logging.getLogger("dataloader")
@@ -14,7 +16,9 @@ logger = logging.getLogger("dataloader")
 
 class FilterWatch:
     """Grain's filter thresholds: the share of records the filters dropped, checked on
-    consecutive windows of at least ``WINDOW`` records read.
+    consecutive windows of ``WINDOW`` records read (from where the stream started;
+    :meth:`add_unit` cuts units at the windows' edges, so the windows do not depend on
+    how the stream was cut into units).
 
     As Grain does: a window whose share reaches ``fail`` raises ``ValueError``, one that
     reaches ``warn`` logs a warning (logger ``"dataloader"``, at most once a minute), and
@@ -45,6 +49,15 @@ class FilterWatch:
         if warn is None and fail is None:
             return None
         return cls(warn, fail, ", ".join(filters))
+
+    def add_unit(self, start: int, stop: int, kept: np.ndarray) -> None:
+        """Counts the records at positions ``[start, stop)``, of which those at the sorted
+        positions ``kept`` survived the filters, window by window."""
+        while start < stop:
+            cut = min(stop, start + self.WINDOW - self._read)
+            survived = int(np.searchsorted(kept, cut) - np.searchsorted(kept, start))
+            self.add(cut - start, cut - start - survived)
+            start = cut
 
     def add(self, read: int, dropped: int) -> None:
         self._read += read

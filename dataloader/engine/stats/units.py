@@ -118,8 +118,8 @@ class Stats:
 class Counted:
     """Passes unit results through, timing each wait and counting each unit in ``stats``.
 
-    With a :class:`FilterWatch`, also counts what the filters dropped in each unit (the
-    unit's records minus its outputs: the plan has filters and no flat map).
+    With a :class:`FilterWatch`, also counts what the filters dropped in each unit (its
+    positions without an output: the plan has filters and no flat map).
 
     ``cpu``: also measure this thread's CPU while it fetches units (``fetch_cpu_s``, what
     the ``parent_bound`` advice reads). Only worth it with workers: in this process the
@@ -148,6 +148,5 @@ class Counted:
             result = next(self._units)
             self._stats.add(result, asked, time.monotonic(), time.thread_time() - cpu)
         if self._watch is not None:
-            read = result.stop - result.start
-            self._watch.add(read, read - len(result.outputs))
+            self._watch.add_unit(result.start, result.stop, result.tags()[0])
         return result

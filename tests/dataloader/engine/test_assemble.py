@@ -152,3 +152,20 @@ def test_default_units_grow_as_the_executor_reports_cheap_units():
         units.observe(SimpleNamespace(start=start, stop=stop, began=0.0, ended=1e-6 * (stop - start), outputs=[1]))
     # Doubling inside the first grid block (cut at its line), then whole blocks to the cap.
     assert got == [1, 2, 4, 8, 16, 32, 64, 1, 256, 512, 1024, 2048, 2048, 2048]
+
+
+def keep_tenth_of_the_first_thousand(x: int) -> bool:
+    return x >= 1000 or x % 10 == 0
+
+
+@pytest.mark.parametrize("sizes", ["ones", "mixed", "large"])
+def test_filter_thresholds_count_windows_of_1000_records_whatever_the_units(sizes, monkeypatch):
+    """The first 1000 records lose 90 %: exactly the raise threshold, on every unit sizing
+    (windows that closed on unit boundaries, 1024 records with fixed units, did not raise)."""
+    from dataloader import experimental as ge
+
+    force_sizes(monkeypatch, SIZES[sizes])
+    ds = dl.MapDataset.range(3000).to_iter_dataset().filter(keep_tenth_of_the_first_thousand)
+    strict = ge.WithOptionsIterDataset(ds, ge.DatasetOptions(filter_raise_threshold_ratio=0.9))
+    with pytest.raises(ValueError, match=r"skipped 90.00 % of the last seen 1000 elements"):
+        list(strict)

@@ -79,7 +79,9 @@ class WorkerError(GranaryError, RuntimeError):
 
 
 class WorkerCrashError(WorkerError):
-    """A unit of work killed its worker process repeatedly (a poison record)."""
+    """A unit of work killed its worker process repeatedly (a poison record), or lost it
+    to the kernel's OOM killer each time (then the message names the memory limit and
+    what to lower, and blames no record)."""
 
 
 class WorkerTimeoutError(WorkerError):

@@ -69,7 +69,7 @@ class Oom(NamedTuple):
     worker: int
     rss: int | None
     limits: Limits
-    counter: str | None  # the file whose oom_kill rose
+    counter: str | None  # the file whose oom_kill rose (its name goes in the message)
 
     def message(self, live_workers: int, worker_bytes: int = 0) -> str:
         """What happened and what to do (see the module docstring)."""
@@ -86,7 +86,7 @@ class Oom(NamedTuple):
         measured = (
             f"; a worker held {gib(worker_bytes)} of its own when it started" if worker_bytes and not self.rss else ""
         )
-        told = f" ({self.counter}: oom_kill rose)" if self.counter and not self.rss else ""
+        told = f" ({os.path.basename(self.counter)}: oom_kill rose)" if self.counter and not self.rss else ""
         return (
             f"worker {self.worker} was killed by the kernel's OOM killer{size}{told}; {allows}, "
             f"with {live_workers} worker{'s' if live_workers != 1 else ''} running{measured}. "

@@ -82,6 +82,14 @@ def result_bytes(outputs: list[Any]) -> float:
     return sum(element_bytes(outputs[i]) for i in picks) / len(picks) * n
 
 
+def unit_outputs(element_bytes: float) -> int:
+    """The most elements of ``element_bytes`` each that a unit sized by cost holds:
+    :data:`UNIT_BYTES` of them, at least one, at most :data:`MAX_UNIT_POSITIONS`."""
+    if element_bytes <= 0:
+        return MAX_UNIT_POSITIONS
+    return max(1, min(MAX_UNIT_POSITIONS, int(UNIT_BYTES // element_bytes)))
+
+
 class UnitSizer:
     """Chooses each next unit's size from the per-position costs of finished units.
 

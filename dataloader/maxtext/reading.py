@@ -127,7 +127,9 @@ def file_stream(config: MaxTextConfig, pattern: str, *, shuffle: bool, num_epoch
 
 def prefetch_units(elements: int) -> int:
     """MaxText's ``grain_prefetch_buffer_size`` (records) as granary's read-ahead, which
-    counts work units of ``DEFAULT_UNIT_SIZE`` records (at least 1 unit when > 0)."""
+    counts work units (at least 1 unit when > 0). Units of an unbatched stream are sized
+    by cost, from 1 record up; they fill the grid of ``DEFAULT_UNIT_SIZE`` records, which
+    is the count used here."""
     from dataloader.engine.plan import DEFAULT_UNIT_SIZE
 
     return math.ceil(elements / DEFAULT_UNIT_SIZE)

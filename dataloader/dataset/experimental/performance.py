@@ -8,7 +8,8 @@ version measures the same way and prices a worker with the memory model of
 ``worker_count="auto"`` (:mod:`dataloader.engine.pool.autoscale`): a worker costs its
 own private memory (:data:`WORKER_BASE_MB`) plus its result blocks, one per work unit
 in flight (``per_worker_buffer_size``) and one being computed. A work unit is one batch
-when the stream is batched, else ``unit_size`` elements (128 by default).
+when the stream is batched, else ``unit_size`` elements, or by default (units sized by
+cost) as many as fit 16 MiB, from 1 to 2048.
 
 The choice, in order:
 
@@ -56,7 +57,7 @@ import numpy as np
 from dataloader.dataset.base import IterDataset
 from dataloader.dataset.compile.nodes import is_batched
 from dataloader.dataset.map_dataset import MapDataset
-from dataloader.engine.plan import DEFAULT_UNIT_SIZE
+from dataloader.engine.sizing import unit_outputs
 from dataloader.options import AutoWorkers, MultiprocessingOptions, ReadOptions
 
 # A pool worker forked from the fork server held 2.6 MiB of private memory after ten
@@ -132,15 +133,16 @@ def _check(ds: Any, ram_budget_mb: Any, max_workers: Any, max_buffer_size: Any, 
     _check_optional_int("samples_to_check", samples, 1)
 
 
-def _outputs_per_unit(ds: Any) -> int:
-    """Outputs of ``ds`` one work unit holds: 1 when they are batches, else the unit size."""
+def _outputs_per_unit(ds: Any, element_bytes: float) -> int:
+    """Outputs of ``ds`` one work unit holds: 1 when they are batches, else the unit size
+    (by default: as many outputs of ``element_bytes`` as a unit sized by cost holds)."""
     if isinstance(ds, MapDataset):
-        return 1 if is_batched(ds._node) else DEFAULT_UNIT_SIZE
+        return 1 if is_batched(ds._node) else unit_outputs(element_bytes)
     batched = getattr(ds, "_is_batched", None)
     if batched is None:
         return 1  # stages after the loader: their outputs are what the engine hands on
     options = getattr(ds, "_read_options", None)
-    unit = getattr(options, "unit_size", None) or DEFAULT_UNIT_SIZE
+    unit = getattr(options, "unit_size", None) or unit_outputs(element_bytes)
     return 1 if batched() else unit
 
 
@@ -225,7 +227,7 @@ def pick_performance_config(
     """
     _check(ds, ram_budget_mb, max_workers, max_buffer_size, samples_to_check)
     mean_bytes, cpu_s = _measure(ds, samples_to_check)
-    unit = mean_bytes * _outputs_per_unit(ds)
+    unit = mean_bytes * _outputs_per_unit(ds, mean_bytes)
     cap = max_workers
     if cap is None:
         from dataloader.engine.pool.autoscale import usable_cpus
@@ -259,7 +261,7 @@ def pick_performance_config(
     log.info(
         "pick_performance_config: %.3f MB an output, %.3f ms CPU an output, %d outputs a "
         "unit: %d workers, %d units buffered each, read-ahead %d",
-        mean_bytes / _MB, cpu_s * 1e3, _outputs_per_unit(ds), workers, buffer, read_ahead,
+        mean_bytes / _MB, cpu_s * 1e3, _outputs_per_unit(ds, mean_bytes), workers, buffer, read_ahead,
     )
     return PerformanceConfig(
         multiprocessing_options=MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=buffer),

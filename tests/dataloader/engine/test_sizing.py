@@ -155,3 +155,12 @@ def test_result_bytes_measures_three_outputs_and_scales_by_the_count():
     # first, middle and last: (10 + 10 + 1000) / 3 per output.
     assert result_bytes(outputs) == pytest.approx(1020 / 3 * 100)
     assert result_bytes([]) == 0.0
+
+
+def test_unit_outputs_is_what_sixteen_mebibytes_hold_from_one_to_the_cap():
+    from dataloader.engine.sizing import MAX_UNIT_POSITIONS, unit_outputs
+
+    assert unit_outputs(2**17) == 128
+    assert unit_outputs(8 * MB) == 2
+    assert unit_outputs(100 * MB) == 1
+    assert unit_outputs(8) == unit_outputs(0) == MAX_UNIT_POSITIONS

@@ -118,7 +118,11 @@ def slow(x):  # the consumer always waits for one worker: the pool wants more
     return x
 
 
-if mode == "oom":
+if mode == "oom-no-log":  # as in a container: only the cgroup's counter can tell
+    from dataloader.engine.pool.autoscale import oom
+
+    oom.kernel_log_rss = lambda pid, path="/dev/kmsg": None
+if mode.startswith("oom"):
     loader = dl.DataLoader(dl.RangeDataSource(8), dl.SequentialSampler(8), [dl.MapTransform(hog), dl.Batch(2)],
                            worker_count=1, warm_start=False)
     try:
@@ -181,6 +185,16 @@ def test_a_worker_the_oom_killer_takes_is_reported_as_that_not_as_a_bad_record(t
     assert "find the record that crashes" not in error
     assert report["kills_after"] - report["kills_before"] >= 3  # the unit's three tries
     assert "killed by the kernel's OOM killer" in report["stderr"]  # each death is logged
+
+
+def test_without_the_kernel_log_the_oom_counter_alone_tells(tmp_path):
+    with memory_cgroup(400 * MIB) as group:
+        report = run_child(tmp_path, group, "oom-no-log", 2048 * MIB)
+    error = report.get("error")
+    assert error is not None, report
+    assert "worker 0 was killed by the kernel's OOM killer (memory.oom_control: oom_kill rose)" in error or \
+        "worker 0 was killed by the kernel's OOM killer (memory.events: oom_kill rose)" in error
+    assert "the container allows 400 MiB" in error and "find the record" not in error
 
 
 def test_auto_never_grows_past_what_the_containers_memory_holds(tmp_path):

@@ -35,6 +35,7 @@ from dataloader.config.pipeline import PipelineConfig, load_config
 from dataloader.demo import loop
 from dataloader.demo.data import load_digits, write_digits
 from dataloader.demo.model import accuracy, init_params, train_step
+from dataloader.engine.pool.autoscale import usable_cpus
 
 # checkpoint_every and preempt_at default to steps // 4 and steps - steps // 8, so that
 # overriding steps alone (train.steps=200) gives a consistent run.
@@ -138,7 +139,7 @@ def run_demo(out_dir: str = "demo_out", config_path: str | None = None, override
         batch_ms = 1e3 * sum(run.stats_first["stage_seconds"].values()) / max(run.stats_first["units"], 1)
         out(f"  why: the loop spends ~{step_ms:.1f} ms per step outside next() (training step, "
             f"fingerprint, checkpoints), a batch costs the pipeline ~{batch_ms:.1f} ms of CPU, and "
-            f"{config.loader.worker_count} workers share {os.cpu_count()} cores with the training "
+            f"{config.loader.worker_count} workers share {usable_cpus()} cores with the training "
             f"process: with spare cores (loader.worker_count) the workers keep ahead")
     return loop.finish(result, started, out)
 

@@ -7,37 +7,57 @@ import time
 import pytest
 
 import dataloader as dl
+from tests.helpers import take
 from tests.integration import workers_pipelines as wp
 from tests.integration.conftest import child_pids, wait_until
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(180)]
 
 
-def make(n, worker_count, slow=True):
+def make(n, worker_count, slow=True, num_epochs=1):
     # 2 ms of waiting per record (no CPU): 4 ms a batch for one worker whatever the load.
     slowly = [dl.MapTransform(wp.slow_identity)] if slow else []
     return dl.DataLoader(
-        dl.RangeDataSource(n), dl.IndexSampler(n, shuffle=True, seed=1, num_epochs=1),
+        dl.RangeDataSource(n), dl.IndexSampler(n, shuffle=True, seed=1, num_epochs=num_epochs),
         [*slowly, dl.MapTransform(wp.to_array), dl.Batch(2)], worker_count=worker_count)
 
 
+# The longest a phase may take to show its change. On an idle machine each takes about a
+# second; beside other jobs far longer, so a phase runs until its change is seen, not for
+# a fixed number of batches.
+PHASE_S = 240
+
+
+@pytest.mark.timeout(3 * PHASE_S)
 def test_workers_come_and_go_with_the_consumers_demand_and_the_batches_stay_the_same():
     n = 1200
-    reference = [b["id"].tolist() for b in make(n, 0, slow=False)]
     auto = dl.AutoWorkers(max_workers=4, initial=1, interval_s=0.2)
-    it = iter(make(n, auto))
+    it = iter(make(n, auto, num_epochs=None))
     executor = it._executor
     got = []
-    for i, batch in enumerate(it):
-        got.append(batch["id"].tolist())
-        if 150 <= i < 200:
-            time.sleep(0.04)  # a slow training step: the workers are idle most of the time
-    assert got == reference
-    counts = [c for _, c in executor.worker_counts]
-    top = counts.index(max(counts))
-    assert counts[0] == 1 and max(counts) > 1, counts  # a starved consumer got workers
-    assert min(counts[top:]) < max(counts), counts  # and the slow steps gave some back
-    assert wait_until(lambda: not executor._workers.retired or (executor._workers.reap_retired() or False), 5)
+
+    def counts():
+        return [c for _, c in executor.worker_counts]
+
+    def consume_until(changed, step_s=0.0):
+        deadline = time.monotonic() + PHASE_S
+        while not changed() and time.monotonic() < deadline:
+            got.append(next(it)["id"].tolist())
+            time.sleep(step_s)  # a training step: the workers idle meanwhile
+        return changed()
+
+    try:
+        assert counts() == [1]
+        # A starved consumer gets workers: one, then as many again (retiring needs a
+        # few idle workers).
+        assert consume_until(lambda: max(counts()) > 2), counts()
+        assert consume_until(lambda: counts()[-1] < max(counts()), step_s=0.04), counts()  # slow steps give some back
+        got += [b["id"].tolist() for b in take(it, 20)]
+        assert wait_until(lambda: not executor._workers.retired or (executor._workers.reap_retired() or False))
+    finally:
+        it.close()
+    reference = take(iter(make(n, 0, slow=False, num_epochs=None)), len(got))
+    assert got == [b["id"].tolist() for b in reference]
 
 
 def test_auto_workers_restore_exactly():
@@ -60,4 +80,4 @@ def test_auto_mp_prefetch_matches_in_process():
     it = iter(ds.mp_prefetch(dl.MultiprocessingOptions(num_workers="auto")))
     assert [b["id"].tolist() for b in it] == reference
     it.close()
-    assert wait_until(lambda: not child_pids(), 10)
+    assert wait_until(lambda: not child_pids())

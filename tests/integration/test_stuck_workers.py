@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 
 import pytest
 
 import dataloader as dl
+from tests.helpers import PATIENCE_S
 from tests.integration import workers_pipelines as wp
 from tests.integration.conftest import child_pids, wait_until
 
@@ -31,11 +33,13 @@ def test_a_slow_unit_is_logged_once_naming_worker_unit_records_and_operation(cap
     with caplog.at_level(logging.WARNING, logger="dataloader"):
         got = [b.tolist() for b in loader]
     assert got == [list(range(i, i + 4)) for i in range(0, 40, 4)]  # slow, not lost
-    messages = stall_messages(caplog)
-    assert len(messages) == 1, messages  # once per unit, though it was slow for 5 checks
+    # Once per unit, though it was slow for 5 checks (on a loaded machine another unit
+    # may be slow too: it gets its own message).
+    messages = [m for m in stall_messages(caplog) if "computing unit 3 " in m]
+    assert len(messages) == 1, messages
     assert_matches(
         r"^worker [01] \(pid \d+\) has been computing unit 3 \(positions \[12, 16\), record indices "
-        r"\[12, 13, 14, 15\]\) for 0\.\d s; it is in MapTransform\(sleep_on\.<locals>\.fn\)\. .*"
+        r"\[12, 13, 14, 15\]\) for \d+\.\d s; it is in MapTransform\(sleep_on\.<locals>\.fn\)\. .*"
         r"set unit_timeout_s .* raise stall_warning_s \(now 0\.3 s\)",
         messages[0],
     )
@@ -43,7 +47,7 @@ def test_a_slow_unit_is_logged_once_naming_worker_unit_records_and_operation(cap
 
 def test_no_warning_below_the_threshold(caplog):
     with caplog.at_level(logging.WARNING, logger="dataloader"):
-        assert len(list(make(wp.sleep_on(13, 0.2), stall_warning_s=5))) == 10
+        assert len(list(make(wp.sleep_on(13, 0.2), stall_warning_s=60))) == 10
     assert stall_messages(caplog) == []
 
 
@@ -58,15 +62,13 @@ def test_unit_timeout_raises_at_its_place_names_it_and_does_not_retry(tmp_path, 
     it = iter(loader)
     with caplog.at_level(logging.WARNING, logger="dataloader"):
         assert [next(it).tolist() for _ in range(3)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
-        started = time.monotonic()
         with pytest.raises(
             dl.WorkerTimeoutError,
             match=r"worker [01] \(pid \d+\) has been computing unit 3 \(positions \[12, 16\), record indices "
-            r"\[12, 13, 14, 15\]\) for 1\.\d s; it is in MapTransform\(hang_on\.<locals>\.fn\), past "
+            r"\[12, 13, 14, 15\]\) for \d+\.\d s; it is in MapTransform\(hang_on\.<locals>\.fn\), past "
             r"unit_timeout_s=1; the worker was killed and replaced, and the unit is not computed again",
         ) as info:
             next(it)
-    assert time.monotonic() - started < 10
     error = info.value
     assert isinstance(error, dl.WorkerError)
     assert (error.record_indices, error.position, error.operation) == ([12, 13, 14, 15], 12, "MapTransform(hang_on.<locals>.fn)")
@@ -82,21 +84,24 @@ def test_unit_timeout_raises_at_its_place_names_it_and_does_not_retry(tmp_path, 
     it.close()
 
 
-def test_a_unit_stuck_behind_the_head_is_found_while_the_training_step_runs():
+def test_a_unit_stuck_behind_the_head_is_found_while_the_training_step_runs(tmp_path):
     """The stuck worker is killed and replaced while the consumer is busy elsewhere."""
-    loader = make(wp.hang_on(13), unit_timeout_s=1.0)  # record 13 is in unit 3
+    loader = make(wp.hang_on(13, marker_dir=str(tmp_path)), unit_timeout_s=1.0)  # record 13 is in unit 3
     it = iter(loader)
     executor = it._executor
     # Before the first next(), the pool hands out the window's 4 units to both workers.
-    assert wait_until(lambda: executor._window.created == 4 and all(w.ready for w in executor._workers.workers), 30)
+    assert wait_until(lambda: executor._window.created == 4 and all(w.ready for w in executor._workers.workers))
     assert next(it).tolist() == [0, 1, 2, 3]
     before = set(executor.pids)
-    time.sleep(1.6)  # the "training step": unit 3 has been stuck for over a second
+    # The "training step": it ends over a second after record 13 started, so however late
+    # the worker got to it, unit 3 has been out for longer than unit_timeout_s.
+    assert wait_until(lambda: os.listdir(tmp_path))
+    time.sleep(1.6)
     assert next(it).tolist() == [4, 5, 6, 7]  # unit 1 is handed out; the check ran first
     after = set(executor.pids)
     assert len(after) == 2 and len(before & after) == 1  # one worker replaced
     (victim,) = before - after
-    assert wait_until(lambda: not os.path.exists(f"/proc/{victim}"), 5)
+    assert wait_until(lambda: not os.path.exists(f"/proc/{victim}"))
     assert next(it).tolist() == [8, 9, 10, 11]
     with pytest.raises(dl.WorkerTimeoutError, match=r"unit 3 \(positions \[12, 16\), record indices \[12, 13, 14, 15\]\)"):
         next(it)
@@ -144,21 +149,29 @@ def consume_in_thread(it):
     return thread, seen
 
 
+def inside_next(thread):
+    """Whether ``thread`` is inside an iterator's ``__next__`` now (from its stack): after
+    its third batch, that is the call waiting for the unit that never comes."""
+    frame = sys._current_frames().get(thread.ident)
+    while frame is not None:
+        if frame.f_code.co_name == "__next__":
+            return True
+        frame = frame.f_back
+    return False
+
+
 def test_close_from_another_thread_ends_a_next_blocked_on_a_stuck_worker():
     it = iter(make(wp.hang_on(13)))  # no timeout: next() would wait for ever
     thread, seen = consume_in_thread(it)
-    assert wait_until(lambda: len(seen) == 3, 30)  # now blocked on unit 3
-    time.sleep(0.5)
+    assert wait_until(lambda: len(seen) == 3 and inside_next(thread))  # now blocked on unit 3
     pids = it._executor.pids
-    started = time.monotonic()
-    it.close()
-    assert time.monotonic() - started < 5
-    thread.join(5)
+    it.close()  # returns (else the test's timeout ends it)
+    thread.join(PATIENCE_S)
     assert not thread.is_alive()
     assert seen[:3] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
     assert isinstance(seen[3], dl.LoaderClosedError)
     assert "the loader was closed while next() waited for unit 3" in str(seen[3])
-    assert not any(os.path.exists(f"/proc/{p}") for p in pids)
+    assert wait_until(lambda: not any(os.path.exists(f"/proc/{p}") for p in pids))
     with pytest.raises(StopIteration):  # and the iterator stays finished
         next(it)
 
@@ -190,14 +203,11 @@ def test_close_from_another_thread_ends_a_next_waiting_on_a_read_ahead_thread(tm
     loader = make(wp.hang_on(13, release=release), worker_count=0, read_options=dl.ReadOptions(num_threads=1))
     it = iter(loader)
     thread, seen = consume_in_thread(it)
-    assert wait_until(lambda: len(seen) == 3, 10)
-    time.sleep(0.3)
-    started = time.monotonic()
-    it.close()
-    assert time.monotonic() - started < 3
-    thread.join(3)
+    assert wait_until(lambda: len(seen) == 3 and inside_next(thread))  # now waiting for unit 3
+    it.close()  # returns (else the test's timeout ends it)
+    thread.join(PATIENCE_S)
     assert not thread.is_alive()
     assert isinstance(seen[3], dl.LoaderClosedError)
     assert "closed while next() waited for a read-ahead thread" in str(seen[3])
     open(release, "w").close()  # the read-ahead thread finishes its unit and ends
-    assert wait_until(lambda: not any(t.name.startswith("granary-read") for t in threading.enumerate()), 5)
+    assert wait_until(lambda: not any(t.name.startswith("granary-read") for t in threading.enumerate()))

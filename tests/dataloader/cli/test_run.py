@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import html
 import io
 import json
 import os
@@ -188,7 +189,13 @@ def test_report_writes_a_self_contained_page_and_stats_json(tmp_path):
     data = json.loads((out / "stats.json").read_text())
     assert data["stats"]["records_read"] == 400 and data["stats"]["batches_out"] == 50
     assert len(data["units"]) == 50 and {u["worker"] for u in data["units"]} == {"main"}
-    assert data["samples"][-1]["batches_out"] == 50 and data["advice"] == []
+    assert data["samples"][-1]["batches_out"] == 50
+    # Which advice a run gets depends on the machine (beside other jobs this process gets
+    # less CPU than wall time, which looks like waiting on I/O): the page and the file say
+    # what the rules make of the stats they hold, whatever that is.
+    assert data["advice"] == [a._asdict() for a in dl.advise(data["stats"])]
+    for advice in data["advice"]:
+        assert html.escape(advice["cause"]) in page
     assert not [p for p in os.listdir(out) if p.endswith(".tmp")]
 
 
@@ -202,7 +209,7 @@ def test_report_with_the_device_feed_plots_the_steps_waiting_and_advises_with_a_
     assert "the training step waited for data" in page  # the advice, on the page too
     assert "a step of 0.1 ms after each batch" in text and "raise worker_count (now 0)" in text
     data = json.loads((out / "stats.json").read_text())
-    assert len(data["device_depths"]) == 11 and data["advice"][0]["rule"] == "step_starved"
+    assert len(data["device_depths"]) == 11 and "step_starved" in [a["rule"] for a in data["advice"]]
     # Without a step the loop only waits: no advice about the step then.
     plain = run_cli.run_command([path])
     assert "(no step: see --step_ms)" in plain and "step waited for data" not in plain

@@ -113,6 +113,7 @@ def room(
     block_bytes: int,
     shm_free: int | None,
     found: Limits | None = None,
+    reserved: int = 0,
 ) -> int:
     """How many more workers fit: each costs ``worker_bytes`` of private memory and
     ``blocks_per_worker`` result blocks of ``block_bytes`` (in ``/dev/shm``, which has
@@ -122,8 +123,9 @@ def room(
     Memory is what the container allows, not only what the host has
     (:mod:`~dataloader.engine.pool.autoscale.limits`, read now unless ``found`` is
     given): ``min_free_memory`` of the container's limit (or of the host's memory,
-    without one) stays free. ``/dev/shm`` is charged to the container's memory too, so
-    blocks count against both.
+    without one) stays free, and ``reserved`` bytes are spoken for (what the workers
+    already running will still grow by). ``/dev/shm`` is charged to the container's
+    memory too, so blocks count against both.
     """
     found = limits.read_limits() if found is None else found
     fits = 1 << 30
@@ -131,7 +133,7 @@ def room(
     cost = worker_bytes + blocks
     available, total = found.available_memory, found.total_memory
     if cost > 0 and available is not None and total is not None:
-        spare = available - options.min_free_memory * total
+        spare = available - options.min_free_memory * total - reserved
         fits = min(fits, max(0, int(spare // cost)))
     if blocks > 0 and shm_free is not None:
         fits = min(fits, max(0, int(shm_free * options.max_shm_share // blocks)))

@@ -2,8 +2,8 @@
 
 The scheduling loop asks :meth:`Scaling.decide` at each ``next()``: it counts the ready
 workers with no unit (the window was full), and, when the Scaler would add workers, how
-many more the memory of one worker and the result blocks it needs leave room for, in
-the container's limits (:mod:`~dataloader.engine.pool.autoscale.limits`). The loop then
+many more the memory of one worker (the largest now, :func:`worker_memory`) and the result
+blocks it needs leave room for, in the container's limits (:mod:`~dataloader.engine.pool.autoscale.limits`). The loop then
 adds or retires them through its worker set.
 
 An OOM kill in this process's memory group (its ``oom_kill`` counter rose; looked at
@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from dataloader.engine.pool.autoscale import Scaler, room, usable_cpus
+from dataloader.engine.pool.autoscale import Scaler, private_bytes, room, usable_cpus
 from dataloader.engine.pool.autoscale.limits import oom_kills
 from dataloader.engine.pool.shm import shm_free_bytes
 
@@ -25,6 +25,23 @@ if TYPE_CHECKING:
     from dataloader.engine.pool.window import Window
     from dataloader.engine.pool.workers import Workers
     from dataloader.options import AutoWorkers
+
+
+def worker_memory(workers: Workers) -> tuple[int, int]:
+    """``(cost, growth)``: the private memory one more worker will cost, and what the
+    live workers will still take as they grow to it.
+
+    A worker grows as it computes (buffers, caches, a pipeline's own arrays): budgeting
+    its size at start, a pool in a 1.4 GiB container added workers that each grew to
+    300 MiB, and the OOM killer took them. So the cost is the most a ready worker holds
+    now (at least what the first held when it started), and workers below it (just
+    started, not grown yet) are counted at the cost already. Read only when the pool
+    would add workers (once an interval at most).
+    """
+    live = workers.live()
+    sizes = [private_bytes(w.pid) if w.ready else 0 for w in live]
+    cost = max([workers.worker_bytes(), *sizes])
+    return cost, sum(max(0, cost - size) for size in sizes)
 
 
 class Scaling:
@@ -53,12 +70,14 @@ class Scaling:
 
         def fits() -> int:
             use_shm = transport.use_shm
+            cost, growth = worker_memory(workers)
             return room(
                 self.options,
-                workers.worker_bytes(),
+                cost,
                 self._buffer + 1,
                 transport.blocks.target_size if use_shm else 0,
                 shm_free_bytes() if use_shm else None,
+                reserved=growth,
             )
 
         return self.scaler.decide(now, len(live), starting, fits)

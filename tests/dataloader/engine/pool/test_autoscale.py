@@ -172,3 +172,26 @@ def test_an_oom_kill_lowers_the_ceiling_below_the_count_it_happened_at(monkeypat
     scaling.scaler.waited(10.0)
     assert scaling.scaler.decide(100.0, live=5, starting=False, room=plenty) == 0
     assert scaling.back_off(live=2) == 0 and scaling.scaler.high == 2  # never below the floor
+
+
+def test_a_worker_costs_the_most_any_ready_worker_holds_now_and_smaller_ones_will_grow():
+    import os
+    from types import SimpleNamespace
+
+    from dataloader.engine.pool.autoscale.measure import worker_memory
+
+    me = autoscale.private_bytes(os.getpid())
+    grown = SimpleNamespace(pid=os.getpid(), ready=True)  # this process stands in for a grown worker
+    starting = SimpleNamespace(pid=2**22 + 12345, ready=False)
+    workers = SimpleNamespace(live=lambda: [starting, grown], worker_bytes=lambda: 1 << 20)
+    cost, growth = worker_memory(workers)
+    assert me > 1 << 20 and cost >= me * 0.9  # not the 1 MiB the first held at start
+    assert growth == cost  # the starting worker will grow to it; the grown one will not
+    assert worker_memory(SimpleNamespace(live=lambda: [starting], worker_bytes=lambda: 1 << 20)) == (1 << 20, 1 << 20)
+
+
+def test_memory_the_running_workers_will_still_take_is_not_spent_twice():
+    gib = 2**30
+    host = Limits(host_total=10 * gib, host_available=5 * gib)
+    assert autoscale.room(AutoWorkers(min_free_memory=0.0), gib, 0, 0, None, host) == 5
+    assert autoscale.room(AutoWorkers(min_free_memory=0.0), gib, 0, 0, None, host, reserved=2 * gib) == 3

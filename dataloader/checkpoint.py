@@ -136,6 +136,40 @@ def find_state_file(directory: epath.Path, process_index: int, process_count: in
     )
 
 
+def _read_state_file(path: epath.Path) -> dict[str, Any]:
+    """The state dict in one process's file.
+
+    Raises:
+        ValueError: the file is damaged (empty, cut short, not UTF-8, not JSON, or JSON
+            that is not an object); the message names the file and what is wrong with it.
+    """
+    data = path.read_bytes()
+    fix = (
+        "it changed after the checkpoint was committed (a failed disk, copy or edit); "
+        "restore an earlier step (CheckpointManager.restore(step) with one of "
+        "CheckpointManager.all_steps()) or put back this file from a copy"
+    )
+    try:
+        state = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"the data-loader state file {path} is damaged: byte {error.start} of its "
+            f"{len(data)} is not UTF-8 text, so it is not a saved state; {fix}"
+        ) from error
+    except json.JSONDecodeError as error:
+        what = "it is empty" if not data.strip() else (
+            f"it is not valid JSON at line {error.lineno}, column {error.colno} "
+            f"(byte {error.pos} of {len(data)}): {error.msg}"
+        )
+        raise ValueError(f"the data-loader state file {path} is damaged: {what}; {fix}") from error
+    if not isinstance(state, dict):
+        raise ValueError(
+            f"the data-loader state file {path} is damaged: it holds {data[:40]!r}, where a "
+            f"saved state is a JSON object; {fix}"
+        )
+    return state
+
+
 def _restore_from(path: epath.Path, iterator: Any) -> Any:
     """Sets ``iterator`` to the state in ``path`` and returns it (the state without one).
 
@@ -143,7 +177,7 @@ def _restore_from(path: epath.Path, iterator: Any) -> Any:
     of Grain's dataset iterators (``{"next_index": n}``) is converted by the iterator's
     ``set_state``, which knows the order of its stream.
     """
-    state = json.loads(path.read_text())
+    state = _read_state_file(path)
     if iterator is None:
         return state
     try:
@@ -203,6 +237,7 @@ def v1_load(iterator: Any, directory: Any) -> Coroutine[Any, Any, None]:
 
     The coroutine raises:
         FileNotFoundError: the checkpoint holds no state for this process.
+        ValueError: its state file is damaged (the message names it and what to do).
         StateMismatchError: the state does not fit the iterator.
     """
     index, count = _process()
@@ -246,6 +281,7 @@ class IteratorCheckpointHandler(ocp.handlers.AsyncCheckpointHandler):
         Raises:
             StateMismatchError: the state does not fit the iterator's loader.
             FileNotFoundError: the checkpoint holds no state for this process.
+            ValueError: its state file is damaged (the message names it and what to do).
         """
         path = find_state_file(epath.Path(directory), jax.process_index(), jax.process_count())
         return _restore_from(path, None if args is None else args.item)
@@ -354,7 +390,8 @@ class PyGrainCheckpointHandler(ocp.CheckpointHandler):
 
         Raises:
             ValueError: the checkpoint holds no state for this process (Grain raises a
-                ``ValueError`` there too); the message lists what it holds.
+                ``ValueError`` there too; the message lists what it holds), or its state
+                file is damaged (the message names it and what to do).
             StateMismatchError: the state does not fit the iterator.
         """
         item = _item(item, args, "restore")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 from typing import Any
@@ -99,6 +100,32 @@ def test_restore_into_a_loader_it_does_not_fit_names_the_difference(tmp_path):
             dl.StateMismatchError, match=r"process_0-of-1\.json: .*seed=1 but this loader has seed=2"
         ):
             restore(mngr, 2, iter(make_loader(seed=2)))
+
+
+@pytest.mark.parametrize(("damage", "what"), [
+    (lambda text: text[: len(text) // 2], r"it is not valid JSON at line \d+, column \d+ \(byte \d+ of \d+\)"),
+    (lambda text: "", r"it is empty"),
+    (lambda text: "\xff\xfe" + text, None),
+    (lambda text: "[1, 2]", r"it holds b'\[1, 2\]', where a saved state is a JSON object"),
+], ids=["cut short", "empty", "not text", "not an object"])
+def test_a_damaged_state_file_in_a_committed_checkpoint_is_named_with_what_to_do(tmp_path, damage, what):
+    it = iter(make_loader())
+    take(it, 2)
+    with manager(tmp_path, asynchronous=False) as mngr:
+        save(mngr, 2, it)
+    path = tmp_path / "2" / "data" / "process_0-of-1.json"
+    if what is None:  # bytes that are not UTF-8
+        path.write_bytes(b"\xff\xfe" + path.read_bytes())
+        what = r"byte 0 of its \d+ is not UTF-8 text"
+    else:
+        path.write_text(damage(path.read_text()))
+    with manager(tmp_path, asynchronous=False) as mngr, pytest.raises(
+        ValueError,
+        match=rf"the data-loader state file {re.escape(str(path))} is damaged: {what}.*; .*restore an earlier "
+        r"step \(CheckpointManager\.restore\(step\)",
+    ) as info:
+        restore(mngr, 2, iter(make_loader()))
+    assert not isinstance(info.value, json.JSONDecodeError)
 
 
 def test_restore_without_an_iterator_returns_the_state(tmp_path):

@@ -27,14 +27,22 @@ Two kinds of ``IterDataset`` run here, and they compose freely:
   ``flat_map``/``random_map``/``batch`` calls chained on it compile to a ``DataLoader``
   (:class:`~dataloader.dataset.iter_dataset.LoaderIterDataset`): records are read by
   position in worker processes, the state is one position, a restore is O(1).
+* **Streams on the engine**: ``ParquetIterDataset(...)`` followed by ``map``/``filter``/
+  ``flat_map``/``random_map``/``batch`` (or by ``mp_prefetch``) compiles the same way,
+  over a source whose record ``p`` is row ``p`` of the stream in its order (files
+  interleaved as the stream reads them): the rows and the functions are computed in
+  worker processes, a run of consecutive rows per unit, and the state is one position
+  (:mod:`dataloader.dataset.streams.parquet_source`). The stream iterated alone reads in
+  order in this process, with its file-and-row state.
 * **Iterator-level**: everything else (packing, interleaving, window shuffles, thread
-  prefetch, user-defined datasets, and element-wise calls chained after one of those).
-  Such a stage runs in the consumer's process on the ordered stream of its parents, so
-  its output never depends on the number of workers; its state nests its parents'
-  states (``{"parent": ..., ...}``), as Grain's do.
+  prefetch, user-defined datasets, TFRecord streams, and element-wise calls chained
+  after one of those). Such a stage runs in the consumer's process on the ordered
+  stream of its parents, so its output never depends on the number of workers; its
+  state nests its parents' states (``{"parent": ..., ...}``), as Grain's do.
 
 ``mp_prefetch`` on a pipeline with iterator-level stages gives the worker processes to
-its engine-backed part and computes the iterator-level stages ahead in a thread.
+its engine-backed parts (including a Parquet stream and the calls chained on it) and
+computes the iterator-level stages ahead in a thread.
 """
 
 from __future__ import annotations

@@ -27,6 +27,8 @@ from dataloader.dataset.compile.wrappers import DropNone
 from dataloader.dataset.context import default_worker_count, inherited_options, inherited_workers
 from dataloader.dataset.map_dataset import MapDataset
 from dataloader.engine.stages.base import DatasetIterator
+from dataloader.engine.state import Cursor, make_state
+from dataloader.iterator import DataLoaderIterator
 from dataloader.loader import DataLoader
 from dataloader.operations import (
     Batch,
@@ -199,15 +201,40 @@ class LoaderIterDataset(IterDataset):
         if self._mp is None:
             inherited = inherited_workers()
             if inherited is not None:  # built under an mp_prefetch further down the chain
-                return self._build_loader(*inherited, options).iterator()
+                return _iterator_of(self._build_loader(*inherited, options))
         if options is not None:  # under a WithOptionsIterDataset
-            return self._build_loader(self._mp or MultiprocessingOptions(), self._worker_init_fn, options).iterator()
-        return self.loader.iterator()
+            return _iterator_of(self._build_loader(self._mp or MultiprocessingOptions(), self._worker_init_fn, options))
+        return _iterator_of(self.loader)
 
     def __repr__(self) -> str:
         ops = "".join(f".apply({o.name})" for o in self._operations)
         workers = f".mp_prefetch({self._mp})" if self._mp is not None and self._mp.num_workers else ""
         return f"{self._parent!r}.to_iter_dataset(){ops}{workers}"
+
+
+class StreamStateIterator(DataLoaderIterator):
+    """The iterator of a stream on the engine (``ParquetIterDataset(...).map(f)``), which
+    also continues from a state of the streaming iterators: the source's
+    ``position_of_state`` turns one into a position (see
+    :mod:`dataloader.dataset.streams.parquet_source`). Its own states are the loader's."""
+
+    def __init__(self, engine: Any, position_of_state: Callable[[dict[str, Any]], int]) -> None:
+        self._position_of_state = position_of_state
+        super().__init__(engine)
+
+    def set_state(self, state: Any) -> None:
+        if isinstance(state, dict) and "made_for" not in state:
+            state = make_state(self._plan, Cursor(self._position_of_state(state)))
+        super().set_state(state)
+
+
+def _iterator_of(loader: DataLoader) -> DatasetIterator:
+    """``loader.iterator()``, taking streaming states where its source reads them (and no
+    packer follows, whose tail nests the loader's state in its own)."""
+    position_of_state = getattr(loader.plan.source, "position_of_state", None)
+    if position_of_state is None or loader._tail:
+        return loader.iterator()
+    return StreamStateIterator(loader.engine, position_of_state)
 
 
 def mix_iter_datasets(datasets: Sequence[Any], weights: Sequence[float] | None) -> IterDataset:

@@ -2,9 +2,15 @@
 
 ``ParquetIterDataset`` and ``TFRecordIterDataset`` read their files front to back
 (Parquet a row group at a time, TFRecord a record at a time); their state is a
-position in a file, so a restore seeks there. They are iterator-level datasets: they
-run in the consumer's process (under ``mp_prefetch``, in its thread), so their output
-and states never depend on the number of workers. Shuffle them as MaxText does: the
+position in a file, so a restore seeks there. Iterated alone they run in the
+consumer's process (under ``mp_prefetch``, in its thread). The element-wise calls
+chained on a ``ParquetIterDataset`` (``map``, ``filter``, ``flat_map``, ``random_map``,
+``batch``, ``mp_prefetch``) run on the engine instead, in worker processes: a Parquet
+row is found by its position in the stream from the files' row-group metadata
+(:mod:`~dataloader.dataset.streams.order`, :mod:`~dataloader.dataset.streams.parquet_source`),
+so a worker reads a run of consecutive rows itself. Either way the output and the
+states never depend on the number of workers. TFRecord streams, whose records cannot
+be found by position, stay in the consumer with what follows them. Shuffle them as MaxText does: the
 file list with ``MapDataset.source(paths).shuffle()``, the files interleaved with
 ``InterleaveIterDataset``, the rows with ``WindowShuffleIterDataset``.
 """

@@ -18,10 +18,14 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from concurrent import futures
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dataloader.dataset.base import DatasetIterator
-from dataloader.dataset.streams.files import FileIterDataset, check_file_state
+from dataloader.dataset.streams.files import CYCLE_LENGTH, FileIterDataset, check_file_state
+from dataloader.dataset.streams.parquet_source import ParquetStreamSource
+
+if TYPE_CHECKING:
+    from dataloader.dataset.iter_dataset import LoaderIterDataset
 
 # Rows built at once from a decoded row group: dicts in bulk are ~2x faster than one at a
 # time, and a chunk, not the whole group, bounds the memory they take.
@@ -72,6 +76,10 @@ class ParquetIterDataset(FileIterDataset):
             raise TypeError(f"columns must be a list of column names, got {columns!r}")
         self.columns = None if columns is None else list(columns)
         self.read_kwargs = read_kwargs
+        # The rows of each row group of each file, from the footers read here: what maps
+        # a stream position to its file and row on the engine (no worker reads a footer
+        # to find its rows).
+        self._group_rows: dict[str, tuple[int, ...]] = {}
         for file in self._paths:  # fail here, not in the middle of an epoch
             handle = _open(file, read_kwargs)
             try:
@@ -79,11 +87,21 @@ class ParquetIterDataset(FileIterDataset):
                 missing = [c for c in self.columns or () if c not in names]
                 if missing:
                     raise ValueError(f"column {missing[0]!r} is not in Parquet file {file!r}; its columns are {names}")
+                meta = handle.metadata
+                self._group_rows[file] = tuple(meta.row_group(g).num_rows for g in range(meta.num_row_groups))
             finally:
                 handle.close()
 
     def _file_iterator(self, path: str) -> DatasetIterator:
         return ParquetFileIterator(path, self.columns, self.read_kwargs)
+
+    def _engine(self) -> LoaderIterDataset:
+        """This stream on the engine: a source over stream order, computed by position."""
+        from dataloader.dataset.map_dataset import MapDataset
+
+        source = ParquetStreamSource(self._paths, [self._group_rows[p] for p in self._paths],
+                                     self.columns, self.read_kwargs, CYCLE_LENGTH)
+        return MapDataset.source(source).to_iter_dataset()
 
 
 class ParquetFileIterator(DatasetIterator):

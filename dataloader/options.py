@@ -56,8 +56,12 @@ class ReadOptions:
         prefetch_buffer_size: work units computed ahead by those threads (0: none,
             every unit is computed when it is asked for, as with ``num_threads=0``).
         unit_size: positions per work unit when a filter or flat map precedes the batch
-            or there is no batch (default: the batch size, else 128). With a plain batch
-            a unit is always exactly one batch.
+            or there is no batch. Default None: units sized by what they cost, from one
+            position (so a first element costs one element) doubling while elements
+            are cheap and small, up to about 50 ms of compute, 16 MiB of results or 2048
+            positions (:mod:`~dataloader.engine.sizing`); an integer fixes every unit's
+            size. Neither changes the output or the states. With a plain batch a unit
+            is always exactly one batch.
 
     Example:
         >>> ReadOptions(num_threads=2, prefetch_buffer_size=4)

@@ -190,6 +190,13 @@ def _as_dict(state: Any) -> dict[str, Any]:
     return state
 
 
+def _last_endless_position(plan: Plan) -> int:
+    """The largest local position of an endless stream (``num_epochs=None``): the last
+    whose global position ``local * shard_count + shard_index`` fits in an int64."""
+    shards = plan.sampler.shard_options
+    return (2**63 - 1 - shards.shard_index) // shards.shard_count
+
+
 def _check_cursor(plan: Plan, cursor: Cursor) -> None:
     """Refuses a cursor outside this loader's stream, or one its pipeline cannot make."""
     end = plan.num_positions
@@ -199,6 +206,15 @@ def _check_cursor(plan: Plan, cursor: Cursor) -> None:
             cursor.position,
             f"a position within this loader's stream, which ends at position {end} (a "
             f"state from a longer stream, e.g. more epochs, does not fit)",
+        )
+    if end is None and cursor.position > (last := _last_endless_position(plan)):
+        # Refused here rather than by the sampler at the first next(): a global position
+        # (local * shard_count + shard_index) is an int64, so the endless stream ends there.
+        raise _refuse(
+            "position",
+            cursor.position,
+            f"a position in [0, {last}]: this loader's stream repeats for ever, but its "
+            f"global positions are 64-bit integers (a state edited by hand, or of another loader?)",
         )
     if cursor.sub_index and not any(s.op.returns == MANY for s in plan.pre):
         raise _refuse("sub_index", cursor.sub_index, "0: no flat map comes before the batch")

@@ -204,6 +204,29 @@ def test_a_position_past_the_end_of_a_finite_stream_is_refused_at_set_state():
     assert at_end["position"] == 10 and list(one_epoch.iterator(at_end)) == []
 
 
+@pytest.mark.parametrize(("shards", "last"), [(1, 2**63 - 1), (3, (2**63 - 1 - 2) // 3)])
+@pytest.mark.parametrize("beyond", [1, 2**63, 2**64])
+def test_a_position_an_endless_stream_cannot_reach_is_refused_at_set_state(shards, last, beyond):
+    """Global positions are int64: past the last one, set_state refuses, naming the range,
+    rather than the first next() failing with an OverflowError."""
+    endless = dl.DataLoader(
+        dl.RangeDataSource(10), dl.IndexSampler(10, dl.ShardOptions(shards - 1, shards), shuffle=True, seed=3),
+        [dl.Batch(2)],
+    )
+    state = state_after(endless, 1)
+    state["position"] = last + beyond
+    with pytest.raises(
+        dl.StateMismatchError,
+        match=rf"position={last + beyond} is invalid: expected a position in \[0, {last}\]: this loader's stream "
+        r"repeats for ever, but its global positions are 64-bit integers",
+    ):
+        iter(endless).set_state(state)
+    state["position"] = last  # the last position itself still gives its record
+    it = iter(endless)
+    it.set_state(state)
+    assert len(next(it)) == 1
+
+
 def test_sub_index_and_skip_are_refused_where_the_pipeline_cannot_make_them():
     with pytest.raises(dl.StateMismatchError, match=r"sub_index=1 is invalid: expected 0: no flat map comes before the batch"):
         iter(loader()).set_state(_tampered(sub_index=1))

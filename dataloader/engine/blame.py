@@ -10,7 +10,8 @@ path of a unit that succeeds):
 * A worker's result does not pickle (a lambda, a generator, an open file): pickle says
   which type, not which record or where in it. :func:`unpicklable_result` pickles the
   unit's outputs one by one and walks the first that fails down to the part that
-  does not pickle.
+  does not pickle; for a batch, it computes the unit's elements again to name the
+  element (the record) that holds it.
 """
 
 from __future__ import annotations
@@ -106,6 +107,8 @@ def _unpicklable_part(obj: Any, path: str = "") -> tuple[str, Any, Exception] | 
             children: list[tuple[str, Any]] = [(f"{path}[{k!r}]", v) for k, v in obj.items()]
         elif isinstance(obj, (list, tuple)):
             children = [(f"{path}[{i}]", v) for i, v in enumerate(obj)]
+        elif isinstance(obj, np.ndarray) and obj.dtype == object:
+            children = [(f"{path}[{', '.join(map(str, i))}]", obj[i]) for i in np.ndindex(obj.shape)]
         elif hasattr(obj, "__dict__") and not callable(obj):
             children = [(f"{path}.{k}", v) for k, v in vars(obj).items()]
         else:
@@ -118,8 +121,40 @@ def _unpicklable_part(obj: Any, path: str = "") -> tuple[str, Any, Exception] | 
     return None
 
 
+def _element_behind(plan: Plan, start: int, stop: int) -> tuple[int, str, Any, Exception] | None:
+    """Which element of a batch holds the part that does not pickle.
+
+    A batch no longer says which of its elements a part came from (a custom
+    ``batch_fn`` may nest them any way), so the unit's elements before the batch are
+    computed again (a unit is a pure function of its positions; user code runs twice
+    for this unit, on this failure path only) and pickled one by one.
+
+    Returns:
+        (position, path, part, error) of the first element that does not pickle; None
+        when each does (the ``batch_fn`` or an operation after it made the part), or
+        when computing the unit again fails.
+    """
+    from dataloader.engine.compute import apply_steps, unit_record_keys
+    from dataloader.sources import read_records
+
+    try:
+        records = read_records(plan.source, unit_record_keys(plan, start, stop))
+        elements, positions, _ = apply_steps(plan, plan.pre, list(records), None, None, start, {}, None, ())
+    except Exception:  # code that fails only the second time: name the batch as a whole
+        return None
+    for i, element in enumerate(elements):
+        found = _unpicklable_part(element)
+        if found is not None:
+            return (int(positions[i]) if positions is not None else start + i, *found)
+    return None
+
+
 def unpicklable_result(plan: Plan, result: UnitResult, exc: BaseException) -> PipelineError:
-    """The error for a unit result a worker could not pickle, naming record and type."""
+    """The error for a unit result a worker could not pickle, naming record and type.
+
+    For a batch, the record named is the one whose element holds the part that does not
+    pickle (see :func:`_element_behind`), else the batch's first.
+    """
     from dataloader.engine.compute import record_index
     from dataloader.engine.plan import BATCH
 
@@ -133,15 +168,25 @@ def unpicklable_result(plan: Plan, result: UnitResult, exc: BaseException) -> Pi
     path, part, error = found if found is not None else ("", result, exc)
     position = int(positions[index]) if len(positions) else result.start
     key = record_index(plan, position)
-    if plan.layout == BATCH:
+    producer = plan.pre[-1].op.name if plan.pre else "read"
+    behind = _element_behind(plan, result.start, result.stop) if plan.layout == BATCH else None
+    if behind is not None:
+        position, path, part, error = behind
+        key = record_index(plan, position)
+        operation = producer
+        what = (
+            f"the batch of positions [{result.start}, {result.stop}) after {plan.operation_names[-1]}: "
+            f"its element of record {key} (position {position}) after {producer}"
+        )
+    elif plan.layout == BATCH:
         operation = plan.operation_names[-1]
-        what = f"the batch of positions [{result.start}, {result.stop}) (first record {key})"
+        what = f"the batch of positions [{result.start}, {result.stop}) (first record {key}) after {operation}"
     else:
-        operation = plan.pre[-1].op.name if plan.pre else "read"
-        what = f"the element of record {key} (position {position})"
+        operation = producer
+        what = f"the element of record {key} (position {position}) after {operation}"
     inside = f" at {path}" if path else ""
     return PipelineError(
-        f"{what} after {operation} cannot be sent to the training process: it holds a "
+        f"{what} cannot be sent to the training process: it holds a "
         f"{type(part).__name__}{inside}, which does not pickle ({type(error).__name__}: "
         f"{error}). Results cross processes only when worker_count > 0: return numpy "
         f"arrays, numbers, str or bytes (in dicts, lists or tuples), or use worker_count=0",

@@ -8,6 +8,7 @@ from typing import Any
 
 from dataloader.engine.executor import Executor, InProcessExecutor
 from dataloader.engine.plan import Plan, make_plan
+from dataloader.engine.pool import zygote as fork_server
 from dataloader.engine.pool.executor import PoolExecutor
 from dataloader.engine.pool.messages import pickle_plan
 from dataloader.engine.stages.base import DatasetIterator
@@ -75,11 +76,14 @@ class DataLoader:
             different non-trivial options in both places is an error).
         read_options: read-ahead of the in-process path; see :class:`ReadOptions`.
         worker_init_fn: ``f(worker_index, worker_count)`` run once in each child.
-        warm_start: with workers, compute the units asked for in this process until a
-            worker is ready, so the first batches come as fast as in-process and the
-            consumer does not wait out the workers' start-up. Set it to
-            False when a record may crash the process (a segfaulting decoder): then
-            every unit runs in a worker, where a crash is survived.
+        warm_start: an opt-in that runs user code in the training process: with
+            workers, compute the units asked for in this process until a worker is
+            ready. False (the default): every unit runs in a worker, so a record that
+            crashes its process (a segfaulting decoder, ``os._exit``) is survived,
+            ``worker_init_fn`` applies to every unit and a result that does not pickle
+            is named. The first batch is fast either way: building the loader starts
+            the process's fork server (:mod:`dataloader.engine.pool.zygote`), kept for
+            every later loader and ``iter()``, so workers fork in milliseconds.
         options: Grain's ``DatasetOptions``: a warning (default at 90%) or an error when
             filters drop more than a share of the records read.
         stall_warning_s: with workers, log a warning (logger ``"dataloader"``, once per
@@ -121,7 +125,7 @@ class DataLoader:
         shard_options: ShardOptions | None = None,
         read_options: ReadOptions | None = None,
         worker_init_fn: Callable[[int, int], Any] | None = None,
-        warm_start: bool = True,
+        warm_start: bool = False,
         options: DatasetOptions | None = None,
         stall_warning_s: float | None = DEFAULT_STALL_WARNING_S,
         unit_timeout_s: float | None = None,
@@ -174,6 +178,9 @@ class DataLoader:
         if in_workers:
             # Pickled once, here, so an operation that cannot reach the workers fails now.
             self._plan_bytes = pickle_plan(self.plan)
+            # The fork server starts now, in the background, and imports what the plan
+            # needs while the training script goes on: iter() then only forks.
+            fork_server.prestart(self._plan_bytes)
             make_executor = functools.partial(
                 PoolExecutor,
                 self.plan,

@@ -20,7 +20,7 @@ the returned :class:`PipelineConfig` builds the loader::
     loader:
       worker_count: 2                # or auto; auto_workers: {max_workers: 8} tunes it
       worker_buffer_size: 2
-      warm_start: true
+      warm_start: false              # true: compute here until a worker is ready (runs user code here)
       stall_warning_s: 60            # log a unit stuck this long in a worker (null: never)
       unit_timeout_s: null           # a unit stuck this long is an error (null: never)
       read_options: {num_threads: 0, prefetch_buffer_size: 2}
@@ -113,7 +113,7 @@ class LoaderConfig:
 
     worker_count: int | AutoWorkers = 0
     worker_buffer_size: int = 2
-    warm_start: bool = True
+    warm_start: bool = False
     read_options: ReadOptions = dataclasses.field(default_factory=ReadOptions)
     stall_warning_s: float | None = DEFAULT_STALL_WARNING_S
     unit_timeout_s: float | None = None
@@ -289,7 +289,7 @@ def _loader(section: Any) -> LoaderConfig:
     )
     workers = _worker_count(where, section)
     buffer = check.integer(f"{where}.worker_buffer_size", section.get("worker_buffer_size", 2), low=1)
-    warm = check.boolean(f"{where}.warm_start", section.get("warm_start", True))
+    warm = check.boolean(f"{where}.warm_start", section.get("warm_start", False))
     stall = section.get("stall_warning_s", DEFAULT_STALL_WARNING_S)
     if stall is not None:
         stall = check.number(f"{where}.stall_warning_s", stall, positive=True)

@@ -12,7 +12,12 @@ from tests.helpers import wait_until
 
 def child_pids(pid: int | None = None) -> set[int]:
     """Live (non-zombie) descendants of ``pid`` (default: this process), from /proc:
-    its children and theirs (workers are children of the pool's fork server)."""
+    its children and theirs (workers are children of the process's fork server). This
+    process's fork server itself is not counted: it outlives pools by design (its
+    children, the workers, are)."""
+    from dataloader.engine.pool.zygote import server_pid
+
+    server = server_pid() if pid is None else None
     pid = os.getpid() if pid is None else pid
     parents: dict[int, int] = {}
     for entry in os.listdir("/proc"):
@@ -30,7 +35,7 @@ def child_pids(pid: int | None = None) -> set[int]:
     while frontier:
         frontier = {p for p, parent in parents.items() if parent in frontier} - found
         found |= frontier
-    return found
+    return found - {server}
 
 
 def _owner_alive_elsewhere(name: str) -> bool:

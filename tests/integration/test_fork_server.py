@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,11 +16,27 @@ import pytest
 import dataloader as dl
 from dataloader.engine.pool import zygote as fork_server
 from dataloader.engine.pool.process import worker_env
+from dataloader.errors import WorkerError
+from tests.helpers import python_script
 from tests.integration import workers_pipelines as wp
 from tests.integration.conftest import child_pids, wait_until
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(120)]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture
+def fresh_server(monkeypatch):
+    """A test that changes what the fork server imports gets a server of its own, and
+    leaves none behind for the next test."""
+    fork_server.shutdown()
+    yield monkeypatch
+    monkeypatch.undo()
+    fork_server.shutdown()
+
+
+def write_module(folder, name, text):
+    (folder / f"{name}.py").write_text(textwrap.dedent(text))
 
 
 def parent_of(pid: int) -> int:
@@ -37,20 +55,41 @@ def reference(n=400):
     return [b["id"].tolist() for b in loader(n, workers=0)]
 
 
-def test_workers_are_children_of_the_fork_server_and_it_stops_with_the_pool():
+def test_workers_are_children_of_the_fork_server_which_outlives_the_pool():
     it = iter(loader())
     next(it)
     executor = it._executor
     server = executor._workers.zygote
-    assert server is not None and server.alive
+    assert server is not None and server.alive and server.proc.pid == fork_server.server_pid()
     assert wait_until(lambda: all(w.ready for w in executor._workers.workers), 10) or [next(it) for _ in range(5)]
     assert {parent_of(pid) for pid in executor.pids} == {server.proc.pid}
     assert parent_of(server.proc.pid) == os.getpid()
+    workers = executor.pids
     it.close()
-    assert server.proc.poll() is not None
+    # The pool's workers are gone; the server stays for the next pool of this process.
+    assert wait_until(lambda: not any(os.path.exists(f"/proc/{p}") for p in workers))
+    assert server.proc.poll() is None and server.alive
     assert not child_pids()
 
 
+def test_one_server_serves_every_loader_and_iterator_of_the_process():
+    """Train and eval loaders, each iterated twice: every worker is a child of the one
+    server, which was running before the second loader was even built."""
+    train = loader()
+    server = fork_server.server_pid()
+    assert server is not None  # started by the loader's construction, before any iter()
+    evaluation = dl.DataLoader(
+        dl.RangeDataSource(64), dl.SequentialSampler(64),
+        [dl.MapTransform(wp.to_array), dl.Batch(8)], worker_count=3)
+    parents = set()
+    for ld in (train, evaluation, train, evaluation):
+        it = iter(ld)
+        next(it)
+        parents |= {parent_of(pid) for pid in it._executor.pids}
+        assert it._executor._workers.zygote.proc.pid == server
+        it.close()
+    assert parents == {server} and fork_server.server_pid() == server
+    assert [b["id"].tolist() for b in iter(train)] == reference()
 def test_a_killed_fork_server_changes_no_batch_and_workers_start_without_it():
     expected = reference(1000)
     it = iter(loader(1000, slow=True))  # 2 ms a record: ~1 s of work for 2 workers
@@ -66,35 +105,68 @@ def test_a_killed_fork_server_changes_no_batch_and_workers_start_without_it():
     assert got == expected
     assert executor._workers.zygote is None
     assert not forked & set(executor.pids)
+    # The next pool gets a new server.
+    it = iter(loader(64))
+    next(it)
+    assert it._executor._workers.zygote.proc.pid not in (None, server.proc.pid)
+    it.close()
 
 
-def test_a_fork_server_that_cannot_fork_safely_is_not_used(tmp_path, monkeypatch):
-    """A preloaded module that starts a thread makes forking unsafe: the zygote refuses,
+@pytest.mark.timeout(60)  # were it to wait ANSWER_WAIT_S (60 s) for the answer, it would fail
+def test_a_stopped_fork_server_is_left_behind_quickly_and_changes_no_batch():
+    """SIGSTOP on the server: it cannot reap nor fork. A worker that dies must be
+    replaced; the pool finds the server stopped, kills it and starts an interpreter."""
+    expected = reference(1000)
+    it = iter(loader(1000, slow=True))
+    got = [next(it)["id"].tolist() for _ in range(3)]
+    executor = it._executor
+    server = executor._workers.zygote
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    try:
+        os.kill(executor.pids[0], signal.SIGKILL)
+        got += [b["id"].tolist() for b in it]
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+    assert got == expected
+    assert executor._workers.zygote is None and not server.alive
+    assert server.proc.wait(10) == -signal.SIGKILL
+
+
+def test_a_fork_server_that_cannot_fork_safely_is_not_used(tmp_path, fresh_server):
+    """A preloaded module that starts a thread makes forking unsafe: the server refuses,
     and the workers start as interpreters; the batches do not change."""
-    (tmp_path / "threaded_module.py").write_text(
-        "import threading, time\n"
-        "threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(fork_server, "BASE_MODULES", (*fork_server.BASE_MODULES, "threaded_module"))
+    write_module(tmp_path, "threaded_module", """
+        import threading, time
+        threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
+        """)
+    fresh_server.syspath_prepend(str(tmp_path))
+    fresh_server.setattr(fork_server, "BASE_MODULES", (*fork_server.BASE_MODULES, "threaded_module"))
     expected = reference()
-    it = iter(loader(warm_start=False))  # every unit in a worker, not this process
+    it = iter(loader())
     got = [b["id"].tolist() for b in it]
     assert got == expected
     assert it._executor._workers.zygote is None
 
 
-def test_forked_workers_do_not_share_numpy_global_random_state():
+def test_forked_workers_do_not_share_numpy_global_random_state(tmp_path):
+    """Each worker draws from numpy's global generator as it starts (every worker runs
+    its init, whichever units it gets): no two draw the same."""
+    folder = str(tmp_path)
+
+    def draw(index, count):
+        with open(f"{folder}/{index}", "w") as f:
+            f.write(str(np.random.randint(2**62)))
+
     ld = dl.DataLoader(
         dl.RangeDataSource(64), dl.SequentialSampler(64),
-        [dl.MapTransform(wp.numpy_draw), dl.Batch(4, batch_fn=list)], worker_count=3,
-        warm_start=False,
+        [dl.MapTransform(wp.to_array), dl.Batch(4)], worker_count=3, worker_init_fn=draw,
     )
-    first_draw_per_worker = {}
-    for batch in ld:
-        first_draw_per_worker.setdefault(batch[0]["pid"], batch[0]["draw"])
-    draws = list(first_draw_per_worker.values())
-    assert len(draws) >= 2 and len(set(draws)) == len(draws)
+    it = iter(ld)
+    next(it)
+    assert wait_until(lambda: len(os.listdir(folder)) == 3)
+    it.close()
+    draws = [(tmp_path / name).read_text() for name in os.listdir(folder)]
+    assert len(set(draws)) == 3, draws
 
 
 def test_fork_server_can_be_switched_off():
@@ -131,12 +203,12 @@ def test_preload_names_the_engine_and_the_plans_safe_modules_only():
 
 
 def test_a_fork_server_reaps_what_it_forked_with_exit_codes():
-    server = fork_server.Zygote(list(fork_server.BASE_MODULES), "granary_test_none_",
-                                os.sched_getaffinity(0), worker_env(), "")
+    server = fork_server.Zygote(worker_env(), "")
     try:
+        pool = server.open_pool(fork_server.BASE_MODULES)
         read_task, write_task = os.pipe()
         read_result, write_result = os.pipe()
-        child = server.fork((read_task, write_result))
+        child = server.fork((read_task, write_result), pool, os.sched_getaffinity(0))
         os.close(read_task)
         os.close(write_result)
         assert child.pid > 0 and parent_of(child.pid) == server.proc.pid
@@ -150,3 +222,121 @@ def test_a_fork_server_reaps_what_it_forked_with_exit_codes():
         server.close()
     assert server.proc.returncode == 0
     assert np.all([not os.path.exists(f"/proc/{child.pid}")])
+
+
+def test_a_fork_that_fails_in_the_server_is_a_clear_error_and_the_server_lives_on(tmp_path, fresh_server):
+    """fork() failing with EAGAIN (what a pids limit gives) in the server: the server
+    answers instead of dying, and the loader raises an error that says what to do."""
+    write_module(tmp_path, "no_fork", """
+        import errno, os
+        def refuse():
+            raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
+        os.fork = refuse
+        """)
+    fresh_server.syspath_prepend(str(tmp_path))
+    fresh_server.setattr(fork_server, "BASE_MODULES", (*fork_server.BASE_MODULES, "no_fork"))
+    ld = loader()
+    server = fork_server.shared()
+    with pytest.raises(WorkerError, match=r"could not start worker \d: .*fork\(\) failed: .*Resource "
+                       r"temporarily unavailable.*lower worker_count"):
+        next(iter(ld))
+    assert server.alive and server.proc.poll() is None
+
+
+def test_a_script_that_never_closes_its_loaders_exits_with_no_process_left():
+    script = """
+        import dataloader as dl
+        from dataloader.engine.pool import zygote
+        from tests.integration import workers_pipelines as wp
+        loaders = [dl.DataLoader(dl.RangeDataSource(400), dl.SequentialSampler(400),
+                                 [dl.MapTransform(wp.to_array), dl.Batch(8)], worker_count=2)
+                   for _ in range(2)]
+        its = [iter(ld) for ld in loaders]
+        for it in its:
+            next(it)
+        pids = [zygote.server_pid()] + [p for it in its for p in it._executor.pids]
+        print(" ".join(map(str, pids)), flush=True)
+        """
+    with python_script(script) as proc:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 5
+        assert proc.wait(60) == 0, proc.stderr.read()
+        # Inside the block: its end kills the script's whole group, leftovers too.
+        assert wait_until(lambda: not any(os.path.exists(f"/proc/{p}") for p in pids))
+
+
+def test_the_fork_server_and_its_workers_end_with_a_sigkilled_training_process():
+    script = """
+        import time, dataloader as dl
+        from dataloader.engine.pool import zygote
+        from tests.integration import workers_pipelines as wp
+        ld = dl.DataLoader(dl.RangeDataSource(400), dl.SequentialSampler(400),
+                           [dl.MapTransform(wp.to_array), dl.Batch(8)], worker_count=2)
+        it = iter(ld)
+        next(it)
+        print(zygote.server_pid(), *it._executor.pids, flush=True)
+        time.sleep(600)
+        """
+    with python_script(script) as proc:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 3
+        proc.kill()  # the training process only
+        proc.wait()
+        assert wait_until(lambda: not any(os.path.exists(f"/proc/{p}") for p in pids))
+
+
+@contextlib.contextmanager
+def pids_cgroup(limit):
+    """A new control group whose ``pids.max`` is ``limit`` (cgroup v1 or v2); skips the
+    test where this process may not make one (not root, no pids controller)."""
+    name = f"granary_test_{os.getpid()}_{os.urandom(3).hex()}"
+    for top in ("/sys/fs/cgroup/pids", "/sys/fs/cgroup"):
+        folder = os.path.join(top, name)
+        try:
+            os.mkdir(folder)
+        except OSError:
+            continue
+        if os.path.exists(os.path.join(folder, "pids.max")):
+            break
+        os.rmdir(folder)
+    else:
+        pytest.skip("no pids control group can be made here (needs root and the pids controller)")
+    try:
+        with open(os.path.join(folder, "pids.max"), "w") as f:
+            f.write(str(limit))
+        yield folder
+    finally:
+        wait_until(lambda: _try_rmdir(folder), 30)
+
+
+def _try_rmdir(folder):
+    try:
+        os.rmdir(folder)
+    except OSError:
+        return False
+    return True
+
+
+def test_a_pids_limit_that_stops_workers_from_starting_is_named():
+    """In a container that allows 6 tasks (threads count), 8 workers cannot start: however
+    it shows (fork() refused in the server, no thread in this process or in a worker),
+    the error names the limit, and nothing hangs."""
+    with pids_cgroup(6) as folder:
+        script = f"""
+            import os
+            with open({os.path.join(folder, "cgroup.procs")!r}, "w") as f:
+                f.write(str(os.getpid()))
+            import dataloader as dl
+            from tests.integration import workers_pipelines as wp
+            ld = dl.DataLoader(dl.RangeDataSource(400), dl.SequentialSampler(400),
+                               [dl.MapTransform(wp.to_array), dl.Batch(8)], worker_count=8)
+            try:
+                list(ld)
+            except dl.WorkerError as exc:
+                print("error:", exc, flush=True)
+            """
+        env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+        with python_script(script, env=env) as proc:
+            out, err = proc.communicate(timeout=100)
+    assert proc.returncode == 0, err
+    assert re.search(r"error: .*pids\.max=6", out), (out, err)

@@ -239,7 +239,7 @@ def test_dropping_a_prefetched_pipeline_without_close_stops_its_workers():
     it = iter(Doubling(dl.MapDataset.range(10_000).to_iter_dataset()).batch(4).mp_prefetch(
         dl.MultiprocessingOptions(num_workers=2)))
     next(it)
-    assert wait_until(lambda: len(child_pids()) >= 3)  # the fork server and its 2 workers
+    assert wait_until(lambda: len(child_pids()) >= 2)  # its 2 workers (the fork server stays)
     del it
     gc.collect()
     assert wait_until(lambda: not child_pids()), f"workers left: {child_pids()}"

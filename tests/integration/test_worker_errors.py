@@ -138,49 +138,12 @@ def test_an_unpicklable_result_names_record_operation_and_type(op, record, where
     it.close()
 
 
-def test_an_unpicklable_batch_names_the_element_that_holds_the_part():
+def test_an_unpicklable_batch_names_its_positions_and_the_batch():
     loader = dl.DataLoader(
         dl.RangeDataSource(20), dl.SequentialSampler(20),
         [dl.MapTransform(lambda x: {"f": lambda: x}), dl.Batch(4, batch_fn=list)], worker_count=2, warm_start=False,
     )
-    with pytest.raises(dl.PipelineError, match=r"the batch of positions \[0, 4\) after Batch\(4, .*batch_fn=list\): its "
-                       r"element of record 0 \(position 0\) after MapTransform\(.*<lambda>\) .* holds a function at \['f'\]"):
-        next(iter(loader))
-
-
-def test_an_unpicklable_batch_names_the_record_behind_it_not_the_first_of_the_batch():
-    """Record 57 makes the part; it is the 3rd element of its batch of 8, wherever the
-    shuffle put it."""
-    n = 80
-    sampler = dl.IndexSampler(n, shuffle=True, seed=4, num_epochs=1)
-    loader = dl.DataLoader(
-        dl.RangeDataSource(n), sampler,
-        [dl.MapTransform(lambda x: {"x": x, "f": (lambda: x) if x == 57 else None}), dl.Batch(8, batch_fn=list)],
-        worker_count=2, warm_start=False,
-    )
-    position = int(np.flatnonzero(sampler.record_keys(np.arange(n)) == 57)[0])
-    start = position // 8 * 8
-    it = iter(loader)
-    assert len([next(it) for _ in range(start // 8)]) == start // 8
-    with pytest.raises(
-        dl.PipelineError,
-        match=rf"the batch of positions \[{start}, {start + 8}\) after Batch\(8, .*\): its element of record 57 "
-        rf"\(position {position}\) after MapTransform\(.*<lambda>\) cannot be sent .* holds a function at \['f'\]",
-    ) as info:
-        next(it)
-    assert (info.value.record_index, info.value.position) == (57, position)
-    assert info.value.operation.startswith("MapTransform(") and info.value.operation.endswith("<lambda>)")
-    it.close()
-
-
-def test_a_batch_fn_that_makes_an_unpicklable_batch_names_the_batch():
-    loader = dl.DataLoader(
-        dl.RangeDataSource(20), dl.SequentialSampler(20),
-        [dl.MapTransform(lambda x: x), dl.Batch(4, batch_fn=lambda xs: {"xs": xs, "lock": threading.Lock()})],
-        worker_count=2, warm_start=False,
-    )
-    with pytest.raises(dl.PipelineError, match=r"the batch of positions \[0, 4\) \(first record 0\) after Batch\(4, "
-                       r".*\) cannot be sent .* holds a lock at \['lock'\]"):
+    with pytest.raises(dl.PipelineError, match=r"the batch of positions \[0, 4\) \(first record 0\) after Batch\(4, .*batch_fn=list\) .* holds a function at \[0\]\['f'\]"):
         next(iter(loader))
 
 
@@ -224,3 +187,70 @@ def test_blocks_that_cannot_grow_fall_back_to_pipes_with_one_warning(monkeypatch
 def test_results_keep_their_values_after_a_pipe_fallback():
     loader = make(lambda x: np.full(3, x), n=8, batch=4)
     assert [b.tolist() for b in loader] == [[[i] * 3 for i in range(j, j + 4)] for j in (0, 4)]
+
+
+# -- with the defaults: no user code in the training process ---------------------------------
+
+_FIRST_UNIT_CRASH = """
+    import ctypes, os, dataloader as dl
+
+    def crash(x):
+        if x == 0:  # the very first record: computed before any worker could be ready
+            {crash}
+        return x
+
+    loader = dl.DataLoader(dl.RangeDataSource(40), dl.SequentialSampler(40),
+                           [dl.MapTransform(crash), dl.Batch(4)], worker_count=2)
+    try:
+        next(iter(loader))
+    except dl.WorkerCrashError as exc:
+        print("survived:", exc, flush=True)
+    """
+
+
+@pytest.mark.parametrize("attempt", range(3))  # timing once decided where this ran
+@pytest.mark.parametrize(("crash", "how"), [("os._exit(3)", "exit code 3"), ("ctypes.string_at(0)", "signal 11")])
+def test_with_defaults_a_record_that_crashes_its_process_in_the_first_unit_never_ends_the_trainer(
+    crash, how, attempt
+):
+    with python_script(_FIRST_UNIT_CRASH.format(crash=crash)) as proc:
+        out, err = proc.communicate(timeout=PATIENCE_S)
+    assert proc.returncode == 0, err
+    assert re.search(rf"survived: the unit of positions \[0, 4\) killed its worker 3 times \(last: {how}\)", out), out
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_with_defaults_worker_init_fn_applies_to_every_unit(attempt):
+    def mark(index, count):
+        os.environ["GRANARY_TEST_INIT"] = f"{index}/{count}"
+
+    def seen(x):
+        return {"x": x, "init": os.environ.get("GRANARY_TEST_INIT", "none"), "pid": os.getpid()}
+
+    loader = dl.DataLoader(dl.RangeDataSource(24), dl.SequentialSampler(24),
+                           [dl.MapTransform(seen), dl.Batch(4, batch_fn=list)], worker_count=2,
+                           worker_init_fn=mark)
+    elements = [e for batch in loader for e in batch]
+    assert [e["x"] for e in elements] == list(range(24))
+    assert {e["init"] for e in elements} <= {"0/2", "1/2"}
+    assert os.getpid() not in {e["pid"] for e in elements}
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_with_defaults_an_unpicklable_result_in_the_first_unit_is_named(attempt):
+    loader = dl.DataLoader(
+        dl.RangeDataSource(20), dl.SequentialSampler(20),
+        [dl.MapTransform(lambda x: {"x": x, "lock": threading.Lock() if x == 0 else None}), dl.Batch(4, batch_fn=list)],
+        worker_count=2,
+    )
+    with pytest.raises(dl.PipelineError, match=r"holds a lock at \[0\]\['lock'\], which does not pickle"):
+        next(iter(loader))
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_with_defaults_a_keyboard_interrupt_in_the_first_unit_is_the_error_at_its_record(attempt):
+    it = iter(dl.DataLoader(dl.RangeDataSource(40), dl.SequentialSampler(40),
+                            [dl.MapTransform(wp.raise_base_on(0, "KeyboardInterrupt")), dl.Batch(4)], worker_count=2))
+    with pytest.raises(dl.PipelineError, match=r"failed on record 0 \(position 0\): KeyboardInterrupt"):
+        next(it)
+    it.close()

@@ -28,17 +28,18 @@ def test_output_is_identical_for_worker_counts_0_1_2_3(name):
         assert_streams_equal(got, reference)
 
 
-def test_output_is_identical_without_warm_start():
+def test_output_is_identical_with_and_without_warm_start():
     reference = list(make_loader("everything", n=40, epochs=1))
-    got = list(make_loader("everything", n=40, epochs=1, worker_count=2, warm_start=False))
-    assert_streams_equal(got, reference)
+    for warm in (False, True):
+        got = list(make_loader("everything", n=40, epochs=1, worker_count=2, warm_start=warm))
+        assert_streams_equal(got, reference)
 
 
 def test_warm_start_computes_units_here_until_a_worker_is_ready_and_then_none(tmp_path):
     marker, release = str(tmp_path / "in-init"), str(tmp_path / "go")
     source, sampler, ops = dl.RangeDataSource(40), dl.SequentialSampler(40), [dl.Batch(4)]
     reference = list(dl.DataLoader(source, sampler, ops))
-    loader = dl.DataLoader(source, sampler, ops, worker_count=2,
+    loader = dl.DataLoader(source, sampler, ops, worker_count=2, warm_start=True,  # the opt-in
                            worker_init_fn=wp.gated_init(marker, release))
     it = iter(loader)
     got = [next(it) for _ in range(3)]  # the workers wait in their init: all made here

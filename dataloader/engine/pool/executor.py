@@ -7,9 +7,12 @@ which bounds memory), the :class:`~.transport.Transport` (results back through s
 memory) and the worker set (:class:`~.workers.Workers`, the processes; the loop's
 tests pass a fake).
 
-Until a worker is ready, the parent computes the units the consumer asks for itself
-(``warm_start``; a record that crashes its process would crash the parent there, so
-it can be switched off).
+User code runs in the workers only. The first batch comes fast because workers fork
+from the training process's fork server in milliseconds
+(:mod:`~dataloader.engine.pool.zygote`). ``warm_start=True`` is the opt-in to compute
+the units the consumer asks for in this process until a worker is ready: then a record
+that crashes its process crashes the training process, ``worker_init_fn`` does not
+apply to those units, and a result that does not pickle is not named.
 
 A worker that dies (SIGKILL, OOM killer, segfault) closes its result pipe, which wakes
 the parent at once: it is replaced and its units are computed again, so the output is
@@ -60,7 +63,8 @@ class PoolExecutor(Guarded):
             runs (:mod:`~dataloader.engine.pool.autoscale`).
         init_fn: ``f(worker_index, worker_count)`` run in each child before work.
         warm_start: compute the units asked for in this process while no worker is ready
-            (not with ``unit_timeout_s``: a unit computed here cannot be timed out).
+            (an opt-in that runs user code in the training process; not with
+            ``unit_timeout_s``: a unit computed here cannot be timed out).
         stall_warning_s: log a unit that a worker has computed for this long (None:
             never).
         unit_timeout_s: make a unit computed for this long an error and replace its
@@ -78,7 +82,7 @@ class PoolExecutor(Guarded):
         worker_count: int | AutoWorkers,
         buffer_size: int,
         init_fn: Any = None,
-        warm_start: bool = True,
+        warm_start: bool = False,
         stall_warning_s: float | None = None,
         unit_timeout_s: float | None = None,
         make_workers: Callable[[int, bytes, bytes, str], Workers] = WorkerSet,
@@ -163,8 +167,8 @@ class PoolExecutor(Guarded):
                 raise self._closed_error()
             self._dispatch()
             # Nothing is dispatched before a worker is ready, so the head unit is free.
-            # Units computed here until then fill the start-up gap (a record that crashes
-            # its process would take this one down: hence warm_start=False).
+            # With the opt-in, units computed here until then fill the start-up gap (a
+            # record that crashes its process takes this one down: hence not by default).
             if self._warm_start and not self._ever_ready:
                 self._wait(0)  # a worker ready by now takes the head instead
                 if not self._ever_ready:

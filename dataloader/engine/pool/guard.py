@@ -8,8 +8,8 @@ below it runs with the lock held, one call at a time.
 * ``close()`` never waits on a stuck ``next()``: the consumer polls in steps of at most
   0.25 s and gives the lock up, with a :class:`~dataloader.errors.LoaderClosedError`,
   once it sees that ``close()`` was called. Only a ``next()`` busy in user code in this
-  process (a warm-start unit) cannot give it up; ``close()`` then releases the workers
-  and blocks without it, after ``CLOSE_WAIT_S``.
+  process (a unit computed here with the ``warm_start=True`` opt-in) cannot give it up;
+  ``close()`` then releases the workers and blocks without it, after ``CLOSE_WAIT_S``.
 * A start-up thread takes in what the workers say and hands out the first units as soon
   as they are ready, before the first ``next()``, so the pool works while the training
   script is still setting up (compiling its step, restoring a checkpoint).
@@ -17,6 +17,7 @@ below it runs with the lock held, one call at a time.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 from typing import Any
@@ -56,9 +57,11 @@ class Guarded:
         self._finalizer = weakref.finalize(self, _release, workers, transport)
 
     def _start_early(self) -> None:
-        threading.Thread(
-            target=Guarded._prestart, args=(weakref.ref(self),), name="granary-prestart", daemon=True
-        ).start()
+        # No thread left (a pids limit): no early start; the first next() starts the work.
+        with contextlib.suppress(RuntimeError):
+            threading.Thread(
+                target=Guarded._prestart, args=(weakref.ref(self),), name="granary-prestart", daemon=True
+            ).start()
 
     @staticmethod
     def _prestart(ref: weakref.ref[Guarded]) -> None:

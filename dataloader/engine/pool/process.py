@@ -20,12 +20,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
+from dataloader.errors import WorkerError
+
 if TYPE_CHECKING:
-    from dataloader.engine.pool.zygote import ForkedChild, Zygote
+    from dataloader.engine.pool.zygote import ForkedChild
 
 STOP_GRACE_S = 2.0
 _KEYS = itertools.count()
@@ -102,8 +104,11 @@ class WorkerProcess:
         shared_fds: more descriptors the child inherits (the progress board): under the
             same numbers when started as an interpreter, handed to ``worker.run`` by the
             fork server when forked.
-        zygote: fork the worker from this fork server (None: start an interpreter).
-            Raises OSError if the fork server is gone.
+        fork: ``fork(fds)`` asks the fork server for the worker on these descriptors
+            (None: start an interpreter). Raises OSError if the fork server is gone.
+
+    Raises :class:`~dataloader.errors.WorkerError` naming the limit when no process
+    or thread can be started (a pids limit, ``ulimit -u``).
     """
 
     def __init__(
@@ -111,7 +116,7 @@ class WorkerProcess:
         index: int,
         init: bytes,
         shared_fds: tuple[int, ...] = (),
-        zygote: Zygote | None = None,
+        fork: Callable[[tuple[int, ...]], ForkedChild] | None = None,
     ) -> None:
         self.index = index
         self.key = next(_KEYS)  # unique for the life of this process (pids are not)
@@ -121,15 +126,18 @@ class WorkerProcess:
         res_r, res_w = os.pipe()
         self.proc: subprocess.Popen[bytes] | ForkedChild
         try:
-            if zygote is not None:
-                self.proc = zygote.fork((task_r, res_w, *shared_fds))
+            if fork is not None:
+                self.proc = fork((task_r, res_w, *shared_fds))
             else:
-                self.proc = subprocess.Popen(
-                    [sys.executable, "-c", _BOOT, str(task_r), str(res_w), startup_cpus()],
-                    pass_fds=(task_r, res_w, *shared_fds),
-                    env=worker_env(),
-                    stdin=subprocess.DEVNULL,
-                )
+                try:
+                    self.proc = subprocess.Popen(
+                        [sys.executable, "-c", _BOOT, str(task_r), str(res_w), startup_cpus()],
+                        pass_fds=(task_r, res_w, *shared_fds),
+                        env=worker_env(),
+                        stdin=subprocess.DEVNULL,
+                    )
+                except BlockingIOError as exc:  # EAGAIN: no process left (a pids limit)
+                    raise start_failure(index, f"the interpreter did not start: {exc!r}") from exc
         except BaseException:
             os.close(task_w)
             os.close(res_r)
@@ -139,7 +147,14 @@ class WorkerProcess:
             os.close(res_w)
         self.tasks = Connection(task_w, readable=False)
         self.results = Connection(res_r, writable=False)
-        threading.Thread(target=self._send_quietly, args=(init,), daemon=True).start()
+        try:
+            threading.Thread(target=self._send_quietly, args=(init,), daemon=True).start()
+        except RuntimeError as exc:  # "can't start new thread": threads count as pids
+            self.proc.kill()
+            self.close_pipes()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(1.0)
+            raise start_failure(index, f"{exc} (a thread to send its plan)") from exc
 
     @property
     def pid(self) -> int:
@@ -170,6 +185,57 @@ class WorkerProcess:
         for conn in (self.tasks, self.results):
             with contextlib.suppress(OSError):
                 conn.close()
+
+
+def pids_limit() -> tuple[int, int, str] | None:
+    """The tightest pids limit of this process's control group and those above it (a
+    container's limit on processes and threads): ``(pids.max, pids.current, file)``, or
+    None without one. cgroup v1 (``pids`` controller) or v2."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    found: list[tuple[int, int, str]] = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            top = "/sys/fs/cgroup"  # v2
+        elif "pids" in controllers.split(","):
+            top = "/sys/fs/cgroup/pids"
+        else:
+            continue
+        parts = [p for p in path.split("/") if p]
+        for depth in range(len(parts), -1, -1):  # a parent's limit binds its children
+            folder = os.path.join(top, *parts[:depth])
+            try:
+                with open(os.path.join(folder, "pids.max")) as f:
+                    text = f.read().strip()
+                with open(os.path.join(folder, "pids.current")) as f:
+                    current = int(f.read().strip())
+            except (OSError, ValueError):
+                continue
+            if text.isdigit():
+                found.append((int(text), current, os.path.join(folder, "pids.max")))
+    return min(found) if found else None
+
+
+def start_failure(index: int, why: str) -> WorkerError:
+    """The error for worker ``index`` that could not start (``why``: what failed), naming
+    the pids limit where there is one."""
+    limit = pids_limit()
+    if limit is not None:
+        most, used, path = limit
+        return WorkerError(
+            f"could not start worker {index}: the pids limit of this container is reached "
+            f"(pids.max={most} in {path}, {used} in use; threads count too): {why}; lower "
+            f"worker_count (worker_count='auto' keeps within it), or raise the limit "
+            f"(docker run --pids-limit, the pod's pids limit)"
+        )
+    return WorkerError(
+        f"could not start worker {index}: {why}; the system refused a new process or "
+        f"thread (ulimit -u, kernel.threads-max, or memory): lower worker_count"
+    )
 
 
 def stop_all(workers: Iterable[WorkerProcess]) -> None:

@@ -1,10 +1,13 @@
 """The worker processes of one pool: start, replace, retire and reap them.
 
 A :class:`WorkerSet` owns what must be released whatever happens to the pool: the
-processes, the fork server and the progress board. Workers are forked by the fork
-server (:mod:`~dataloader.engine.pool.zygote`), which imports once, off the parent's
-CPU; where it cannot start, or once it refuses or dies, each worker starts as a fresh
-interpreter (:mod:`~dataloader.engine.pool.process`), which is slower but not wrong.
+processes, its registration with the fork server and the progress board. Workers are
+forked by the training process's fork server (:mod:`~dataloader.engine.pool.zygote`),
+which outlives the pool (every pool of the process shares it) and has imported what
+they need already; where it cannot start, or once it refuses, dies or is found stopped,
+each worker starts as a fresh interpreter (:mod:`~dataloader.engine.pool.process`),
+which is slower but not wrong. A worker that cannot start because the container's
+pids limit is reached is a :class:`~dataloader.errors.WorkerError` naming the limit.
 
 It keeps the poll map: which result pipe belongs to which worker, in one
 ``select.poll`` object for the life of the pool (building a selector per wait, as
@@ -18,6 +21,7 @@ says when to start, replace, retire or stop a worker, and learns which workers s
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import pickle
@@ -30,7 +34,7 @@ from typing import Any, Protocol
 from dataloader.engine.pool import zygote as fork_server
 from dataloader.engine.pool.autoscale import private_bytes, usable_cpus
 from dataloader.engine.pool.messages import Init, WorkerConfig
-from dataloader.engine.pool.process import WorkerProcess, startup_cpus, stop_all, worker_env
+from dataloader.engine.pool.process import WorkerProcess, pids_limit, start_failure, stop_all
 from dataloader.engine.pool.watch.progress import Board
 from dataloader.errors import LoaderClosedError, WorkerError
 
@@ -92,18 +96,15 @@ class WorkerSet:
         self.stopping = False  # set by close() from any thread: no process starts after it
         self._startup_deaths = 0
         self._worker_bytes = 0  # private memory of one worker, measured once one is ready
-        self.zygote: fork_server.Zygote | None = None
-        if fork_server.ENABLED:
+        # The process's fork server (started now if the loader did not start it), told
+        # what this pool's plan imports; None: every worker starts an interpreter.
+        self.zygote = fork_server.shared()
+        self._pool = 0
+        if self.zygote is not None:
             try:
-                self.zygote = fork_server.Zygote(
-                    fork_server.preload_modules(plan_bytes),
-                    block_prefix,
-                    os.sched_getaffinity(0),
-                    worker_env(),
-                    startup_cpus(),
-                )
-            except OSError as exc:  # no fork server: every worker starts an interpreter
-                logger.warning("granary: no fork server (%s); workers start one by one", exc)
+                self._pool = self.zygote.open_pool(fork_server.preload_modules(plan_bytes), block_prefix)
+            except OSError:  # it died just now: interpreters
+                self.zygote = None
         try:
             self.board: Board | None = Board(slots)
         except OSError as exc:  # no memfd (not Linux, or an old kernel): no stall checks
@@ -167,8 +168,9 @@ class WorkerSet:
         zygote = self.zygote
         worker = None
         if zygote is not None:
+            fork = functools.partial(zygote.fork, pool=self._pool, cpus=config.cpus)
             with contextlib.suppress(OSError):  # the fork server is gone: start one as before
-                worker = WorkerProcess(index, init, shared, zygote)
+                worker = WorkerProcess(index, init, shared, fork)
             if worker is None:
                 self._drop_zygote()
         if worker is None:
@@ -210,20 +212,26 @@ class WorkerSet:
         its exit code.
 
         A fork server that refused or died is dropped (not the pipeline's fault):
-        interpreters start from now on. Raises WorkerError when workers keep dying
-        before they are ready.
+        interpreters start from now on. Raises WorkerError when the fork server could
+        not fork (``EAGAIN``: a pids limit), or when workers keep dying before they are
+        ready.
         """
         code = w.reap()
         self._forget(w)
         w.close_pipes()
-        if isinstance(w.proc, fork_server.ForkedChild) and (w.proc.lost or code == fork_server.LOST):
-            self._drop_zygote()
-        elif not timed_out and not w.ready:
+        if isinstance(w.proc, fork_server.ForkedChild):
+            error = w.proc.error
+            if error is not None:  # an interpreter would not start either
+                raise start_failure(w.index, error)
+            if w.proc.lost or code == fork_server.LOST:
+                self._drop_zygote()
+                return code
+        if not timed_out and not w.ready:
             self._startup_deaths += 1
             if self._startup_deaths >= MAX_CRASHES:
                 raise WorkerError(
                     f"worker processes keep dying before they start (exit code {code}); "
-                    f"run with worker_count=0 to see the error in this process"
+                    f"{_pids_hint()}run with worker_count=0 to see the error in this process"
                 )
         return code
 
@@ -269,8 +277,9 @@ class WorkerSet:
         del self._by_fd[fd]
 
     def _drop_zygote(self) -> None:
+        """This pool forks no more (the server lives on for other pools, if it can)."""
         if self.zygote is not None:
-            self.zygote.close()
+            self.zygote.close_pool(self._pool)
             self.zygote = None
 
     def close(self) -> None:
@@ -294,3 +303,17 @@ class WorkerSet:
         if not self._worker_bytes and live and live[0].ready:
             self._worker_bytes = private_bytes(live[0].pid)
         return self._worker_bytes
+
+
+def _pids_hint() -> str:
+    """Under a pids limit, the likeliest cause of workers that die at once (a worker that
+    cannot start its threads exits with code 1), for the error's message."""
+    limit = pids_limit()
+    if limit is None:
+        return ""
+    most, used, path = limit
+    return (
+        f"this container limits processes and threads to pids.max={most} ({path}; {used} "
+        f"in use now), and a worker that cannot start a thread dies like this: lower "
+        f"worker_count or raise the limit; or "
+    )

@@ -138,12 +138,49 @@ def test_an_unpicklable_result_names_record_operation_and_type(op, record, where
     it.close()
 
 
-def test_an_unpicklable_batch_names_its_positions_and_the_batch():
+def test_an_unpicklable_batch_names_the_element_that_holds_the_part():
     loader = dl.DataLoader(
         dl.RangeDataSource(20), dl.SequentialSampler(20),
         [dl.MapTransform(lambda x: {"f": lambda: x}), dl.Batch(4, batch_fn=list)], worker_count=2, warm_start=False,
     )
-    with pytest.raises(dl.PipelineError, match=r"the batch of positions \[0, 4\) \(first record 0\) after Batch\(4, .*batch_fn=list\) .* holds a function at \[0\]\['f'\]"):
+    with pytest.raises(dl.PipelineError, match=r"the batch of positions \[0, 4\) after Batch\(4, .*batch_fn=list\): its "
+                       r"element of record 0 \(position 0\) after MapTransform\(.*<lambda>\) .* holds a function at \['f'\]"):
+        next(iter(loader))
+
+
+def test_an_unpicklable_batch_names_the_record_behind_it_not_the_first_of_the_batch():
+    """Record 57 makes the part; it is the 3rd element of its batch of 8, wherever the
+    shuffle put it."""
+    n = 80
+    sampler = dl.IndexSampler(n, shuffle=True, seed=4, num_epochs=1)
+    loader = dl.DataLoader(
+        dl.RangeDataSource(n), sampler,
+        [dl.MapTransform(lambda x: {"x": x, "f": (lambda: x) if x == 57 else None}), dl.Batch(8, batch_fn=list)],
+        worker_count=2, warm_start=False,
+    )
+    position = int(np.flatnonzero(sampler.record_keys(np.arange(n)) == 57)[0])
+    start = position // 8 * 8
+    it = iter(loader)
+    assert len([next(it) for _ in range(start // 8)]) == start // 8
+    with pytest.raises(
+        dl.PipelineError,
+        match=rf"the batch of positions \[{start}, {start + 8}\) after Batch\(8, .*\): its element of record 57 "
+        rf"\(position {position}\) after MapTransform\(.*<lambda>\) cannot be sent .* holds a function at \['f'\]",
+    ) as info:
+        next(it)
+    assert (info.value.record_index, info.value.position) == (57, position)
+    assert info.value.operation.startswith("MapTransform(") and info.value.operation.endswith("<lambda>)")
+    it.close()
+
+
+def test_a_batch_fn_that_makes_an_unpicklable_batch_names_the_batch():
+    loader = dl.DataLoader(
+        dl.RangeDataSource(20), dl.SequentialSampler(20),
+        [dl.MapTransform(lambda x: x), dl.Batch(4, batch_fn=lambda xs: {"xs": xs, "lock": threading.Lock()})],
+        worker_count=2, warm_start=False,
+    )
+    with pytest.raises(dl.PipelineError, match=r"the batch of positions \[0, 4\) \(first record 0\) after Batch\(4, "
+                       r".*\) cannot be sent .* holds a lock at \['lock'\]"):
         next(iter(loader))
 
 

@@ -89,6 +89,19 @@ def test_function_args_are_bound_as_keywords():
     assert first.tolist() == [0, 10, 20, 30]
 
 
+def test_a_config_is_code_loading_runs_the_modules_it_names_and_an_override_names_any_callable(tmp_path, monkeypatch):
+    """What the README's "a config is code" warns of: load_config imports (runs) the
+    modules it names, and an override may put any callable in place of an operation."""
+    (tmp_path / "side_effects.py").write_text(
+        "import pathlib\npathlib.Path(__file__).with_name('ran').write_text('imported')\n"
+        "def shout(x):\n    return -x\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = load_config(write_yaml(tmp_path, base()), ["operations.0.map=side_effects.shout", "sampler.shuffle=false"])
+    assert (tmp_path / "ran").read_text() == "imported"  # before any loader was built
+    assert next(iter(config.build_loader())).tolist() == [0, -1, -2, -3]
+
+
 def test_an_operation_subclass_is_instantiated():
     data = base()
     data["operations"][0] = {"map": f"{__name__}.Halve"}

@@ -382,6 +382,10 @@ def load_config(
 ) -> PipelineConfig:
     """Reads a YAML pipeline config, applies ``key.sub=value`` overrides, checks it.
 
+    A config is code: it imports the modules its import paths name (running their
+    top-level code), and the loader calls the callables named, so load only configs
+    (and overrides) you would run as a Python script.
+
     Args:
         path: the YAML file.
         overrides: strings like ``"sampler.seed=7"`` or ``"operations.1.batch.batch_size=32"``

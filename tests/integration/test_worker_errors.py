@@ -280,7 +280,7 @@ def test_with_defaults_an_unpicklable_result_in_the_first_unit_is_named(attempt)
         [dl.MapTransform(lambda x: {"x": x, "lock": threading.Lock() if x == 0 else None}), dl.Batch(4, batch_fn=list)],
         worker_count=2,
     )
-    with pytest.raises(dl.PipelineError, match=r"holds a lock at \[0\]\['lock'\], which does not pickle"):
+    with pytest.raises(dl.PipelineError, match=r"its element of record 0 \(position 0\) .* holds a lock at \['lock'\], which does not pickle"):
         next(iter(loader))
 
 

@@ -9,6 +9,7 @@ import pytest
 import dataloader as dl
 from tests.dataloader.engine.test_stats import assert_shape
 from tests.dataloader.pipelines import SlowStorage
+from tests.helpers import wait_until
 from tests.integration import workers_pipelines as wp
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(120)]
@@ -34,7 +35,14 @@ def consume(loader):
 def test_each_worker_has_its_busy_share_and_the_units_add_up():
     loader = dl.DataLoader(dl.RangeDataSource(160), dl.SequentialSampler(160),
                            [dl.MapTransform(slow), dl.Batch(4)], worker_count=2, warm_start=False)
-    batches, stats = consume(loader)
+    it = iter(loader)
+    # Both workers ready before the first next(): on a loaded machine one may start so
+    # late that the other has done every unit, which is not what this test is about.
+    workers = it._executor._workers.workers
+    assert wait_until(lambda: len(workers) == 2 and all(w.ready for w in workers))
+    batches = list(it)
+    stats = it.stats()
+    it.close()
     assert_shape(stats)
     assert len(batches) == stats["batches_out"] == 40 and stats["records_read"] == 160
     workers = stats["workers"]

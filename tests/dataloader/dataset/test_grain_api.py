@@ -12,7 +12,7 @@ import pytest
 
 import dataloader as dl
 import dataloader.experimental as ge
-from tests.helpers import wait_until
+from tests.helpers import PATIENCE_S, wait_until
 
 
 def test_apply_builds_the_chain_a_list_of_operations_describes():
@@ -106,12 +106,12 @@ def test_start_prefetch_computes_the_first_units_before_the_first_next():
 
     def slow(x):
         seen.append(x)
-        gate.wait(5)
+        gate.wait(PATIENCE_S)
         return x
 
     it = iter(dl.MapDataset.range(8).map(slow).batch(2).to_iter_dataset())
     it.start_prefetch()
-    assert wait_until(lambda: len(seen) >= 1, timeout=5.0), "a unit started before the first next()"
+    assert wait_until(lambda: len(seen) >= 1), "a unit started before the first next()"
     gate.set()
     assert [b.tolist() for b in it] == [[0, 1], [2, 3], [4, 5], [6, 7]]
 

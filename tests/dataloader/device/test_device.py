@@ -328,7 +328,7 @@ def test_close_stops_the_feed_thread():
     next(it)
     assert len(feed_threads()) == len(before) + 2  # the read and the transfer threads
     it.close()
-    assert feed_threads() == before
+    assert wait_until(lambda: feed_threads() == before)
     with pytest.raises(StopIteration):
         next(it)
 
@@ -348,7 +348,7 @@ def test_close_is_quick_while_the_read_thread_waits_on_a_stuck_worker(tmp_path):
     # returning at all shows it did not wait for it (else the test's timeout ends it).
     it.close()
     assert wait_until(lambda: not child_pids())
-    assert not feed_threads()
+    assert wait_until(lambda: not feed_threads())
 
 
 def test_close_ends_the_loaders_worker_processes():
@@ -358,7 +358,7 @@ def test_close_ends_the_loaders_worker_processes():
     assert child_pids()
     it.close()
     assert wait_until(lambda: not child_pids())
-    assert not feed_threads()
+    assert wait_until(lambda: not feed_threads())
 
 
 def test_garbage_collection_stops_the_thread_and_the_workers():
@@ -380,7 +380,7 @@ def test_leaving_a_with_block_early_closes_an_iterator_source():
     with dl.device_prefetch(source) as it:
         next(it)
     assert source.closed
-    assert not feed_threads()
+    assert wait_until(lambda: not feed_threads())
 
 
 class WaitsUntilClosed(dl.DatasetIterator):
@@ -419,7 +419,7 @@ def test_a_source_that_closes_from_any_thread_is_closed_while_its_next_waits(mon
     assert source.inside.wait(60)
     it.close()
     assert source.released.is_set() and source._closed
-    assert not feed_threads()
+    assert wait_until(lambda: not feed_threads())
 
 
 def test_a_source_that_does_not_declare_it_is_closed_after_its_read_thread():

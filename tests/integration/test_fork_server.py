@@ -340,3 +340,24 @@ def test_a_pids_limit_that_stops_workers_from_starting_is_named():
             out, err = proc.communicate(timeout=100)
     assert proc.returncode == 0, err
     assert re.search(r"error: .*pids\.max=6", out), (out, err)
+
+
+@pytest.mark.timeout(60)
+def test_a_server_stopped_before_iter_is_left_behind_and_workers_start_as_interpreters():
+    """Fork requests sent to a stopped server are never answered and their pipes never
+    close: the pool looks at the server while its workers are not ready."""
+    expected = reference(64)
+    ld = loader(64)
+    server = fork_server.shared()
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    try:
+        it = iter(ld)
+        got = [next(it)["id"].tolist()]
+        parents = {parent_of(pid) for pid in it._executor.pids}
+        got += [b["id"].tolist() for b in it]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(server.proc.pid, signal.SIGCONT)
+    assert got == expected
+    assert not server.alive and it._executor._workers.zygote is None
+    assert parents == {os.getpid()}  # interpreters, started by this process

@@ -186,7 +186,14 @@ class WorkerSet:
         """``(worker, message, size in bytes)`` for every message that arrives within
         ``timeout`` seconds (0: only those there now); ``message`` is None for a worker
         whose pipe closed (it died: :meth:`bury` it). Read one at a time, so a worker
-        replaced while an earlier event was handled is skipped."""
+        replaced while an earlier event was handled is skipped.
+
+        While a forked worker is not ready, the fork server is looked at (a stopped one
+        is killed: the pipes of the workers it was asked for close, and they start as
+        interpreters)."""
+        zygote = self.zygote
+        if zygote is not None and not all(w.ready for w in self.workers):
+            zygote.check()
         for fd, _ in self._poller.poll(int(timeout * 1000)):
             w = self._by_fd.get(fd)
             if w is None:

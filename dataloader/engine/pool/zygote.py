@@ -212,6 +212,7 @@ class Zygote:
         self._imported = set(modules)
         self.alive = True
         self._closing = False  # close() was called: the server's end is expected
+        self._next_look = 0.0  # when check() next looks at the server's state
         try:
             self._send(("import", list(modules), tuple(sorted(os.sched_getaffinity(0)))))
             threading.Thread(target=self._read_answers, name="granary-fork-server", daemon=True).start()
@@ -270,6 +271,17 @@ class Zygote:
                 self._cond.wait(min(left, LOOK_S))
                 if not answered() and self.alive and process_state(self.proc.pid) in ("T", "t"):
                     self._lose("it is stopped (SIGSTOP or a debugger)")
+
+    def check(self) -> None:
+        """Loses the server if it is stopped, looking at most every ``LOOK_S``: what a pool
+        whose workers are not ready yet calls while it waits (a fork request sent to a
+        stopped server is never answered, and its descriptors stay in the socket, so no
+        pipe closes to say so)."""
+        now = time.monotonic()
+        if self.alive and now >= self._next_look:
+            self._next_look = now + LOOK_S
+            if process_state(self.proc.pid) in ("T", "t"):
+                self._lose("it is stopped (SIGSTOP or a debugger)")
 
     def _lose(self, why: str) -> None:
         """The server is of no more use: kill it (its workers then exit too, and are

@@ -27,13 +27,14 @@ Two kinds of ``IterDataset`` run here, and they compose freely:
   ``flat_map``/``random_map``/``batch`` calls chained on it compile to a ``DataLoader``
   (:class:`~dataloader.dataset.iter_dataset.LoaderIterDataset`): records are read by
   position in worker processes, the state is one position, a restore is O(1).
-* **Streams on the engine**: ``ParquetIterDataset(...)`` followed by ``map``/``filter``/
-  ``flat_map``/``random_map``/``batch`` (or by ``mp_prefetch``) compiles the same way,
-  over a source whose record ``p`` is row ``p`` of the stream in its order (files
-  interleaved as the stream reads them): the rows and the functions are computed in
-  worker processes, a run of consecutive rows per unit, and the state is one position
-  (:mod:`dataloader.dataset.streams.parquet_source`). The stream iterated alone reads in
-  order in this process, with its file-and-row state.
+* **Streams on the engine**: a Parquet stream (``ParquetIterDataset(...)``, or a finite
+  list of one-file ones interleaved and window-shuffled, as MaxText builds it) followed
+  by ``map``/``filter``/``flat_map``/``random_map``/``batch`` (or by ``mp_prefetch``)
+  compiles the same way, over a source whose record ``p`` is row ``p`` of the stream in
+  its order: the rows and the functions are computed in worker processes, a run of
+  consecutive rows per unit, and the state is one position
+  (:mod:`dataloader.dataset.streams.lowering`). A stream iterated alone reads in order
+  in this process, with its file-and-row state.
 * **Iterator-level**: everything else (packing, interleaving, window shuffles, thread
   prefetch, user-defined datasets, TFRecord streams, and element-wise calls chained
   after one of those). Such a stage runs in the consumer's process on the ordered
@@ -193,8 +194,12 @@ class IterDataset(Generic[T], abc.ABC):
         ``sequential_slice`` is accepted for Grain's signature: the output does not
         depend on how work is split, so there is nothing to choose.
         """
+        from dataloader.dataset.streams.lowering import on_engine
         from dataloader.dataset.transformations.prefetch import MultiprocessPrefetchIterDataset
 
+        engine = on_engine(self)  # a stream with a random-access form: read in the workers
+        if engine is not None:
+            return engine.mp_prefetch(options, worker_init_fn, sequential_slice)
         return MultiprocessPrefetchIterDataset(self, options, worker_init_fn)
 
     @staticmethod
@@ -216,9 +221,15 @@ class IterDataset(Generic[T], abc.ABC):
     # -- helpers for subclasses -------------------------------------------------------
 
     def _then(self, op: Operation | Batch) -> IterDataset:
-        """This stream followed by ``op``; engine-backed datasets override it."""
+        """This stream followed by ``op``: on the engine where the stream has a
+        random-access form (:mod:`dataloader.dataset.streams.lowering`), else at the
+        iterator level; engine-backed datasets override it."""
+        from dataloader.dataset.streams.lowering import on_engine
         from dataloader.dataset.transformations.elementwise import OperationIterDataset
 
+        engine = on_engine(self)
+        if engine is not None:
+            return engine._then(op)
         return OperationIterDataset(self, op)
 
     def _copy(self) -> IterDataset[T]:

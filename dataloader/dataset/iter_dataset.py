@@ -63,6 +63,7 @@ class LoaderIterDataset(IterDataset):
         multiprocessing: MultiprocessingOptions | None = None,
         worker_init_fn: Callable[[int, int], Any] | None = None,
         allow_nones: bool = False,
+        position_of_state: Callable[[dict[str, Any]], int] | None = None,
     ) -> None:
         if not isinstance(parent, MapDataset):
             raise TypeError(f"to_iter_dataset() is called on a MapDataset, got {parent!r}")
@@ -81,6 +82,8 @@ class LoaderIterDataset(IterDataset):
         self._mp = multiprocessing
         self._worker_init_fn = worker_init_fn
         self._allow_nones = check_bool("allow_nones", allow_nones)
+        # Set when this is a stream on the engine: reads the streaming iterators' states.
+        self._position_of_state = position_of_state
         self._loader: DataLoader | None = None
 
     def _with(self, **changes: Any) -> LoaderIterDataset:
@@ -93,6 +96,7 @@ class LoaderIterDataset(IterDataset):
             "multiprocessing": self._mp,
             "worker_init_fn": self._worker_init_fn,
             "allow_nones": self._allow_nones,
+            "position_of_state": self._position_of_state,
         }
         fields.update(changes)
         return LoaderIterDataset(self._parent, **fields)
@@ -201,10 +205,18 @@ class LoaderIterDataset(IterDataset):
         if self._mp is None:
             inherited = inherited_workers()
             if inherited is not None:  # built under an mp_prefetch further down the chain
-                return _iterator_of(self._build_loader(*inherited, options))
+                return self._iterator_of(self._build_loader(*inherited, options))
         if options is not None:  # under a WithOptionsIterDataset
-            return _iterator_of(self._build_loader(self._mp or MultiprocessingOptions(), self._worker_init_fn, options))
-        return _iterator_of(self.loader)
+            return self._iterator_of(self._build_loader(self._mp or MultiprocessingOptions(), self._worker_init_fn, options))
+        return self._iterator_of(self.loader)
+
+    def _iterator_of(self, loader: DataLoader) -> DatasetIterator:
+        """``loader.iterator()``; for a stream on the engine, one that also takes the
+        streaming iterators' states (unless a packer follows: its tail nests the
+        loader's state in its own)."""
+        if self._position_of_state is None or loader._tail:
+            return loader.iterator()
+        return StreamStateIterator(loader.engine, self._position_of_state)
 
     def __repr__(self) -> str:
         ops = "".join(f".apply({o.name})" for o in self._operations)
@@ -214,9 +226,9 @@ class LoaderIterDataset(IterDataset):
 
 class StreamStateIterator(DataLoaderIterator):
     """The iterator of a stream on the engine (``ParquetIterDataset(...).map(f)``), which
-    also continues from a state of the streaming iterators: the source's
-    ``position_of_state`` turns one into a position (see
-    :mod:`dataloader.dataset.streams.parquet_source`). Its own states are the loader's."""
+    also continues from a state of the streaming iterators: ``position_of_state`` turns
+    one into a position (see :mod:`dataloader.dataset.streams.lowering`). Its own states
+    are the loader's."""
 
     def __init__(self, engine: Any, position_of_state: Callable[[dict[str, Any]], int]) -> None:
         self._position_of_state = position_of_state
@@ -226,15 +238,6 @@ class StreamStateIterator(DataLoaderIterator):
         if isinstance(state, dict) and "made_for" not in state:
             state = make_state(self._plan, Cursor(self._position_of_state(state)))
         super().set_state(state)
-
-
-def _iterator_of(loader: DataLoader) -> DatasetIterator:
-    """``loader.iterator()``, taking streaming states where its source reads them (and no
-    packer follows, whose tail nests the loader's state in its own)."""
-    position_of_state = getattr(loader.plan.source, "position_of_state", None)
-    if position_of_state is None or loader._tail:
-        return loader.iterator()
-    return StreamStateIterator(loader.engine, position_of_state)
 
 
 def mix_iter_datasets(datasets: Sequence[Any], weights: Sequence[float] | None) -> IterDataset:

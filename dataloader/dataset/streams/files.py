@@ -6,7 +6,7 @@ from each in turn (``InterleaveIterDataset``), the next file opened when one end
 state is then the interleave's (which files are open, and where each one is).
 
 Element-wise calls chained on a source whose format finds a record by position
-(Parquet: :meth:`FileIterDataset._engine`) run on the engine, in worker processes under
+(Parquet: :meth:`FileIterDataset._stream_form`) run on the engine, in worker processes under
 ``mp_prefetch``; the source alone, iterated, reads in order in this process.
 
 To shuffle the files, or read them for several epochs, build the list as a
@@ -19,7 +19,6 @@ from __future__ import annotations
 import abc
 import copy
 import os
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from dataloader.dataset.base import DatasetIterator, IterDataset
@@ -28,9 +27,7 @@ from dataloader.errors import StateMismatchError
 from dataloader.sources import expand_paths
 
 if TYPE_CHECKING:
-    from dataloader.dataset.iter_dataset import LoaderIterDataset
-    from dataloader.operations import Batch, Operation
-    from dataloader.options import MultiprocessingOptions
+    from dataloader.dataset.streams.lowering import StreamForm
 
 CYCLE_LENGTH = 16
 """Files read at a time by a source over several files (Grain's number)."""
@@ -81,40 +78,11 @@ class FileIterDataset(IterDataset):
         files = [self._for_file(p) for p in self._paths]
         return iter(InterleaveIterDataset(files, cycle_length=CYCLE_LENGTH))
 
-    # -- on the engine -------------------------------------------------------------------
-
-    def _engine(self) -> LoaderIterDataset | None:
-        """This stream as an engine-backed dataset (records by stream position), or None
-        for a format whose records cannot be found by position (then the calls chained
-        on it run at the iterator level)."""
+    def _stream_form(self) -> StreamForm | None:
+        """This stream as random access over its order (:mod:`~dataloader.dataset.
+        streams.lowering`), or None for a format whose records cannot be found by
+        position (then the calls chained on it run at the iterator level)."""
         return None
-
-    def _then(self, op: Operation | Batch) -> IterDataset:
-        engine = self._engine()
-        return super()._then(op) if engine is None else engine._then(op)
-
-    def random_map(self, transform: Any, *, seed: int | None = None) -> IterDataset:
-        engine = self._engine()
-        if engine is None:
-            return super().random_map(transform, seed=seed)
-        return engine.random_map(transform, seed=seed)
-
-    def seed(self, seed: int) -> IterDataset:
-        engine = self._engine()
-        return super().seed(seed) if engine is None else engine.seed(seed)
-
-    def mp_prefetch(
-        self,
-        options: MultiprocessingOptions | None = None,
-        worker_init_fn: Callable[[int, int], Any] | None = None,
-        sequential_slice: bool = False,
-    ) -> IterDataset:
-        """Reads the stream in worker processes, unit by unit (where the format allows:
-        see :meth:`_engine`); the output and the states do not depend on the count."""
-        engine = self._engine()
-        if engine is None:
-            return super().mp_prefetch(options, worker_init_fn, sequential_slice)
-        return engine.mp_prefetch(options, worker_init_fn, sequential_slice)
 
     def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
         """Keeps the files ``paths[sl]`` (Grain's hook for sharding a dataset in place);

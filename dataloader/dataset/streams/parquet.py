@@ -25,7 +25,7 @@ from dataloader.dataset.streams.files import CYCLE_LENGTH, FileIterDataset, chec
 from dataloader.dataset.streams.parquet_source import ParquetStreamSource
 
 if TYPE_CHECKING:
-    from dataloader.dataset.iter_dataset import LoaderIterDataset
+    from dataloader.dataset.streams.lowering import StreamForm
 
 # Rows built at once from a decoded row group: dicts in bulk are ~2x faster than one at a
 # time, and a chunk, not the whole group, bounds the memory they take.
@@ -42,6 +42,35 @@ def _open(path: str, read_kwargs: dict[str, Any]) -> Any:
         if isinstance(error, FileNotFoundError):
             raise
         raise ValueError(f"{path!r} is not a readable Parquet file: {error}") from None
+
+
+# Footers read in this process: (path, size, mtime) -> (column names, rows per row group).
+# MaxText's file list makes one ParquetIterDataset per file and epoch; a file is opened
+# once for all of them (and again if it changes).
+_FOOTERS: dict[tuple[str, int, int], tuple[list[str], tuple[int, ...]]] = {}
+_FOOTERS_KEPT = 65536
+
+
+def _footer(path: str, read_kwargs: dict[str, Any]) -> tuple[list[str], tuple[int, ...]]:
+    """The column names and the rows of each row group of ``path``."""
+    key = None
+    if not read_kwargs:  # local files only: another file system has no cheap stat here
+        info = os.stat(path)
+        key = (path, info.st_size, info.st_mtime_ns)
+        if key in _FOOTERS:
+            return _FOOTERS[key]
+    handle = _open(path, read_kwargs)
+    try:
+        meta = handle.metadata
+        found = (list(handle.schema_arrow.names),
+                 tuple(meta.row_group(g).num_rows for g in range(meta.num_row_groups)))
+    finally:
+        handle.close()
+    if key is not None:
+        if len(_FOOTERS) >= _FOOTERS_KEPT:
+            _FOOTERS.clear()
+        _FOOTERS[key] = found
+    return found
 
 
 class ParquetIterDataset(FileIterDataset):
@@ -81,27 +110,22 @@ class ParquetIterDataset(FileIterDataset):
         # to find its rows).
         self._group_rows: dict[str, tuple[int, ...]] = {}
         for file in self._paths:  # fail here, not in the middle of an epoch
-            handle = _open(file, read_kwargs)
-            try:
-                names = handle.schema_arrow.names
-                missing = [c for c in self.columns or () if c not in names]
-                if missing:
-                    raise ValueError(f"column {missing[0]!r} is not in Parquet file {file!r}; its columns are {names}")
-                meta = handle.metadata
-                self._group_rows[file] = tuple(meta.row_group(g).num_rows for g in range(meta.num_row_groups))
-            finally:
-                handle.close()
+            names, self._group_rows[file] = _footer(file, read_kwargs)
+            missing = [c for c in self.columns or () if c not in names]
+            if missing:
+                raise ValueError(f"column {missing[0]!r} is not in Parquet file {file!r}; its columns are {names}")
 
     def _file_iterator(self, path: str) -> DatasetIterator:
         return ParquetFileIterator(path, self.columns, self.read_kwargs)
 
-    def _engine(self) -> LoaderIterDataset:
-        """This stream on the engine: a source over stream order, computed by position."""
+    def _stream_form(self) -> StreamForm:
+        """This stream as random access over its order: a source computed by position."""
         from dataloader.dataset.map_dataset import MapDataset
+        from dataloader.dataset.streams.lowering import StreamForm
 
         source = ParquetStreamSource(self._paths, [self._group_rows[p] for p in self._paths],
                                      self.columns, self.read_kwargs, CYCLE_LENGTH)
-        return MapDataset.source(source).to_iter_dataset()
+        return StreamForm(MapDataset.source(source), source.position_of_state)
 
 
 class ParquetFileIterator(DatasetIterator):

@@ -12,9 +12,8 @@ the streaming iterator's own (the same decoder), so the output does not depend o
 it was computed.
 
 :func:`position_of_state` reads the streaming iterators' states (one file's
-``{"path", "row_group", "index_within_row_group"}``, the interleave's over several
-files, and the iterator-level element-wise stage's ``{"parent", "index", "skip": 0}``)
-as a position of this source, so a checkpoint written before a pipeline ran on the
+``{"path", "row_group", "index_within_row_group"}``, and the interleave's over several
+files) as a position of this source, so a checkpoint written before a pipeline ran on the
 engine, or by Grain's ``ParquetIterDataset``, continues on it.
 """
 
@@ -157,14 +156,6 @@ class ParquetStreamSource(PerProcessHandles):
         Raises:
             StateMismatchError: the state is of another shape, file list or stage.
         """
-        if "parent" in state and "index" in state:
-            if int(state.get("skip", 0)):
-                raise StateMismatchError(
-                    "this state was saved in the middle of a flat map's outputs by the "
-                    "iterator-level stage, which the engine continues only between "
-                    "elements; restore it with the version of granary that saved it"
-                )
-            return self.position_of_state(state["parent"])
         if "row_group" in state and "index_within_row_group" in state:
             if len(self._paths) != 1:
                 raise StateMismatchError(

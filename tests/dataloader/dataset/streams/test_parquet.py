@@ -39,8 +39,13 @@ def two_files(tmp_path):
 
 def write_shards(folder, count=5, rows=23, row_group_size=4) -> list[str]:
     """``count`` files of ``rows`` rows: file number, row number, a string and a token list."""
+    return write_files(folder, [rows] * count, row_group_size)
+
+
+def write_files(folder, counts, row_group_size=4) -> list[str]:
+    """Files ``shard-NN.parquet`` of ``counts[NN]`` rows, as :func:`write_shards` writes them."""
     paths = []
-    for f in range(count):
+    for f, rows in enumerate(counts):
         table = pa.table({
             "file": [f] * rows,
             "row": list(range(rows)),
@@ -146,7 +151,7 @@ def test_maxtexts_composition_shuffles_the_files_per_epoch_and_restores(tmp_path
 
 
 def test_maxtexts_composition_does_not_depend_on_the_worker_count(tmp_path):
-    """Streaming sources run in the consumer, so num_workers does not change a row."""
+    """The composition runs on the workers unit by unit, so num_workers does not change a row."""
     paths = write_shards(tmp_path, count=4, rows=9)
     outputs = [list(maxtext_pipeline(paths, workers=w)) for w in (0, 1, 2)]
     assert_streams_equal(outputs[0], outputs[1])

@@ -10,10 +10,11 @@ import os
 import time
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 import dataloader as dl
-from tests.dataloader.dataset.streams.test_parquet import key, write_shards
+from tests.dataloader.dataset.streams.test_parquet import key, write_files
 from tests.helpers import assert_restores_everywhere, assert_streams_equal, take
 from tests.integration.conftest import no_leaks  # noqa: F401  (autouse: no child or block left)
 
@@ -28,12 +29,8 @@ def on_workers(ds, workers):
 
 
 def shards(folder, counts, row_group_size=3):
-    """Files of ``counts`` rows each (different lengths), written in row groups of 3."""
-    paths = []
-    for f, rows in enumerate(counts):
-        (folder / f"{f}").mkdir()
-        paths += write_shards(folder / f"{f}", count=1, rows=rows, row_group_size=row_group_size)
-    return paths
+    """Files of ``counts`` rows each (different lengths), in row groups of 3."""
+    return write_files(folder, counts, row_group_size)
 
 
 def labelled(row):
@@ -176,7 +173,7 @@ def test_a_streaming_state_of_other_files_is_refused(tmp_path):
     streaming = iter(Parquet(paths[0]))
     take(streaming, 2)
     it = iter(Parquet(paths[1]).map(labelled))
-    with pytest.raises(dl.StateMismatchError, match=r"saved while reading the file 'other\.parquet', not 'shard-00\.parquet'"):
+    with pytest.raises(dl.StateMismatchError, match=r"saved while reading the file 'other\.parquet', not 'shard-01\.parquet'"):
         it.set_state({**streaming.get_state(), "path": "other.parquet"})
     with pytest.raises(dl.StateMismatchError, match="state is of one Parquet file but this stream reads 3 files"):
         iter(Parquet(paths).map(labelled)).set_state(streaming.get_state())
@@ -184,8 +181,6 @@ def test_a_streaming_state_of_other_files_is_refused(tmp_path):
 
 
 def test_rows_are_read_a_row_group_at_a_time_in_workers_too(tmp_path, monkeypatch):
-    import pyarrow.parquet as pq
-
     paths = shards(tmp_path, [40], row_group_size=8)
     reads = []
     original = pq.ParquetFile.read_row_group
@@ -193,3 +188,59 @@ def test_rows_are_read_a_row_group_at_a_time_in_workers_too(tmp_path, monkeypatc
                         lambda self, i, *a, **k: reads.append(i) or original(self, i, *a, **k))
     assert len(list(Parquet(paths).map(labelled))) == 40
     assert reads == [0, 1, 2, 3, 4]
+
+
+def maxtext_rows(paths, epochs=2, in_order=False):
+    """MaxText's Parquet path: file order shuffled per epoch, files interleaved, rows
+    window-shuffled; ``in_order``: kept at the iterator level, as it ran before."""
+    files = dl.MapDataset.source(paths).shuffle(seed=5).repeat(epochs)
+    ds = dl.experimental.InterleaveIterDataset(files.map(Parquet), cycle_length=3)
+    ds = dl.experimental.WindowShuffleIterDataset(ds, window_size=10, seed=5)
+    if in_order:
+        ds = dl.experimental.ThreadPrefetchIterDataset(ds, prefetch_buffer_size=0)
+    return ds
+
+
+def test_maxtexts_composition_runs_on_the_workers_with_the_rows_it_had_in_order(tmp_path):
+    paths = shards(tmp_path, [7, 3, 12, 1, 9])
+    expected = list(maxtext_rows(paths, in_order=True).filter(keep_some).map(labelled))
+    assert sorted(key(r) for r in maxtext_rows(paths, in_order=True)) == sorted(
+        [(f, r) for f, n in enumerate([7, 3, 12, 1, 9]) for r in range(n)] * 2)
+    for workers in WORKERS:
+        ds = on_workers(maxtext_rows(paths).filter(keep_some).map(labelled), workers)
+        assert type(ds).__name__ == "LoaderIterDataset"  # on the engine
+        assert_streams_equal(list(ds), expected)
+
+
+def test_maxtexts_composition_computes_the_map_in_a_worker(tmp_path):
+    paths = shards(tmp_path, [300, 200, 250], row_group_size=50)
+    out = list(on_workers(maxtext_rows(paths, epochs=1).map(functools.partial(pid_and_key, os.getpid())), 2))
+    assert [k for _, k in out] == [key(r) for r in maxtext_rows(paths, epochs=1)]
+    assert {pid for pid, _ in out} - {os.getpid()}
+
+
+def test_states_of_maxtexts_composition_in_order_continue_on_the_workers(tmp_path):
+    paths = shards(tmp_path, [7, 3, 12, 1, 9])
+    expected = list(maxtext_rows(paths).map(labelled))
+    in_order = maxtext_rows(paths, in_order=True).map(labelled)
+    for step in (0, 1, 9, 10, 11, len(expected) // 2, len(expected) - 1):
+        with iter(in_order) as streaming:
+            take(streaming, step)
+            state = json.loads(json.dumps(streaming.get_state()))
+        with iter(on_workers(maxtext_rows(paths).map(labelled), 2)) as resumed:
+            resumed.set_state(state)
+            assert_streams_equal(list(resumed), expected[step:])
+
+
+def test_what_has_no_random_access_form_stays_in_order(tmp_path):
+    """An endless file list, or datasets that are not one Parquet file each, run at the
+    iterator level, as before."""
+    paths = shards(tmp_path, [4, 5])
+    endless = dl.experimental.InterleaveIterDataset(dl.MapDataset.source(paths).repeat().map(Parquet), cycle_length=2)
+    mixed = dl.experimental.InterleaveIterDataset([Parquet(paths[0]), dl.MapDataset.range(3).to_iter_dataset()],
+                                                  cycle_length=2)
+    several = dl.experimental.InterleaveIterDataset([Parquet(paths)], cycle_length=2)
+    for ds in (endless, mixed, several):
+        assert type(ds.map(lambda x: x)).__name__ == "ElementwiseIterDataset"
+    assert take(iter(endless.map(key)), 12) == [(0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (1, 2), (0, 3), (1, 3),
+                                                (1, 4), (0, 0), (0, 1), (1, 0)]

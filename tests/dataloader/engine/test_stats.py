@@ -85,7 +85,9 @@ def test_seconds_per_stage_name_each_operation_and_the_consumer_waits_for_them()
     # In this process the consumer computes every unit itself: it waits the whole time.
     # The first next() (the first unit) is start-up, apart from the waiting.
     assert stats["first_next_s"] + stats["wait_s"] >= stages["MapTransform(slow)"]
-    assert 0.016 <= stats["first_next_s"] < stats["wait_s"]
+    # Lower bounds only (a sleep never ends early; on a loaded machine it ends late): the
+    # first unit's 8 records are start-up, the other 4 units' 32 are waiting.
+    assert stats["first_next_s"] >= 0.016 and stats["wait_s"] >= 0.064
     assert stats["wait_share"] > 0.8
     assert set(stats["workers"]) == {"main"}
     assert stats["workers"]["main"]["units"] == 5
@@ -197,7 +199,9 @@ def test_the_window_is_the_last_seconds_and_never_exceeds_the_totals(monkeypatch
         next(it)
     stats = it.stats()
     window = stats["window"]
-    assert 0.1 <= window["seconds"] <= 0.3
+    # About WINDOW_S, unless a loaded machine left a gap between two next() calls with no
+    # snapshot in it: then the window reaches back to the last one before the gap.
+    assert 0 < window["seconds"] < stats["elapsed_s"]
     assert 0 < window["batches_out"] < stats["batches_out"] == 100
     assert 0 < window["records_read"] < stats["records_read"]
     for name, secs in window["stage_seconds"].items():
@@ -210,8 +214,12 @@ def test_a_hook_receives_the_stats_every_so_often_from_next(monkeypatch):
     seen = []
     it = iter(dl.DataLoader(dl.RangeDataSource(60), dl.SequentialSampler(60), [dl.MapTransform(slow), dl.Batch(1)]))
     it.add_stats_hook(lambda stats: seen.append(stats["batches_out"]), every_s=0.03)
-    list(it)  # 60 batches of at least 2 ms: 120 ms
-    assert 2 <= len(seen) <= 8, seen
+    started = time.monotonic()
+    list(it)  # 60 batches of at least 2 ms: 120 ms, more on a loaded machine
+    took = time.monotonic() - started
+    # How many calls depends on how long the run took; that they come every_s apart
+    # (not at every next()) and keep coming does not.
+    assert 2 <= len(seen) <= took / 0.03 + 1, (seen, took)
     assert seen == sorted(seen) and seen[-1] <= 60
 
 
@@ -269,7 +277,10 @@ def test_a_restore_keeps_counting():
     assert stats["batches_out"] == 5 and stats["records_read"] == 25  # one batch read twice
 
 
-def test_a_fast_stream_is_timed_one_call_in_sixteen_and_counted_exactly():
+def test_a_fast_stream_is_timed_one_call_in_sixteen_and_counted_exactly(monkeypatch):
+    # What counts as fast is set high: on a loaded machine even range()'s calls can
+    # average more than CHEAP_S, and this test is about what the clock does then.
+    monkeypatch.setattr(stats_clock, "CHEAP_S", 1.0)
     engine = iter(dl.MapDataset.range(5000).to_iter_dataset())
     it = Doubled(Doubled(engine))
     assert sum(1 for _ in it) == 5000

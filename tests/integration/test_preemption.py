@@ -88,7 +88,7 @@ SCENARIOS = {
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(600)  # three jobs, each starting JAX and Orbax: minutes on a loaded machine
 @pytest.mark.parametrize("flags", SCENARIOS.values(), ids=SCENARIOS.keys())
 def test_killed_job_resumes_with_the_batches_of_an_uninterrupted_run(data, reference, tmp_path, flags):
     job = Job(data, tmp_path, flags)

@@ -109,18 +109,18 @@ def test_pickled_source_reads_in_same_process(two_files):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(300)  # spawned interpreters: seconds idle, far more on a loaded machine
 def test_source_reads_in_spawned_process(two_files):
     source = ArrayRecordDataSource(two_files)
     source[3]
     with multiprocessing.get_context("spawn").Pool(1) as pool:
-        pid, records = pool.apply_async(read_in_child, (source, [10, 2])).get(timeout=50)
+        pid, records = pool.apply_async(read_in_child, (source, [10, 2])).get(timeout=240)
     assert pid != os.getpid()
     assert records == [record(1, 3), record(0, 2)]
 
 
 @pytest.mark.multiprocess
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(300)  # spawned interpreters: seconds idle, far more on a loaded machine
 def test_source_reopens_readers_in_forked_process(two_files):
     """A fork inherits open readers; the child must open its own.
 
@@ -136,7 +136,7 @@ def test_source_reopens_readers_in_forked_process(two_files):
         def read(indices):
             return os.getpid(), source.__getitems__(indices)
         with multiprocessing.get_context("fork").Pool(1) as pool:
-            pid, records = pool.apply_async(read, ([8, 0],)).get(timeout=50)
+            pid, records = pool.apply_async(read, ([8, 0],)).get(timeout=240)
         assert pid != os.getpid()
         assert records == [parent, source[0]], records
         print("ok")
@@ -303,14 +303,14 @@ def test_reader_options_reach_every_reader_the_source_opens(two_files, monkeypat
 
 
 @pytest.mark.multiprocess
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(300)  # spawned interpreters: seconds idle, far more on a loaded machine
 def test_reader_options_reach_the_reader_in_a_spawned_process(two_files):
     from tests.sources._child import reader_options_in_child
 
     source = ArrayRecordDataSource(two_files, _OFFLOADED)
     source[0]
     with multiprocessing.get_context("spawn").Pool(1) as pool:
-        pid, opened, got = pool.apply_async(reader_options_in_child, (source, 9)).get(timeout=50)
+        pid, opened, got = pool.apply_async(reader_options_in_child, (source, 9)).get(timeout=240)
     assert pid != os.getpid()
     assert got == record(1, 2)
     assert len(opened) == 1 and "index_storage_option:offloaded" in opened[0].split(",")

@@ -165,7 +165,7 @@ def test_a_named_block_is_read_by_name_alone_and_str_is_graines():
 
 
 @pytest.mark.multiprocess
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(300)  # spawned interpreters: seconds idle, far more on a loaded machine
 def test_processes_read_a_named_block_together():
     """Grain's own co-read test: three spawned processes read one named source."""
     name = _shm_name("coread")
@@ -180,12 +180,12 @@ def test_processes_read_a_named_block_together():
 
 
 @pytest.mark.multiprocess
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(300)  # spawned interpreters: seconds idle, far more on a loaded machine
 def test_another_python_process_attaches_by_name():
     name = _shm_name("attach")
     source = SharedMemoryDataSource(["a", "bc"], name=name)
     code = f"from dataloader.sources import SharedMemoryDataSource as S; s = S(name={name!r}); print(s[1], len(s))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
     assert out.stdout.split() == ["bc", "2"], out.stderr
     assert _exists(name)  # the attaching process ended without removing the maker's block
     del source
@@ -261,12 +261,12 @@ def test_bad_names_are_refused(name, error, match):
         SharedMemoryDataSource([1], name=name)
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(300)  # spawned interpreters: seconds idle, far more on a loaded machine
 def test_a_named_block_left_by_a_killed_maker_is_replaced_by_the_next_one():
     name = _shm_name("killed")
     code = (f"import os, signal; from dataloader.sources import SharedMemoryDataSource as S; "
             f"s = S([1, 2], name={name!r}); os.kill(os.getpid(), signal.SIGKILL)")
-    subprocess.run([sys.executable, "-c", code], timeout=50)
+    subprocess.run([sys.executable, "-c", code], timeout=240)
     assert _exists(name) and SharedMemoryDataSource(name=name)[1] == 2  # left behind
     source = SharedMemoryDataSource(["new"], name=name)
     assert source[0] == "new" and len(source) == 1

@@ -77,10 +77,20 @@ def wait_full(iterator: Any, timeout: float = PATIENCE_S) -> None:
     ), f"the device iterator's buffers did not fill within {timeout} s"
 
 
-# Put first in every script a test starts: a shell runs a background job with SIGINT
-# ignored, and a child inherits that, so without it a test of Ctrl-C run as `make test &`
-# would wait in vain for a KeyboardInterrupt.
-_CTRL_C_WORKS = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+# Put first in every script a test starts. A shell runs a background job with SIGINT
+# ignored, and a child inherits that, so without the first line a test of Ctrl-C run as
+# `make test &` would wait in vain for a KeyboardInterrupt. The watchdog ends the
+# script's process group once the test process is gone (killed, or ended by a timeout
+# that skipped its cleanup), so no script outlives the run that started it.
+_PRELUDE = """\
+import os as _os, signal as _signal, threading as _threading, time as _time
+_signal.signal(_signal.SIGINT, _signal.default_int_handler)
+def _watch(parent=_os.getppid()):
+    while _os.getppid() == parent:
+        _time.sleep(0.5)
+    _os.killpg(0, _signal.SIGKILL)
+_threading.Thread(target=_watch, name="test-watchdog", daemon=True).start()
+"""
 
 
 @contextlib.contextmanager
@@ -90,10 +100,11 @@ def python_script(body: str, **popen_kwargs: Any) -> Iterator[subprocess.Popen]:
     Yields the process, with text pipes for stdout and stderr. The child takes Ctrl-C as a
     terminal's foreground job would, whatever the test process ignores, and runs in its
     own session (process group): when the block ends, however it ends (a failed assert, a
-    timeout), the whole group is killed, so no script outlives its test.
+    timeout), the whole group is killed, and should the test process die first, the
+    child kills its group itself. No script outlives its test.
     """
     proc = subprocess.Popen(
-        [sys.executable, "-c", _CTRL_C_WORKS + textwrap.dedent(body)], cwd=REPO_ROOT,
+        [sys.executable, "-c", _PRELUDE + textwrap.dedent(body)], cwd=REPO_ROOT,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
         **popen_kwargs,
     )

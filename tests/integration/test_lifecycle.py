@@ -66,30 +66,80 @@ def test_exception_in_the_training_loop_cleans_up():
     assert wait_until(lambda: not child_pids())
 
 
+def _maps_result_blocks(pid: int) -> bool:
+    """Whether process ``pid`` maps a pool's result block (a memfd, named only there)."""
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return "memfd:granary-result" in f.read()
+    except OSError:
+        return False
+
+
+_TRAINER = """
+    import os, sys, dataloader as dl
+    from tests.integration import workers_pipelines as wp
+    loader = dl.DataLoader(dl.RangeDataSource(100000), dl.IndexSampler(100000, shuffle=True, seed=0),
+                           [dl.MapTransform(wp.to_array), dl.Batch(16)], worker_count=2,
+                           warm_start=False)  # every unit in a worker, through a block
+    it = iter(loader)
+    for _ in range(20):
+        next(it)
+    print(" ".join(map(str, it._executor.pids)), flush=True)
+    print(len(it._executor._transport.blocks), flush=True)
+    import time; time.sleep(600)
+    """
+
+
 def test_sigkilled_parent_leaves_no_children_and_no_blocks():
-    with python_script(
-        """
-        import os, sys, dataloader as dl
-        from tests.integration import workers_pipelines as wp
-        loader = dl.DataLoader(dl.RangeDataSource(100000), dl.IndexSampler(100000, shuffle=True, seed=0),
-                               [dl.MapTransform(wp.to_array), dl.Batch(16)], worker_count=2,
-                               warm_start=False)  # every unit in a worker, through a block
-        it = iter(loader)
-        for _ in range(20):
-            next(it)
-        print(" ".join(map(str, it._executor.pids)), flush=True)
-        print(" ".join(it._executor._transport.blocks.names), flush=True)
-        import time; time.sleep(600)
-        """
-    ) as proc:
+    before = set(os.listdir("/dev/shm"))
+    with python_script(_TRAINER) as proc:
         pids = [int(p) for p in proc.stdout.readline().split()]
-        blocks = proc.stdout.readline().split()
-        assert len(pids) == 2 and blocks
-        assert all(os.path.exists(f"/dev/shm/{b}") for b in blocks)
+        assert len(pids) == 2 and int(proc.stdout.readline()) > 0
+        # The blocks have no name: the workers map them, /dev/shm does not hold them.
+        assert all(_maps_result_blocks(p) for p in pids)
+        assert set(os.listdir("/dev/shm")) <= before
         proc.kill()  # the trainer only: its workers must notice by themselves
         proc.wait()
         assert wait_until(lambda: not any(os.path.exists(f"/proc/{p}") for p in pids))
-        assert wait_until(lambda: not any(os.path.exists(f"/dev/shm/{b}") for b in blocks))
+    assert set(os.listdir("/dev/shm")) <= before
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
+def test_killing_the_whole_process_group_leaves_no_process_and_no_block(signum):
+    # What SLURM, Kubernetes, systemd and `timeout` do: the trainer, the fork server and
+    # the workers get the signal at once, so nobody is left to clean up after the others.
+    before = set(os.listdir("/dev/shm"))
+    with python_script(_TRAINER) as proc:
+        workers = [int(p) for p in proc.stdout.readline().split()]
+        assert int(proc.stdout.readline()) > 0
+        family = child_pids(proc.pid) | {proc.pid}
+        assert set(workers) <= family and all(_maps_result_blocks(p) for p in workers)
+        os.killpg(proc.pid, signum)
+        proc.wait()
+        assert wait_until(lambda: not any(os.path.exists(f"/proc/{p}") for p in family))
+    assert set(os.listdir("/dev/shm")) <= before
+
+
+def test_a_pool_never_removes_another_jobs_block():
+    # Another job's block, named as this project's named blocks were, after a pid that
+    # does not run here: in another PID namespace sharing /dev/shm it may be in use.
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    assert not os.path.exists(f"/proc/{gone.pid}")
+    foreign = [f"/dev/shm/granary_{gone.pid}_{os.urandom(4).hex()}_0", f"/dev/shm/granary_{gone.pid}_src_{os.urandom(4).hex()}"]
+    for path in foreign:
+        with open(path, "wb") as f:
+            f.write(b"another job's data")
+    try:
+        it = iter(make_loader(n=64))
+        next(it)
+        it.close()
+        for path in foreign:
+            with open(path, "rb") as f:
+                assert f.read() == b"another job's data"
+    finally:
+        for path in foreign:
+            os.unlink(path)
 
 
 def test_ctrl_c_ends_the_training_process_and_its_workers():

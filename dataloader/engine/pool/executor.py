@@ -69,7 +69,7 @@ class PoolExecutor(Guarded):
             never).
         unit_timeout_s: make a unit computed for this long an error and replace its
             worker (None: never).
-        make_workers: ``f(slots, plan_bytes, init_fn bytes, block_prefix)`` -> the
+        make_workers: ``f(slots, plan_bytes, init_fn bytes)`` -> the
             :class:`Workers` (tests pass a fake that starts no process).
     """
 
@@ -85,7 +85,7 @@ class PoolExecutor(Guarded):
         warm_start: bool = False,
         stall_warning_s: float | None = None,
         unit_timeout_s: float | None = None,
-        make_workers: Callable[[int, bytes, bytes, str], Workers] = WorkerSet,
+        make_workers: Callable[[int, bytes, bytes], Workers] = WorkerSet,
     ) -> None:
         self._plan, self._plan_bytes, self._make_workers = plan, plan_bytes, make_workers
         self._init_fn = cloudpickle.dumps(init_fn)
@@ -111,7 +111,7 @@ class PoolExecutor(Guarded):
         self._closing = False
         self._next_check = 0.0  # when to look for stuck workers next (time.monotonic)
         transport = Transport()
-        self._own(self._make_workers(self._worker_count, self._plan_bytes, self._init_fn, transport.prefix), transport)
+        self._own(self._make_workers(self._worker_count, self._plan_bytes, self._init_fn), transport)
         self._window.clear_workers()
         self._ever_ready = False
         self._joined(self._workers.start(self._initial, spare_a_core=self._warm_start))
@@ -205,12 +205,12 @@ class PoolExecutor(Guarded):
             unit = window.next_unit()
             if unit is None:
                 return
-            block, forget = transport.lend(key)
+            block, forget, fds = transport.lend(key)
             start, stop = window.range(unit)
-            name = block.name if block is not None else None
-            task = Task(window.generation, unit, start, stop, name, forget)
+            ident = block.ident if block is not None else None
+            task = Task(window.generation, unit, start, stop, ident, forget)
             try:
-                ready[key].send(task)
+                ready[key].send(task, fds)
             except OSError:
                 transport.give_back(block)
                 window.give_back(unit)

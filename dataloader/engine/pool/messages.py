@@ -1,7 +1,8 @@
 """What the parent and a worker say to each other, one named tuple per message.
 
-Each message is pickled on its own and sent as one frame of a pipe. Parent to worker:
-one :class:`Init`, then :class:`Task` after :class:`Task`; closing the pipe means stop.
+Each message is pickled on its own and sent as one frame of a pipe (the task channel is
+a Unix socket, so that descriptors can follow a task). Parent to worker: one
+:class:`Init`, then :class:`Task` after :class:`Task`; closing the channel means stop.
 Worker to parent: :class:`Ready` once started, then one :class:`Done` or :class:`Failed`
 per task, in the order the tasks came; :class:`Fatal` instead of :class:`Ready` when
 start-up fails.
@@ -36,7 +37,6 @@ class WorkerConfig(NamedTuple):
         init_fn: the user's ``worker_init_fn`` (or None), pickled with cloudpickle.
         worker_index, worker_count: this worker's slot and the pool's size.
         cpus: the CPUs the worker may use once started.
-        block_prefix: the names of the pool's shared-memory blocks start with it.
         progress_fd: the inherited descriptor of the pool's progress board (slot
             ``worker_index``), or -1 when there is none.
     """
@@ -47,7 +47,6 @@ class WorkerConfig(NamedTuple):
     worker_index: int
     worker_count: int
     cpus: tuple[int, ...]
-    block_prefix: str
     progress_fd: int = -1
 
 
@@ -59,17 +58,19 @@ class Task(NamedTuple):
     """Compute the unit of local positions ``[start, stop)``.
 
     Attributes:
-        block: the shared-memory block lent for the result, or None (use the pipe).
-        forget: names of blocks the parent has discarded since this worker's last task;
-            the worker unmaps them.
+        block: the number of the shared-memory block lent for the result, or None (use
+            the pipe). When the worker does not hold that block yet, its descriptor
+            follows the task on the channel (one byte carrying it, ``SCM_RIGHTS``).
+        forget: the blocks the parent has discarded since this worker's last task; the
+            worker unmaps them and closes their descriptors.
     """
 
     generation: int
     unit: int
     start: int
     stop: int
-    block: str | None
-    forget: tuple[str, ...]
+    block: int | None
+    forget: tuple[int, ...]
 
 
 class Ready(NamedTuple):
@@ -78,8 +79,8 @@ class Ready(NamedTuple):
 
 class Done(NamedTuple):
     """A unit's result: in the lent block (``layout`` says where its parts are, ``size``
-    how many bytes it took), or pickled in ``result`` itself when there was no block or
-    it was too small."""
+    how many bytes it took; more than the block had when the worker grew it), or
+    pickled in ``result`` itself when there was no block or it could not be grown."""
 
     generation: int
     unit: int

@@ -16,6 +16,7 @@ import itertools
 import json
 import os
 import pickle
+import socket
 import subprocess
 import sys
 import threading
@@ -122,7 +123,8 @@ class WorkerProcess:
         self.key = next(_KEYS)  # unique for the life of this process (pids are not)
         self.ready = False
         self.retiring = False  # gets no more units; stops once it has answered all it holds
-        task_r, task_w = os.pipe()
+        # The task channel is a Unix socket so that block descriptors can follow a task.
+        task_r, task_w = (s.detach() for s in socket.socketpair())
         res_r, res_w = os.pipe()
         self.proc: subprocess.Popen[bytes] | ForkedChild
         try:
@@ -164,9 +166,17 @@ class WorkerProcess:
         with contextlib.suppress(OSError):
             self.tasks.send_bytes(data)
 
-    def send(self, message: Any) -> None:
-        """Sends one message; raises OSError if the child is gone."""
+    def send(self, message: Any, fds: tuple[int, ...] = ()) -> None:
+        """Sends one message, then each of ``fds`` (one byte carrying it, ``SCM_RIGHTS``);
+        raises OSError if the child is gone."""
         self.tasks.send_bytes(pickle.dumps(message))
+        if fds:
+            sock = socket.socket(fileno=self.tasks.fileno())
+            try:
+                for fd in fds:
+                    socket.send_fds(sock, [b"\0"], [fd])
+            finally:
+                sock.detach()  # the descriptor stays the task channel's
 
     def receive(self) -> tuple[Any, int]:
         """The next message and its size in bytes; EOFError or OSError if the child died."""

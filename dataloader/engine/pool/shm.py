@@ -1,4 +1,4 @@
-"""Shared-memory transport: named blocks, a reusable pool of them, and zero-copy pickling.
+"""Result blocks: shared memory without a name, lent to workers, and zero-copy pickling.
 
 A worker writes a unit's result into a block the parent lent it: the in-band pickle
 (protocol 5) first, then each out-of-band buffer (numpy payloads) at a 64-byte aligned
@@ -7,11 +7,21 @@ the result with ``pickle.loads(..., buffers=...)`` over views of the block, so a
 are not copied; the block goes back to the pool when the last of those arrays is freed
 (a ``weakref.finalize`` on the base view).
 
-Blocks are files in ``/dev/shm`` named ``granary_<parent pid>_<token>_<n>``: the parent
-owns and unlinks them on every exit path, workers unlink the parent's blocks if the
-parent dies (they know its pid), and a new pool sweeps blocks of dead parents. Space
-is reserved with ``posix_fallocate`` so a full ``/dev/shm`` is an error at allocation
-(handled by falling back to the pipe) instead of a ``SIGBUS`` in a worker.
+A block is a ``memfd`` (``memfd_create``): memory with no name in ``/dev/shm`` or
+anywhere else. The parent makes it and hands its descriptor to a worker over the task
+socket the first time it lends it to that worker (``SCM_RIGHTS``); the worker keeps the
+descriptor and the mapping until the parent says the block was discarded. So there is
+nothing to unlink and nothing to sweep: when every process holding a block has ended,
+however it ended (``SIGKILL`` of the whole process group included), the kernel frees
+it, and no process ever removes memory that another one (another job, in another PID
+namespace sharing ``/dev/shm``) may be using. ``/dev/shm``'s size does not bound a
+block either; memory does (the machine's and the container's, see :func:`block_room`).
+
+Space is reserved with ``posix_fallocate`` so that a full memory is an error when a
+block is made or grown (the result then travels through the pipe) rather than a
+``SIGBUS`` in a worker writing into it. A worker whose result does not fit the block
+it was lent grows the block itself (it holds the descriptor): the first results, sent
+before any size was known, travel in blocks too.
 """
 
 from __future__ import annotations
@@ -22,99 +32,128 @@ import mmap
 import os
 import pickle
 import threading
-import time
 import weakref
 from typing import Any
 
 import numpy as np
 
-from dataloader.sources.shared_memory import ALIGN, PREFIX, SHM_DIR, create_block
-from dataloader.sources.shared_memory import pid_alive as _pid_alive
-from dataloader.sources.shared_memory import round_up as _round_up
+ALIGN = 64
+# The size of a block lent before any result was seen: small results fit it, and a
+# worker grows it for a larger one (see :func:`fit`).
+FIRST_SIZE = 1 << 16
+_GRAIN = 1 << 16  # block sizes are multiples of it
 
 
-def shm_available() -> bool:
-    return os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
+def round_up(n: int, to: int = ALIGN) -> int:
+    return (n + to - 1) // to * to
 
 
-def shm_free_bytes() -> int:
-    """Bytes that can still be allocated in ``/dev/shm``."""
-    st = os.statvfs(SHM_DIR)
-    return st.f_bavail * st.f_frsize
+def block_size_for(nbytes: int) -> int:
+    """The size of a block made for results of ``nbytes``: a quarter more, for results
+    that vary, so that the next ones fit the same blocks."""
+    return round_up(int(nbytes * 1.25) + ALIGN, _GRAIN)
 
 
-def unlink_if_orphaned(head: str, owner_pid: int, wait_s: float = 0.0) -> int:
-    """Unlinks the blocks named ``head...`` if their owner ``owner_pid`` (the training
-    process) is gone: a worker or fork server cleaning up after it. While the owner
-    runs, its blocks are its own business (a worker that stops may not take them).
+def memfd_available() -> bool:
+    """Whether this system makes memory without a name (Linux 3.17+, not refused by a
+    seccomp filter): without it results travel through pipes."""
+    if not hasattr(os, "memfd_create"):
+        return False
+    try:
+        os.close(os.memfd_create("granary-probe", os.MFD_CLOEXEC))
+    except OSError:
+        return False
+    return True
 
-    ``wait_s``: how long to wait for the owner to be gone, for a caller that knows it is
-    dying. A killed process closes its descriptors before it becomes a zombie, so the
-    end of a pipe or socket can be seen while it still looks alive.
+
+def block_room() -> int | None:
+    """Bytes new blocks may still take: the memory this process's container (memory
+    cgroup) and the machine have left, whichever is less; None when unknown.
+
+    What bounds a ``memfd`` is memory, not ``/dev/shm``'s size: its pages are shared
+    memory charged to the cgroup of the process that reserves them.
     """
-    deadline = time.monotonic() + wait_s
-    while _pid_alive(owner_pid):
-        if time.monotonic() >= deadline:
-            return 0
-        time.sleep(0.01)
-    return unlink_prefixed(head)
+    from dataloader.engine.pool.autoscale.limits import read_limits
+
+    return read_limits().available_memory
 
 
-def unlink_blocks_of(pid: int) -> int:
-    """Unlinks every block made by process ``pid``; returns how many."""
-    return unlink_prefixed(f"{PREFIX}{pid}_")
-
-
-def unlink_prefixed(head: str) -> int:
-    """Unlinks every block whose name starts with ``head``; returns how many."""
-    count = 0
-    with contextlib.suppress(OSError):
-        for name in os.listdir(SHM_DIR):
-            if name.startswith(head):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(SHM_DIR, name))
-                    count += 1
-    return count
-
-
-def sweep_stale_blocks() -> int:
-    """Unlinks blocks left by processes that no longer exist (e.g. a SIGKILLed group)."""
-    count = 0
-    with contextlib.suppress(OSError):
-        for name in os.listdir(SHM_DIR):
-            if not name.startswith(PREFIX):
-                continue
-            pid = name[len(PREFIX) :].split("_", 1)[0]
-            if pid.isdigit() and not _pid_alive(int(pid)):
-                count += unlink_blocks_of(int(pid))
-    return count
+def _reserve(fd: int, size: int) -> None:
+    # ftruncate sets the size, posix_fallocate takes the pages now: a full memory fails
+    # here (ENOSPC, ENOMEM) instead of as a SIGBUS when the mapping is written.
+    os.ftruncate(fd, size)
+    os.posix_fallocate(fd, 0, size)
 
 
 class Block:
-    """A named shared-memory block created (and owned) by this process."""
+    """A result block made (and owned) by this process: a ``memfd`` and its mapping.
 
-    def __init__(self, name: str, size: int) -> None:
-        self.name = name
+    Args:
+        ident: the block's number in its pool (how parent and workers name it).
+        size: its size in bytes.
+
+    Raises:
+        OSError: the memory could not be reserved (nothing is left behind).
+    """
+
+    def __init__(self, ident: int, size: int) -> None:
+        self.ident = ident
+        fd = os.memfd_create(f"granary-result-{ident}", os.MFD_CLOEXEC)
+        try:
+            _reserve(fd, size)
+            self.mmap = mmap.mmap(fd, size)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd = fd
         self.size = size
-        self.mmap = create_block(name, size)
 
-    def unlink(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(SHM_DIR, self.name))
+    def remap(self, nbytes: int) -> None:
+        """Maps the block again once a worker has grown it to hold ``nbytes``."""
+        size = os.fstat(self.fd).st_size
+        if size < nbytes:
+            raise ValueError(f"block {self.ident} holds {size} bytes, but a result of {nbytes} bytes was written into it")
+        if size > self.size:
+            old, self.mmap, self.size = self.mmap, mmap.mmap(self.fd, size), size
+            with contextlib.suppress(BufferError):  # no view of a lent block exists
+                old.close()
 
     def close(self) -> None:
+        """Lets go of the block: its memory is freed once no process maps it."""
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
         # Arrays the user still holds keep the mapping alive; it closes when they go.
         with contextlib.suppress(BufferError):
             self.mmap.close()
 
 
-def attach(name: str) -> mmap.mmap:
-    """Maps a block made by another process (the worker side)."""
-    fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR)
-    try:
-        return mmap.mmap(fd, os.fstat(fd).st_size)
-    finally:
-        os.close(fd)
+class Mapped:
+    """A worker's side of a lent block: the descriptor it received and its mapping."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.mmap = mmap.mmap(fd, os.fstat(fd).st_size)
+
+    def fit(self, nbytes: int) -> bool:
+        """Makes the mapping hold ``nbytes``: maps the block again if another worker grew
+        it, else grows it (to :func:`block_size_for`). False if the memory could not be
+        reserved (the result then goes through the pipe)."""
+        if nbytes <= len(self.mmap):
+            return True
+        size = os.fstat(self.fd).st_size
+        if size < nbytes:
+            size = block_size_for(nbytes)
+            try:
+                os.posix_fallocate(self.fd, 0, size)
+            except OSError:
+                return False
+        self.mmap.close()
+        self.mmap = mmap.mmap(self.fd, size)
+        return True
+
+    def close(self) -> None:
+        self.mmap.close()
+        os.close(self.fd)
 
 
 def dumps(obj: Any) -> tuple[bytes, list[memoryview]]:
@@ -125,9 +164,9 @@ def dumps(obj: Any) -> tuple[bytes, list[memoryview]]:
 
 
 def payload_size(header: bytes, buffers: list[memoryview]) -> int:
-    size = _round_up(len(header), ALIGN)
+    size = round_up(len(header), ALIGN)
     for b in buffers:
-        size += _round_up(b.nbytes, ALIGN)
+        size += round_up(b.nbytes, ALIGN)
     return size
 
 
@@ -135,12 +174,12 @@ def write_payload(target: mmap.mmap, header: bytes, buffers: list[memoryview]) -
     """Writes header and buffers into ``target``; returns the layout ``[(offset, length)]``."""
     layout = [(0, len(header))]
     target[0 : len(header)] = header
-    offset = _round_up(len(header), ALIGN)
+    offset = round_up(len(header), ALIGN)
     for b in buffers:
         n = b.nbytes
         target[offset : offset + n] = b
         layout.append((offset, n))
-        offset = _round_up(offset + n, ALIGN)
+        offset = round_up(offset + n, ALIGN)
     return layout
 
 
@@ -152,57 +191,62 @@ def read_payload(base: np.ndarray, layout: list[tuple[int, int]]) -> Any:
 
 
 class BlockPool:
-    """Blocks lent to workers for results, reused instead of created per unit.
+    """Blocks lent to workers for results, reused instead of made per unit.
 
     A block is *free*, *lent* (a worker writes into it) or *leased* (arrays the user
     holds view it). ``lease`` returns a base view whose garbage collection frees the
-    block. All blocks are unlinked by ``close``. Thread-safe: finalizers run wherever
-    the garbage collector does.
+    block. ``close`` lets go of every block. Thread-safe: finalizers run wherever the
+    garbage collector does.
     """
 
     def __init__(self) -> None:
-        self.prefix = f"{PREFIX}{os.getpid()}_{os.urandom(4).hex()}_"
         self._lock = threading.Lock()
         self._free: list[Block] = []
-        self._blocks: dict[str, Block] = {}
+        self._blocks: dict[int, Block] = {}
         self._count = 0
-        self.discarded: list[str] = []  # names workers should unmap
-        self.target_size = 0
+        self.discarded: list[int] = []  # blocks workers should unmap, in the order let go
+        self.target_size = 0  # the size of new blocks; 0: no result seen yet
         self.closed = False
 
-    @property
-    def names(self) -> list[str]:
-        return list(self._blocks)
+    def __len__(self) -> int:
+        """The blocks this pool holds (free, lent or leased)."""
+        return len(self._blocks)
 
     def note_payload(self, nbytes: int) -> None:
         """Grows the size of new blocks so results of ``nbytes`` fit, with headroom."""
         if nbytes > self.target_size:
-            self.target_size = _round_up(int(nbytes * 1.25) + ALIGN, 1 << 16)
+            self.target_size = block_size_for(nbytes)
 
     def acquire(self) -> Block | None:
-        """A free block of the target size, a new one, or ``None`` (use the pipe).
+        """A free block of the target size, a new one, or ``None`` (closed: use the pipe).
+
+        Before any result was seen, blocks of :data:`FIRST_SIZE` (workers grow them).
 
         Raises:
-            OSError: a new block could not be made (``/dev/shm`` is full).
+            OSError: a new block could not be made (no memory left).
         """
         with self._lock:
-            if self.closed or not self.target_size:
+            if self.closed:
                 return None
+            size = self.target_size or FIRST_SIZE
             while self._free:
                 block = self._free.pop()
-                if block.size >= self.target_size:
+                if block.size >= size:
                     return block
                 self._discard(block)
-            name = f"{self.prefix}{self._count}"
+            ident = self._count
             self._count += 1
-        block = Block(name, self.target_size)
+        block = Block(ident, size)
         with self._lock:
-            self._blocks[name] = block
+            if self.closed:  # closed meanwhile: nobody will give it back
+                block.close()
+                return None
+            self._blocks[ident] = block
         return block
 
     def give_back(self, block: Block) -> None:
         with self._lock:
-            if self.closed or block.name not in self._blocks:
+            if self.closed or block.ident not in self._blocks:
                 return
             self._free.append(block)
 
@@ -218,9 +262,8 @@ class BlockPool:
         return np.frombuffer(holder, dtype=np.uint8)  # type: ignore[call-overload]
 
     def _discard(self, block: Block) -> None:
-        self._blocks.pop(block.name, None)
-        self.discarded.append(block.name)
-        block.unlink()
+        self._blocks.pop(block.ident, None)
+        self.discarded.append(block.ident)
         block.close()
 
     def close(self) -> None:
@@ -230,5 +273,4 @@ class BlockPool:
             self._blocks.clear()
             self._free.clear()
         for block in blocks:
-            block.unlink()
             block.close()

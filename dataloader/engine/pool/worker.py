@@ -6,6 +6,11 @@ a script without an ``if __name__ == "__main__":`` guard works). The boot line p
 start-up to ``CPUS`` before any import; the worker imports what the pipeline needs and
 nothing more, then takes back all the CPUs it may use. The messages are in
 :mod:`dataloader.engine.pool.messages`.
+
+The task channel is a Unix socket: a block lent for the first time comes with its
+descriptor (:mod:`dataloader.engine.pool.shm`). The worker keeps the blocks it was lent
+mapped until the parent says they were discarded; they have no name, so a worker has
+nothing to clean up however the training process ends.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import contextlib
 import os
 import pickle
 import signal
+import socket
 import sys
 import threading
 import time
@@ -24,35 +30,46 @@ from typing import Any
 from dataloader.engine.pool.messages import Done, Failed, Fatal, Init, Ready, Task, error_payload
 
 WATCH_INTERVAL_S = 0.2
-_BLOCK_PREFIX = ""  # the pool's block names start with it; set from the init message
-_OWNER_PID = 0  # the training process, which owns them
 
 
-def _watch_parent(parent_pid: int, owner_pid: int, block_prefix: str) -> None:
+def _watch_parent(parent_pid: int) -> None:
     """Exits once the parent (the training process, or the fork server a forked worker
-    came from) has died, unlinking the pool's shared memory if the training process
-    ``owner_pid`` is gone too. The caller has imported ``shm``: this thread imports
-    nothing, since two threads importing one package at once can deadlock."""
-    from dataloader.engine.pool.shm import unlink_if_orphaned  # already loaded
-
+    came from) has died. It imports nothing, since two threads importing one package at
+    once can deadlock."""
     while True:
         time.sleep(WATCH_INTERVAL_S)
         if os.getppid() != parent_pid:
-            unlink_if_orphaned(block_prefix, owner_pid)
             os._exit(0)
+
+
+def _receive_descriptor(task_fd: int) -> int:
+    """The block descriptor that follows a task on the task socket (one byte carries it)."""
+    sock = socket.socket(fileno=task_fd)
+    try:
+        data, fds, _, _ = socket.recv_fds(sock, 1, 1)
+    finally:
+        sock.detach()  # the descriptor stays the task channel's
+    if not data:
+        raise EOFError("the task channel closed")
+    if len(fds) != 1:
+        for fd in fds:
+            os.close(fd)
+        raise OSError(f"a task's block came with {len(fds)} descriptors, expected 1")
+    return fds[0]
 
 
 def _send(conn: Connection, message: Any) -> None:
     conn.send_bytes(pickle.dumps(message, protocol=5))
 
 
-def _send_result(conn: Connection, blocks: dict[str, Any], task: Task, plan: Any, result: Any) -> None:
-    """Writes the result into the lent block, or (no block, or too small) into the message.
+def _send_result(conn: Connection, blocks: dict[int, Any], task: Task, plan: Any, result: Any) -> None:
+    """Writes the result into the lent block (grown to fit if need be), or (no block, or
+    no memory to grow it) into the message.
 
     A result that does not pickle becomes a ``PipelineError`` naming the record, the
     operation and the type at fault (looked into only once pickling failed).
     """
-    from dataloader.engine.pool.shm import attach, dumps, payload_size, write_payload
+    from dataloader.engine.pool.shm import dumps, payload_size, write_payload
 
     if task.block is not None:
         try:
@@ -60,11 +77,9 @@ def _send_result(conn: Connection, blocks: dict[str, Any], task: Task, plan: Any
         except Exception as exc:
             raise _unpicklable(plan, result, exc) from exc
         size = payload_size(header, buffers)
-        target = blocks.get(task.block)
-        if target is None:
-            target = blocks[task.block] = attach(task.block)
-        if size <= len(target):
-            layout = write_payload(target, header, buffers)
+        target = blocks[task.block]
+        if target.fit(size):
+            layout = write_payload(target.mmap, header, buffers)
             _send(conn, Done(task.generation, task.unit, layout, size, None))
             return
     # Pickled once, in the message: the parent takes the size from its length.
@@ -91,21 +106,16 @@ def serve(
     """
     import cloudpickle
 
-    global _BLOCK_PREFIX, _OWNER_PID
     init: Init = pickle.loads(tasks.recv_bytes())
     config = init.config
-    _BLOCK_PREFIX, _OWNER_PID = config.block_prefix, config.parent_pid
     # A forked worker's parent is the fork server (``server_pid``, given by it: had it
     # died since the fork, os.getppid() here would name another process), which
     # outlives the training process only long enough to kill its children.
     watched = server_pid or config.parent_pid
-    import dataloader.engine.pool.shm  # noqa: F401  (here, not first in the watcher thread)
-
-    threading.Thread(
-        target=_watch_parent, args=(watched, config.parent_pid, config.block_prefix), daemon=True
-    ).start()
+    threading.Thread(target=_watch_parent, args=(watched,), daemon=True).start()
     try:
         from dataloader.engine.compute import compute_unit
+        from dataloader.engine.pool.shm import Mapped
         from dataloader.engine.pool.watch.progress import IDLE, SENDING, Slot
 
         plan = cloudpickle.loads(config.plan)
@@ -124,14 +134,16 @@ def serve(
     if board_fd >= 0:
         slot = Slot(board_fd, config.worker_index, config.worker_count)
     _send(results, Ready(os.getpid()))
-    blocks: dict[str, Any] = {}
+    blocks: dict[int, Mapped] = {}
     while True:
         try:
             task: Task = pickle.loads(tasks.recv_bytes())
+            if task.block is not None and task.block not in blocks:
+                blocks[task.block] = Mapped(_receive_descriptor(tasks.fileno()))
         except (EOFError, OSError):
             return
-        for name in task.forget:
-            mapped = blocks.pop(name, None)
+        for ident in task.forget:
+            mapped = blocks.pop(ident, None)
             if mapped is not None:
                 mapped.close()
         try:
@@ -166,16 +178,10 @@ def run(task_fd: int, result_fd: int, progress_fd: int | None = None, server_pid
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     tasks = Connection(task_fd, writable=False)
     results = Connection(result_fd, readable=False)
-    try:
-        with contextlib.suppress(BrokenPipeError, EOFError, ConnectionResetError):
-            serve(tasks, results, progress_fd, server_pid)
-    finally:
-        # The task pipe closes when the pool stops this worker or the training process
-        # dies (even by SIGKILL). In the second case this is the only cleanup there is.
-        if _BLOCK_PREFIX:
-            from dataloader.engine.pool.shm import unlink_if_orphaned
-
-            unlink_if_orphaned(_BLOCK_PREFIX, _OWNER_PID)
+    # The task channel closes when the pool stops this worker or the training process
+    # dies (even by SIGKILL); the blocks it maps are freed with the last process mapping them.
+    with contextlib.suppress(BrokenPipeError, EOFError, ConnectionResetError):
+        serve(tasks, results, progress_fd, server_pid)
 
 
 if __name__ == "__main__":

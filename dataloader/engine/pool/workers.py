@@ -82,14 +82,12 @@ class WorkerSet:
         plan_bytes: the pickled plan every worker runs (the fork server preloads the
             modules it names).
         init_fn: the pickled ``init_fn(worker_index, worker_count)``.
-        block_prefix: the names of the pool's result blocks start with it.
     """
 
-    def __init__(self, slots: int, plan_bytes: bytes, init_fn: bytes, block_prefix: str) -> None:
+    def __init__(self, slots: int, plan_bytes: bytes, init_fn: bytes) -> None:
         self.slots = slots
         self._plan_bytes = plan_bytes
         self._init_fn = init_fn
-        self._prefix = block_prefix
         self.workers: list[WorkerProcess] = []  # in slot order at start; retiring ones too
         self.retired: list[WorkerProcess] = []  # stopped by the autoscaler, not yet reaped
         self.deferred: list[int] = []  # slots to start once a worker is ready
@@ -102,7 +100,7 @@ class WorkerSet:
         self._pool = 0
         if self.zygote is not None:
             try:
-                self._pool = self.zygote.open_pool(fork_server.preload_modules(plan_bytes), block_prefix)
+                self._pool = self.zygote.open_pool(fork_server.preload_modules(plan_bytes))
             except OSError:  # it died just now: interpreters
                 self.zygote = None
         try:
@@ -160,7 +158,6 @@ class WorkerSet:
             worker_index=index,
             worker_count=self.slots,
             cpus=tuple(sorted(os.sched_getaffinity(0))),
-            block_prefix=self._prefix,
             progress_fd=board.fd if board is not None else -1,
         )
         shared = (board.fd,) if board is not None else ()

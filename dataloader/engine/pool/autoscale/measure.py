@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from dataloader.engine.pool.autoscale import Scaler, private_bytes, room, usable_cpus
 from dataloader.engine.pool.autoscale.limits import oom_kills
-from dataloader.engine.pool.shm import shm_free_bytes
+from dataloader.engine.pool.shm import block_room
 
 if TYPE_CHECKING:
     from dataloader.engine.pool.transport import Transport
@@ -76,7 +76,7 @@ class Scaling:
                 cost,
                 self._buffer + 1,
                 transport.blocks.target_size if use_shm else 0,
-                shm_free_bytes() if use_shm else None,
+                block_room() if use_shm else None,
                 reserved=growth,
             )
 

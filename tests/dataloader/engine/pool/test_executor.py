@@ -40,7 +40,7 @@ class FakeWorker:
         self.units: list[int] = []  # every unit it was sent
         self.dead = False
 
-    def send(self, task: Any) -> None:
+    def send(self, task: Any, fds: tuple[int, ...] = ()) -> None:
         if self.dead:
             raise OSError("the worker is gone")
         self.tasks.append(task)
@@ -54,7 +54,7 @@ class FakeWorkers:
 
     made: list[FakeWorkers] = []
 
-    def __init__(self, slots: int, plan_bytes: bytes, init_fn: bytes, block_prefix: str) -> None:
+    def __init__(self, slots: int, plan_bytes: bytes, init_fn: bytes) -> None:
         self.slots, self.plan = slots, None
         self.workers: list[FakeWorker] = []
         self.deferred: list[int] = []

@@ -1,0 +1,144 @@
+"""Result blocks: memory without a name, reused, grown by a worker, results rebuilt as views."""
+
+from __future__ import annotations
+
+import gc
+import os
+import socket
+
+import numpy as np
+import pytest
+
+from dataloader.engine.pool import shm
+
+
+def _roundtrip(pool: shm.BlockPool, value):
+    """Writes ``value`` as a worker does (through a descriptor of the block) and reads it
+    back as the parent does; returns the rebuilt value and the block."""
+    block = pool.acquire()
+    mapped = shm.Mapped(os.dup(block.fd))
+    header, buffers = shm.dumps(value)
+    size = shm.payload_size(header, buffers)
+    assert mapped.fit(size)
+    layout = shm.write_payload(mapped.mmap, header, buffers)
+    mapped.close()
+    if size > block.size:
+        block.remap(size)
+    return shm.read_payload(pool.lease(block), layout), block
+
+
+def test_results_come_back_identical_as_views_of_the_block():
+    pool = shm.BlockPool()
+    pool.note_payload(1 << 20)
+    value = {
+        "image": np.arange(3 * 32 * 32, dtype=np.uint8).reshape(3, 32, 32),
+        "labels": [np.int64(7), np.array([1.5, -2.0])],
+        "text": ("a", b"b", None),
+        "nested": {"deep": [np.ones((4, 5), np.float32)]},
+    }
+    got, _ = _roundtrip(pool, value)
+    np.testing.assert_array_equal(got["image"], value["image"])
+    assert got["labels"][0] == 7
+    np.testing.assert_array_equal(got["labels"][1], value["labels"][1])
+    assert got["text"] == ("a", b"b", None)
+    np.testing.assert_array_equal(got["nested"]["deep"][0], value["nested"]["deep"][0])
+    assert not got["image"].flags.owndata  # a view of the block, not a copy
+    pool.close()
+
+
+def test_blocks_have_no_name_in_dev_shm():
+    before = set(os.listdir("/dev/shm"))
+    pool = shm.BlockPool()
+    pool.note_payload(1 << 16)
+    block = pool.acquire()
+    assert os.readlink(f"/proc/self/fd/{block.fd}").startswith("/memfd:granary-result-")
+    assert set(os.listdir("/dev/shm")) <= before
+    pool.close()
+
+
+def test_a_block_is_reused_once_no_array_views_it():
+    pool = shm.BlockPool()
+    pool.note_payload(1 << 16)
+    got, block = _roundtrip(pool, np.arange(100))
+    assert pool.acquire() is not block  # leased: the pool makes another
+    del got
+    gc.collect()
+    assert pool.acquire() is block  # the finalizer gave it back
+    pool.close()
+
+
+def test_a_worker_grows_a_small_block_to_fit_a_large_result():
+    pool = shm.BlockPool()
+    # No result seen yet: blocks are small, and the first large result grows its block.
+    large = np.random.default_rng(0).random(3 * 2**20 // 8)  # 3 MiB
+    got, block = _roundtrip(pool, large)
+    assert block.size >= large.nbytes > shm.FIRST_SIZE
+    np.testing.assert_array_equal(got, large)
+    del got
+    gc.collect()
+    pool.note_payload(large.nbytes)
+    # A block sized before is discarded (workers are told to unmap it), and new ones fit.
+    small_pool_block = pool.acquire()
+    assert small_pool_block.size >= large.nbytes
+    pool.close()
+
+
+def test_a_worker_maps_a_block_that_another_worker_grew():
+    pool = shm.BlockPool()
+    block = pool.acquire()
+    first, second = shm.Mapped(os.dup(block.fd)), shm.Mapped(os.dup(block.fd))
+    assert first.fit(1 << 20)  # grows the block
+    assert len(second.mmap) == shm.FIRST_SIZE
+    assert second.fit(1 << 20)  # maps it again, grows nothing
+    assert len(second.mmap) == len(first.mmap) == os.fstat(block.fd).st_size
+    first.close()
+    second.close()
+    pool.close()
+
+
+def test_a_result_larger_than_the_memory_left_is_refused_not_a_sigbus(monkeypatch):
+    def no_room(fd, offset, size):
+        raise OSError(28, "No space left on device")
+
+    pool = shm.BlockPool()
+    block = pool.acquire()
+    mapped = shm.Mapped(os.dup(block.fd))
+    monkeypatch.setattr(os, "posix_fallocate", no_room)
+    assert not mapped.fit(1 << 20)  # the worker sends the result through the pipe
+    assert len(mapped.mmap) == shm.FIRST_SIZE
+    with pytest.raises(OSError, match="No space"):
+        shm.Block(99, 1 << 20)
+    mapped.close()
+    pool.close()
+
+
+def test_a_descriptor_passed_over_a_socket_maps_the_same_memory():
+    pool = shm.BlockPool()
+    block = pool.acquire()
+    ours, theirs = socket.socketpair()
+    socket.send_fds(ours, [b"\0"], [block.fd])
+    _, fds, _, _ = socket.recv_fds(theirs, 1, 1)
+    mapped = shm.Mapped(fds[0])
+    mapped.mmap[:5] = b"hello"
+    assert block.mmap[:5] == b"hello"
+    mapped.close()
+    ours.close()
+    theirs.close()
+    pool.close()
+
+
+def test_block_room_is_bounded_by_memory_not_by_dev_shm():
+    room = shm.block_room()
+    assert room is not None and room > 0
+    with open("/proc/meminfo") as f:
+        available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    assert room <= available
+
+
+def test_closing_the_pool_closes_every_descriptor():
+    pool = shm.BlockPool()
+    fds = [pool.acquire().fd for _ in range(3)]
+    pool.close()
+    assert all(not os.path.exists(f"/proc/self/fd/{fd}") or not os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:granary")
+               for fd in fds)
+    assert pool.acquire() is None

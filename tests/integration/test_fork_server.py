@@ -361,3 +361,26 @@ def test_a_server_stopped_before_iter_is_left_behind_and_workers_start_as_interp
     assert got == expected
     assert not server.alive and it._executor._workers.zygote is None
     assert parents == {os.getpid()}  # interpreters, started by this process
+
+
+def read_variable(x):
+    return {"x": x, "seen": os.environ.get("GRANARY_TEST_VARIABLE", "unset")}
+
+
+def test_a_changed_environment_gets_a_new_server_and_the_workers_see_the_change(monkeypatch):
+    """Workers have the environment of their server, which is the environment at its
+    start: after a change, the next pool gets a server started with it."""
+
+    def seen():
+        ld = dl.DataLoader(dl.RangeDataSource(16), dl.SequentialSampler(16),
+                           [dl.MapTransform(read_variable), dl.Batch(4, batch_fn=list)], worker_count=2)
+        with iter(ld) as it:
+            return {e["seen"] for b in it for e in b}
+
+    before = seen()
+    first = fork_server.server_pid()
+    monkeypatch.setenv("GRANARY_TEST_VARIABLE", "set after the first server started")
+    after = seen()
+    assert before == {"unset"} and after == {"set after the first server started"}
+    assert first is not None and fork_server.server_pid() not in (None, first)
+    assert not os.path.exists(f"/proc/{first}")  # the old one ended (its pools were done)

@@ -7,7 +7,9 @@ per training process: a fresh interpreter (never a fork of the training process,
 may run JAX threads) started in the background when a ``DataLoader`` with workers is
 built (or when the first pool needs it), which imports the engine and then serves every
 pool of the process, train and eval loaders and every ``iter()`` alike, forking each
-worker from itself. Forked workers also share those pages copy-on-write. This is how
+worker from itself (one server per environment: a script that changes environment
+variables, ``sys.path`` or its working directory between loaders gets a new one, see
+:func:`shared`). Forked workers also share those pages copy-on-write. This is how
 the first batch comes fast without any user code running in the training process (see
 ``warm_start`` of :class:`~dataloader.DataLoader`).
 
@@ -212,6 +214,9 @@ class Zygote:
         self._imported = set(modules)
         self.alive = True
         self._closing = False  # close() was called: the server's end is expected
+        self.key: Any = None  # the environment it was started for (see shared())
+        self._open_pools = 0
+        self._retiring = False  # replaced as the shared server: closes after its last pool
         self._next_look = 0.0  # when check() next looks at the server's state
         try:
             self._send(("import", list(modules), tuple(sorted(os.sched_getaffinity(0)))))
@@ -309,6 +314,7 @@ class Zygote:
         """Registers a pool (see the module docstring); returns its number."""
         with self._cond:
             self._pools += 1
+            self._open_pools += 1
             pool = self._pools
         new = [m for m in modules if m not in self._imported]
         self._imported.update(new)
@@ -316,9 +322,24 @@ class Zygote:
         return pool
 
     def close_pool(self, pool: int) -> None:
-        """The pool is done (its workers were stopped and reaped)."""
+        """The pool is done (its workers were stopped and reaped). A retiring server
+        closes after its last pool."""
         with contextlib.suppress(OSError):
             self._send(("close", pool))
+        with self._cond:
+            self._open_pools -= 1
+            last = self._retiring and self._open_pools <= 0
+        if last:
+            self.close()
+
+    def retire(self) -> None:
+        """Another server replaces this one for new pools: close it once the pools it
+        serves are done (now, if there are none)."""
+        with self._cond:
+            self._retiring = True
+            idle = self._open_pools <= 0
+        if idle:
+            self.close()
 
     def fork(self, fds: Sequence[int], pool: int, cpus: Iterable[int]) -> ForkedChild:
         """Asks for a worker of ``pool`` on ``fds`` (task read end, result write end,
@@ -380,20 +401,35 @@ _shared_lock = threading.Lock()
 
 
 def shared() -> Zygote | None:
-    """This process's fork server, started now if there is none (or the last one was
-    lost); None when switched off (``GRANARY_FORK_SERVER=0``) or it cannot start."""
+    """This process's fork server, started now if there is none, if the last one was
+    lost, or if the environment changed since it started; None when switched off
+    (``GRANARY_FORK_SERVER=0``) or it cannot start.
+
+    A forked worker has the server's environment, ``sys.path`` and working directory,
+    and the modules the server imported were set up under them (``import dataloader``
+    installs the Grain alias from ``GRANARY_GRAIN_ALIAS``, numpy reads its thread
+    settings). So the server is kept only while they are what a fresh worker would get
+    now: a script that changes one of them between loaders gets a new server for the
+    pools that follow (the old one ends with its last pool).
+    """
     global _shared
     if not ENABLED:
         return None
+    env = worker_env()
+    key = (sorted(env.items()), os.getcwd())
     with _shared_lock:
         server = _shared
-        if server is not None and server.alive and server.owner == os.getpid():
+        if server is not None and server.alive and server.owner == os.getpid() and server.key == key:
             return server
         if server is not None and server.owner == os.getpid():
-            server.close(0.5)  # lost: reap it
+            if server.alive:
+                server.retire()
+            else:
+                server.close(0.5)  # lost: reap it
         _shared = None
         try:
-            _shared = Zygote(worker_env(), startup_cpus())
+            _shared = Zygote(env, startup_cpus())
+            _shared.key = key
         except OSError as exc:  # e.g. no process left under a pids limit
             logger.warning("granary: no fork server (%s); workers start as interpreters", exc)
         return _shared

@@ -1,6 +1,6 @@
 """Worker process lifecycle: start a child with its two pipes, and stop children for sure.
 
-A worker is forked by the pool's fork server (:mod:`~dataloader.engine.pool.zygote`),
+A worker is forked by the training process's fork server (:mod:`~dataloader.engine.pool.zygote`),
 or, without one, is ``python -c <boot> TASK_FD RESULT_FD CPUS`` started with
 ``subprocess``. Either way it is never a fork of the training process (which may run
 JAX threads), and never ``multiprocessing``, so the user's main script is never re-run

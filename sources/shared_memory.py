@@ -25,18 +25,24 @@ does, in any process of the machine.
 
 Who removes a block. The process that made it, once: when the source is closed, garbage
 collected, or at exit; copies made by pickling or by attaching never do (``unlink()``
-removes it by hand, as Grain's does). A maker killed by a signal removes nothing, so: a
-block the source names itself is called ``granary_<pid>_src_<token>`` after its maker,
-and a new worker pool sweeps the blocks of makers that died (see
-:mod:`dataloader.engine.pool.shm`); a block named by the user records its maker's pid in
-its header, and making a block of that name again replaces it once that process is gone
-(a test killed by a timeout does not block its next run). Workers that still map an
-unlinked block keep reading it.
+removes it by hand, as Grain's does). A maker killed by a signal removes nothing, so a
+block may be left over; whether anyone still uses it is told by a lock, never by a pid
+(pids are not unique across containers that share ``/dev/shm``, e.g. ``docker
+--ipc=host``): every source, the maker and every reader (an attached or unpickled
+copy, in any process or container), holds a shared ``flock`` on the block from before
+it is written until the source is closed or collected, and the kernel drops it when the
+process ends, however it ends. A block whose lock can be taken exclusively, and whose
+header is complete, has no user left: making a block of a name taken by such a block
+replaces it (a test killed by a timeout does not block its next run), and making a
+source sweeps such blocks among those the class named itself
+(``granary_<pid>_src_<token>``). A block another process still holds is never removed.
+Workers that still map an unlinked block keep reading it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import mmap
 import operator
@@ -52,8 +58,8 @@ import numpy as np
 from ._indexing import as_index_array, check_index
 
 SHM_DIR = "/dev/shm"
-# Every block of this project is named PREFIX<pid of its maker>_..., which is how a new
-# pool knows whose blocks are left over (dataloader.engine.pool.shm.sweep_stale_blocks).
+# The blocks this class names itself are PREFIX<pid of its maker>_src_<token> (the pid
+# is for people reading /dev/shm; whether a block is left over is told by its lock).
 PREFIX = "granary_"
 ALIGN = 64
 
@@ -68,22 +74,25 @@ def round_up(n: int, to: int = ALIGN) -> int:
     return (n + to - 1) // to * to
 
 
-def create_block(name: str, size: int) -> mmap.mmap:
-    """Creates ``/dev/shm/<name>`` (which must not exist) of ``size`` bytes and maps it.
+def create_block(name: str, size: int) -> tuple[mmap.mmap, int]:
+    """Creates ``/dev/shm/<name>`` (which must not exist) of ``size`` bytes and maps it;
+    returns the mapping and a descriptor holding the block's shared lock (the caller
+    closes it once it holds the lock otherwise: see the module docstring).
 
+    The lock is taken before anything is written, so no sweep takes a block being made.
     The space is reserved up front (``posix_fallocate``), so a full ``/dev/shm`` fails
     here, not as a ``SIGBUS`` when the mapping is written; on failure nothing is left.
     """
     path = os.path.join(SHM_DIR, name)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
         os.posix_fallocate(fd, 0, size)
-        return mmap.mmap(fd, size)
+        return mmap.mmap(fd, size), fd
     except BaseException:
         _unlink(path)
-        raise
-    finally:
         os.close(fd)
+        raise
 
 
 def _unlink(path: str) -> None:
@@ -91,31 +100,38 @@ def _unlink(path: str) -> None:
         os.unlink(path)
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
+def unlink_if_unused(path: str) -> bool:
+    """Unlinks the block at ``path`` if it is a finished block of this class that no
+    process holds (its lock taken exclusively, without waiting); True if it did.
+
+    The name goes while the lock is held: a process that opened the block just before
+    locks it once unlinked and keeps reading it, as a worker that mapped it does.
+    """
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
         return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _maker_if_gone(name: str) -> int | None:
-    """The pid that made block ``name`` if it is a block of this class whose maker died."""
     try:
-        with open(os.path.join(SHM_DIR, name), "rb") as f:
-            magic, size = _HEAD.unpack(f.read(_HEAD.size))
-            maker = json.loads(f.read(size)).get("maker") if magic == MAGIC else None
-    except (OSError, ValueError, struct.error):
-        return None
-    return maker if isinstance(maker, int) and maker > 0 and not pid_alive(maker) else None
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if os.pread(fd, len(MAGIC), 0) != MAGIC:  # being made, or not this class's
+            return False
+        _unlink(path)
+        return True
+    except OSError:  # BlockingIOError: some process holds it
+        return False
+    finally:
+        os.close(fd)
+
+
+def sweep_orphans() -> int:
+    """Unlinks the blocks this class named itself that no process holds any more (their
+    makers and readers ended without closing them); returns how many."""
+    count = 0
+    with contextlib.suppress(OSError):
+        for name in os.listdir(SHM_DIR):
+            if name.startswith(PREFIX) and "_src_" in name:
+                count += unlink_if_unused(os.path.join(SHM_DIR, name))
+    return count
 
 
 def _unlink_in(pid: int, path: str) -> None:
@@ -226,8 +242,8 @@ def _check_name(name: object, creating: bool) -> str:
         )
     if creating and bare.startswith(PREFIX):
         raise ValueError(
-            f"name {name!r} starts with {PREFIX!r}, which marks the loader's own blocks (a "
-            f"worker pool removes them once their maker is gone); pick another name"
+            f"name {name!r} starts with {PREFIX!r}, which marks the loader's own blocks (they "
+            f"are removed once no process uses them); pick another name"
         )
     return bare
 
@@ -280,21 +296,23 @@ class SharedMemoryDataSource:
                 dtype, shape, nbytes = part.dtype, part.shape, part.nbytes
             layout.append((part_name, dtype.str, list(shape), offset))  # offsets from the data
             offset = round_up(offset + nbytes)
-        header = json.dumps({"kind": kind, "length": length, "layout": layout, "maker": os.getpid()}).encode()
+        header = json.dumps({"kind": kind, "length": length, "layout": layout}).encode()
         start = round_up(_HEAD.size + len(header))
+        if bare is None:
+            sweep_orphans()  # what killed makers left: a source is made seldom, a listing is cheap
         self._name = bare or f"{PREFIX}{os.getpid()}_src_{os.urandom(4).hex()}"
         path = os.path.join(SHM_DIR, self._name)
         try:
-            target = create_block(self._name, start + max(offset, 1))
+            target, lock_fd = create_block(self._name, start + max(offset, 1))
         except FileExistsError:
-            if _maker_if_gone(self._name) is None:
+            if not unlink_if_unused(path):
                 raise FileExistsError(
                     f"a shared-memory block named {self._name!r} already exists; read it with "
                     f"SharedMemoryDataSource(name={self._name!r}), pick another name, or remove "
                     f"{path} if it is left over"
                 ) from None
-            _unlink(path)  # left by a maker that died without removing it
-            target = create_block(self._name, start + max(offset, 1))
+            # left by processes that all ended without removing it
+            target, lock_fd = create_block(self._name, start + max(offset, 1))
         dest = np.frombuffer(target, np.uint8)  # written in place: no temporary copy
         try:
             for (_, _, _, part_start), (_, part) in zip(layout, parts):
@@ -304,12 +322,16 @@ class SharedMemoryDataSource:
             target[: _HEAD.size] = _HEAD.pack(MAGIC, len(header))
         except BaseException:
             _unlink(path)
+            os.close(lock_fd)
             raise
         finally:
             del dest  # the mapping closes only once no array views it
             target.close()
         self._finalizer = weakref.finalize(self, _unlink_in, os.getpid(), path)
-        self._attach(missing=f"shared-memory block {self._name!r} vanished as it was made")
+        try:
+            self._attach(missing=f"shared-memory block {self._name!r} vanished as it was made")
+        finally:
+            os.close(lock_fd)  # the source's own lock (taken by _attach) holds it from here on
 
     @property
     def name(self) -> str:
@@ -317,22 +339,28 @@ class SharedMemoryDataSource:
         return self._name
 
     def _attach(self, missing: str) -> None:
+        """Maps the block and holds its shared lock until the source is closed or
+        collected (see the module docstring)."""
         path = os.path.join(SHM_DIR, self._name)
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
             raise FileNotFoundError(missing) from None
         try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
             size = os.fstat(fd).st_size
             block = mmap.mmap(fd, size, prot=mmap.PROT_READ) if size >= _HEAD.size else None
-        finally:
+        except BaseException:
             os.close(fd)
+            raise
         magic, header_size = _HEAD.unpack_from(block) if block is not None else (b"", 0)
         if block is None or magic != MAGIC:
+            os.close(fd)
             raise ValueError(
                 f"shared-memory block {self._name!r} was not made by SharedMemoryDataSource "
                 f"(or is still being written); pass the name of a block that one made"
             )
+        self._held = weakref.finalize(self, os.close, fd)
         header = json.loads(block[_HEAD.size : _HEAD.size + header_size])
         start = round_up(_HEAD.size + header_size)
         base = np.frombuffer(block, np.uint8)
@@ -353,6 +381,9 @@ class SharedMemoryDataSource:
         finalizer = self.__dict__.get("_finalizer")
         if finalizer is not None:
             finalizer()
+        held = self.__dict__.get("_held")
+        if held is not None:
+            held()
 
     def unlink(self) -> None:
         """Removes the block's name now (Grain's ``unlink``); mappings keep reading it."""

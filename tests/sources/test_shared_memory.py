@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import multiprocessing
 import os
@@ -272,3 +273,41 @@ def test_a_named_block_left_by_a_killed_maker_is_replaced_by_the_next_one():
     assert source[0] == "new" and len(source) == 1
     source.close()
     assert not _exists(name)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)  # spawned interpreters: seconds idle, far more on a loaded machine
+def test_a_block_a_killed_maker_named_itself_is_swept_by_the_next_source():
+    code = ("import os, signal; from dataloader.sources import SharedMemoryDataSource as S; "
+            "s = S([1, 2]); print(s.name, flush=True); os.kill(os.getpid(), signal.SIGKILL)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+    left = out.stdout.split()[0]
+    assert _exists(left)  # nobody removed it: its maker was killed
+    source = SharedMemoryDataSource([3])  # making a source sweeps what no process holds
+    assert not _exists(left) and _exists(source.name)
+    source.close()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_a_block_some_process_holds_is_never_swept_whatever_its_name_says():
+    # A maker in another PID namespace (docker --ipc=host) looks dead from here: its
+    # block is renamed after a pid that runs nowhere here, and it must survive.
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    code = ("import os, sys; from dataloader.sources import SharedMemoryDataSource as S; "
+            f"s = S([1, 2]); new = s.name.replace(f'_{{os.getpid()}}_', '_{gone.pid}_'); "
+            "os.rename('/dev/shm/' + s.name, '/dev/shm/' + new); print(new, flush=True); sys.stdin.read()")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        held = holder.stdout.readline().split()[0]
+        assert f"_{gone.pid}_src_" in held
+        source = SharedMemoryDataSource([3])  # sweeps: the held block stays
+        assert _exists(held) and SharedMemoryDataSource(name=held)[1] == 2
+        source.close()
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=240)
+        # Its maker removes the name it made, not this one: the test does.
+        with contextlib.suppress(FileNotFoundError, NameError):
+            os.unlink(f"/dev/shm/{held}")

@@ -363,24 +363,29 @@ def test_a_server_stopped_before_iter_is_left_behind_and_workers_start_as_interp
     assert parents == {os.getpid()}  # interpreters, started by this process
 
 
-def read_variable(x):
-    return {"x": x, "seen": os.environ.get("GRANARY_TEST_VARIABLE", "unset")}
+def read_variables(x):
+    return {"x": x, "seen": (os.environ.get("GRANARY_TEST_SETTING", "unset"), os.environ.get("A_TEST_VARIABLE", "unset"))}
 
 
-def test_a_changed_environment_gets_a_new_server_and_the_workers_see_the_change(monkeypatch):
-    """Workers have the environment of their server, which is the environment at its
-    start: after a change, the next pool gets a server started with it."""
+def test_the_workers_see_the_environment_of_iter_and_a_changed_import_setting_gets_a_new_server(monkeypatch):
+    """Workers get the environment of the training process when their pool opens; a
+    setting the server's imports read (GRANARY_*, PYTHON*, thread counts...) or sys.path
+    changed since the server started needs a new server, the old one ending with its
+    last pool."""
 
     def seen():
         ld = dl.DataLoader(dl.RangeDataSource(16), dl.SequentialSampler(16),
-                           [dl.MapTransform(read_variable), dl.Batch(4, batch_fn=list)], worker_count=2)
+                           [dl.MapTransform(read_variables), dl.Batch(4, batch_fn=list)], worker_count=2)
         with iter(ld) as it:
-            return {e["seen"] for b in it for e in b}
+            return {e["seen"] for b in it for e in b}, fork_server.server_pid()
 
-    before = seen()
-    first = fork_server.server_pid()
-    monkeypatch.setenv("GRANARY_TEST_VARIABLE", "set after the first server started")
-    after = seen()
-    assert before == {"unset"} and after == {"set after the first server started"}
-    assert first is not None and fork_server.server_pid() not in (None, first)
+    before, first = seen()
+    monkeypatch.setenv("A_TEST_VARIABLE", "set after the server started")
+    after, same = seen()
+    assert before == {("unset", "unset")} and after == {("unset", "set after the server started")}
+    assert same == first  # an ordinary variable: the same server
+    monkeypatch.setenv("GRANARY_TEST_SETTING", "set")
+    last, other = seen()
+    assert last == {("set", "set after the server started")}
+    assert first is not None and other not in (None, first)
     assert not os.path.exists(f"/proc/{first}")  # the old one ended (its pools were done)

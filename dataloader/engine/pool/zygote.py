@@ -7,9 +7,9 @@ per training process: a fresh interpreter (never a fork of the training process,
 may run JAX threads) started in the background when a ``DataLoader`` with workers is
 built (or when the first pool needs it), which imports the engine and then serves every
 pool of the process, train and eval loaders and every ``iter()`` alike, forking each
-worker from itself (one server per environment: a script that changes environment
-variables, ``sys.path`` or its working directory between loaders gets a new one, see
-:func:`shared`). Forked workers also share those pages copy-on-write. This is how
+worker from itself (a script that changes ``sys.path``, its working directory or a
+setting the server's imports read between loaders gets a new one, see :func:`shared`).
+Forked workers also share those pages copy-on-write. This is how
 the first batch comes fast without any user code running in the training process (see
 ``warm_start`` of :class:`~dataloader.DataLoader`).
 
@@ -24,7 +24,9 @@ Protocol (one ``SOCK_SEQPACKET`` socket, one pickled tuple per packet):
 
 * ``("import", modules, cpus)``: import these (first request: the base modules; then
   the CPUs the server itself may use);
-* ``("pool", pool, modules, block_prefix)``: a pool opens: import what its plan needs;
+* ``("pool", pool, modules, block_prefix, env)``: a pool opens: import what its plan
+  needs; its workers get ``env`` (the training process's environment now, as a fresh
+  worker would);
   where its result blocks have names (``/dev/shm``), they start with ``block_prefix``
   and are unlinked if the training process dies (empty: unnamed blocks, nothing to do);
 * ``("fork", ticket, pool, cpus)`` with the child's descriptors attached (task pipe,
@@ -87,7 +89,10 @@ BASE_MODULES = (
     "dataloader.engine.pool.shm",
     "dataloader.engine.pool.watch.progress",
 )
-PACKET = 1 << 16
+# Environment variables read when an interpreter starts or when the server's modules
+# are imported (GRANARY_SYS_PATH is sys.path): a change starts a new server.
+IMPORT_SETTINGS = ("GRANARY_", "PYTHON", "OPENBLAS_", "OMP_", "MKL_", "NUMPY_", "LD_")
+PACKET = 1 << 18  # a request carries an environment
 # How long the parent waits for an answer beyond what it asked for (imports included).
 ANSWER_WAIT_S = 60.0
 # How often a waiting parent looks whether the server was stopped (SIGSTOP).
@@ -311,14 +316,17 @@ class Zygote:
             self._send(("import", new, None))
 
     def open_pool(self, modules: Iterable[str], block_prefix: str = "") -> int:
-        """Registers a pool (see the module docstring); returns its number."""
+        """Registers a pool (see the module docstring); returns its number. Its workers
+        get the environment of this process now."""
         with self._cond:
             self._pools += 1
             self._open_pools += 1
             pool = self._pools
         new = [m for m in modules if m not in self._imported]
         self._imported.update(new)
-        self._send(("pool", pool, new, block_prefix))
+        env = worker_env()
+        env.pop("GRANARY_SYS_PATH")  # what the boot script takes; the server set sys.path
+        self._send(("pool", pool, new, block_prefix, env))
         return pool
 
     def close_pool(self, pool: int) -> None:
@@ -405,18 +413,21 @@ def shared() -> Zygote | None:
     lost, or if the environment changed since it started; None when switched off
     (``GRANARY_FORK_SERVER=0``) or it cannot start.
 
-    A forked worker has the server's environment, ``sys.path`` and working directory,
-    and the modules the server imported were set up under them (``import dataloader``
-    installs the Grain alias from ``GRANARY_GRAIN_ALIAS``, numpy reads its thread
-    settings). So the server is kept only while they are what a fresh worker would get
-    now: a script that changes one of them between loaders gets a new server for the
-    pools that follow (the old one ends with its last pool).
+    A forked worker gets the environment of the training process when its pool opened
+    (see :meth:`Zygote.open_pool`), but the server's ``sys.path`` and working directory,
+    and the modules the server imported were set up under the server's environment
+    (``import dataloader`` installs the Grain alias from ``GRANARY_GRAIN_ALIAS``, numpy
+    reads its thread settings). So the server is kept only while those are what a
+    fresh worker would get now (:data:`IMPORT_SETTINGS`): a script that changes one
+    between loaders gets a new server for the pools that follow (the old one ends with
+    its last pool). Other variables (JAX sets ``TF_CPP_MIN_LOG_LEVEL`` when it starts)
+    keep the server.
     """
     global _shared
     if not ENABLED:
         return None
     env = worker_env()
-    key = (sorted(env.items()), os.getcwd())
+    key = (sorted(kv for kv in env.items() if kv[0].startswith(IMPORT_SETTINGS)), os.getcwd())
     with _shared_lock:
         server = _shared
         if server is not None and server.alive and server.owner == os.getpid() and server.key == key:
@@ -487,12 +498,15 @@ def _try_reap(pid: int) -> int | None:
     return os.waitstatus_to_exitcode(status) if done else None
 
 
-def _child(fds: list[int], server_pid: int, cpus: Sequence[int]) -> None:
+def _child(fds: list[int], server_pid: int, cpus: Sequence[int], env: dict[str, str] | None) -> None:
     """In the forked worker: never returns into the server's loop."""
     code = 0
     try:
         with contextlib.suppress(OSError):
             os.sched_setaffinity(0, cpus)
+        if env is not None:  # the training process's environment when its pool opened
+            os.environ.clear()
+            os.environ.update(env)
         if "numpy.random" in sys.modules:  # as a fresh interpreter would: its own entropy
             sys.modules["numpy.random"].seed()
         from dataloader.engine.pool.worker import run
@@ -528,6 +542,7 @@ class Server:
         self.sock, self.owner, self.me = sock, owner, os.getpid()
         self.children: dict[int, int] = {}  # pid: pool
         self.prefixes: dict[int, str] = {}  # pool: block prefix
+        self.envs: dict[int, dict[str, str]] = {}  # pool: its workers' environment
         self.reaps: dict[int, float] = {}  # pid: when to answer "still alive"
         self.orphans: set[int] = set()  # killed when their pool closed; reaped quietly
         self.parting = False  # the owner said goodbye: it cleans up its own blocks
@@ -567,6 +582,7 @@ class Server:
         elif kind == "pool":
             _import(request[2])
             self.prefixes[request[1]] = request[3]
+            self.envs[request[1]] = request[4]
         elif kind == "fork":
             pid, error = self.fork(fds, request[2], request[3])
             self.answer(("forked", request[1], pid, error))
@@ -574,6 +590,7 @@ class Server:
             self.reaps[request[1]] = time.monotonic() + request[2]
         elif kind == "close":
             self.prefixes.pop(request[1], None)
+            self.envs.pop(request[1], None)
             for pid, pool in list(self.children.items()):
                 if pool == request[1]:  # not stopped by its pool: should not happen
                     with contextlib.suppress(ProcessLookupError):
@@ -594,7 +611,7 @@ class Server:
                 return None, f"fork() failed: {exc}"
             if pid == 0:
                 self.sock.close()
-                _child(fds, self.me, cpus)
+                _child(fds, self.me, cpus, self.envs.get(pool))
             self.children[pid] = pool
             return pid, None
         finally:

@@ -69,8 +69,8 @@ class DataLoader:
         worker_count: child processes computing work units (0: in this process), or
             ``"auto"`` (or an :class:`~dataloader.AutoWorkers` to tune it): the pool
             picks the count and changes it as it runs, from how long the consumer
-            waits and how many workers sit idle, within the machine's memory and
-            ``/dev/shm``. The output is the same for every worker count, changing or not.
+            waits and how many workers sit idle, within the memory of the machine and
+            the container. The output is the same for every worker count, changing or not.
         worker_buffer_size: work units in flight per worker.
         shard_options: sharding, if the sampler does not carry it already (giving
             different non-trivial options in both places is an error).
@@ -81,9 +81,11 @@ class DataLoader:
             ready. False (the default): every unit runs in a worker, so a record that
             crashes its process (a segfaulting decoder, ``os._exit``) is survived,
             ``worker_init_fn`` applies to every unit and a result that does not pickle
-            is named. The first batch is fast either way: building the loader starts
-            the process's fork server (:mod:`dataloader.engine.pool.zygote`), kept for
-            every later loader and ``iter()``, so workers fork in milliseconds.
+            is named. Building the loader starts the process's fork server in the
+            background (:mod:`dataloader.engine.pool.zygote`), kept for every later
+            loader and ``iter()``, so workers fork in milliseconds; only an ``iter()``
+            right after the first loader is built waits for the server's start (a few
+            tenths of a second).
         options: Grain's ``DatasetOptions``: a warning (default at 90%) or an error when
             filters drop more than a share of the records read.
         stall_warning_s: with workers, log a warning (logger ``"dataloader"``, once per

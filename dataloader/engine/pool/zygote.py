@@ -1,5 +1,7 @@
 """The fork server: one per training process, kept across pools, so ``iter()`` forks its
-workers in milliseconds.
+workers in milliseconds. Here are both sides of its protocol (below): the training
+process's (:class:`Zygote`, and the shared instance, :func:`shared`) and the server's
+(:class:`Server`).
 
 A worker started as a fresh interpreter spends ~0.3 s of CPU importing numpy, the
 engine and the pipeline's modules before its first unit. The fork server pays that once
@@ -9,9 +11,9 @@ built (or when the first pool needs it), which imports the engine and then serve
 pool of the process, train and eval loaders and every ``iter()`` alike, forking each
 worker from itself (a script that changes ``sys.path``, its working directory or a
 setting the server's imports read between loaders gets a new one, see :func:`shared`).
-Forked workers also share those pages copy-on-write. This is how
-the first batch comes fast without any user code running in the training process (see
-``warm_start`` of :class:`~dataloader.DataLoader`).
+Forked workers also share those pages copy-on-write. This is how the first batch comes
+fast without any user code running in the training process (see ``warm_start`` of
+:class:`~dataloader.DataLoader`).
 
 What the server imports is the engine, numpy and cloudpickle, plus, for each pool, the
 modules its pickled plan names whose packages import without starting threads
@@ -26,9 +28,9 @@ Protocol (one ``SOCK_SEQPACKET`` socket, one pickled tuple per packet):
   the CPUs the server itself may use);
 * ``("pool", pool, modules, block_prefix, env)``: a pool opens: import what its plan
   needs; its workers get ``env`` (the training process's environment now, as a fresh
-  worker would);
-  where its result blocks have names (``/dev/shm``), they start with ``block_prefix``
-  and are unlinked if the training process dies (empty: unnamed blocks, nothing to do);
+  worker would); where its result blocks have names (``/dev/shm``), they start with
+  ``block_prefix`` and are unlinked if the training process dies (empty: unnamed
+  blocks, nothing to do);
 * ``("fork", ticket, pool, cpus)`` with the child's descriptors attached (task pipe,
   result pipe, progress board); answer ``("forked", ticket, pid, error)``: ``pid`` None
   when no child was made, ``error`` then why (``fork()`` failed, e.g. ``EAGAIN`` at a
@@ -48,9 +50,11 @@ for the training process to be gone and unlinks every open pool's named blocks.
 
 Failure modes the pool survives: a server that dies, refuses or cannot start (workers
 start as interpreters), and a *stopped* one (``SIGSTOP``): a parent that waits for an
-answer looks at the server's state every ``LOOK_S`` and, finding it stopped, kills it
-and goes on without it within a second, rather than waiting ``ANSWER_WAIT_S``. The
-next pool gets a new server.
+answer, or for forked workers to be ready, looks at the server's state every
+``LOOK_S`` and, finding it stopped, kills it and goes on without it within a second,
+rather than waiting ``ANSWER_WAIT_S`` (or for ever). The next pool gets a new server.
+A ``fork()`` that fails in the server (``EAGAIN`` at a pids limit) is answered, not
+fatal to it: the pool raises an error naming the limit.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ PEERS=(
 )
 # The project's extras the benchmarks need (tfrecord: streaming.py writes TFRecord files;
 # beam: convert.py runs the Beam conversion).
-EXTRAS="tfrecord,beam"
+EXTRAS="tfrecord,beam,tokenizers"
 STAMP="${VENV}/.bench-stamp"
 # The stamp's content: change either list (or setup.cfg) and the install reruns.
 WANT="$(printf '%s\n' "${PEERS[@]}" "${EXTRAS}"; cat "${ROOT}/setup.cfg" "${ROOT}/setup.py")"

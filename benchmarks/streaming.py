@@ -13,6 +13,17 @@ libraries alone as peers, in one run on data it writes itself:
 
     python3 benchmarks/streaming.py            # in benchmarks/.venv (with Grain as a peer)
     python3 benchmarks/streaming.py --no-venv --rows 200000 --repeat 1
+
+``--pipeline tokenize`` measures a text pipeline instead, the costly step of a language
+model's input: ``--docs`` long documents (200 to 2,000 words) in 4 Parquet files ->
+a Hugging Face ``tokenizers`` BPE model (trained here on the first files' texts) ->
+first-fit packing into rows of ``--seq-len`` -> batches of 8; tokens/s (real tokens, not
+padding) at 0, 1 and 2 workers (``mp_prefetch``), granary and Grain on the same files.
+granary computes the reading and the tokenizer in the worker processes (unit by unit,
+the same output for every count) and packs in the training process; Grain gives each
+worker a slice of the stream.
+
+    python3 benchmarks/streaming.py --pipeline tokenize --repeat 3
 """
 
 from __future__ import annotations
@@ -138,6 +149,130 @@ def rows_table(parquet: list[str], tfrecord: list[str], grain: Any) -> dict[str,
     return rows
 
 
+def write_documents(docs: int) -> tuple[list[str], str]:
+    """Parquet files of long documents and a BPE tokenizer trained on some of them."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = DATA / f"docs-{docs}"
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = folder / "bpe.json"
+    rng = np.random.default_rng(0)
+    syllables = np.array(["ka", "lo", "mi", "ne", "ru", "sa", "to", "vi", "ze", "po", "qu", "an", "el", "or", "is"])
+    vocabulary = ["".join(rng.choice(syllables, size=rng.integers(1, 5))) for _ in range(5000)]
+    paths = [str(folder / f"part-{f}.parquet") for f in range(4)]
+    for path in paths:
+        if not Path(path).exists():
+            texts = [" ".join(rng.choice(vocabulary, size=rng.integers(200, 2000))) for _ in range(docs // 4)]
+            pq.write_table(pa.table({"text": texts}), path, row_group_size=250)
+    if not tokenizer.exists():
+        from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+        bpe = Tokenizer(models.BPE(unk_token="[UNK]"))
+        bpe.pre_tokenizer = pre_tokenizers.Whitespace()
+        texts = pq.read_table(paths[0], columns=["text"]).column("text").to_pylist()[:500]
+        bpe.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=8000, special_tokens=["[UNK]"]))
+        bpe.save(str(tokenizer))
+    return paths, str(tokenizer)
+
+
+class Tokenize:
+    """``{"text"}`` -> ``{"tokens"}`` with the BPE model, loaded once in each process."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._model: Any = None
+
+    def __call__(self, row: dict[str, Any]) -> dict[str, Any]:
+        if self._model is None:
+            from tokenizers import Tokenizer
+
+            self._model = Tokenizer.from_file(self.path)
+        return {"tokens": np.asarray(self._model.encode(row["text"]).ids, np.int32)}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path, "_model": None}
+
+
+def tokenize_table(paths: list[str], tokenizer: str, seq_len: int, grain: Any) -> dict[str, Callable[[], Iterator[Any]]]:
+    """The text pipeline at 0, 1 and 2 workers, granary's (when importable) and Grain's."""
+    rows: dict[str, Callable[[], Iterator[Any]]] = {}
+    length = {"tokens": seq_len}
+    try:
+        import dataloader as dl
+    except ImportError:  # Grain's own interpreter
+        dl = None
+    for workers in (0, 1, 2):
+        if dl is not None:
+            def granary(workers: int = workers) -> Iterator[Any]:
+                ds = dl.experimental.ParquetIterDataset(paths).map(Tokenize(tokenizer))
+                ds = dl.experimental.FirstFitPackIterDataset(ds, length_struct=length, num_packing_bins=8)
+                return iter(ds.batch(8).mp_prefetch(dl.MultiprocessingOptions(num_workers=workers)))
+
+            rows[f"granary, {workers} workers"] = granary
+        if grain is not None:
+            from absl import flags
+
+            if not flags.FLAGS.is_parsed():  # Grain's worker processes read its flags
+                flags.FLAGS.mark_as_parsed()
+
+            def grain_row(workers: int = workers) -> Iterator[Any]:
+                ge = grain.experimental
+                ds = ge.InterleaveIterDataset([ge.ParquetIterDataset(p) for p in paths], cycle_length=16)
+                ds = ge.FirstFitPackIterDataset(ds.map(Tokenize(tokenizer)), length_struct=length, num_packing_bins=8)
+                return iter(ds.batch(8).mp_prefetch(grain.MultiprocessingOptions(num_workers=workers)))
+
+            rows[f"Grain, {workers} workers"] = grain_row
+    return rows
+
+
+def measure_tokens(make: Callable[[], Iterator[Any]], seconds: float) -> tuple[float, int]:
+    """(tokens/s, tokens timed) after the first batch; a token is a non-padding position."""
+    it = make()
+    next(it)
+    tokens, began = 0, time.perf_counter()
+    for batch in it:
+        tokens += int(np.count_nonzero(np.asarray(batch["tokens_segment_ids"])))
+        if time.perf_counter() - began > seconds:
+            break
+    elapsed = time.perf_counter() - began
+    if hasattr(it, "close"):
+        it.close()
+    return tokens / elapsed, tokens
+
+
+def run_rows(
+    rows: dict[str, Callable[[], Iterator[Any]]],
+    measure_row: Callable[[Callable[[], Iterator[Any]], float], tuple[float, int]],
+    args: argparse.Namespace,
+) -> tuple[dict[str, float], dict[str, list[tuple[float, int]]]]:
+    """The rows ``--only`` selects, each ``--repeat`` times, taking turns going first:
+    (median rate per row, every run's (rate, count))."""
+    if args.only:
+        rows = {k: v for k, v in rows.items() if any(w in k for w in args.only.split(","))}
+    results: dict[str, list[tuple[float, int]]] = {name: [] for name in rows}
+    for r in range(args.repeat):
+        for name in list(rows) if r % 2 == 0 else list(reversed(rows)):
+            results[name].append(measure_row(rows[name], args.seconds))
+    return {name: statistics.median(rate for rate, _ in runs) for name, runs in results.items()}, results
+
+
+def main_tokenize(args: argparse.Namespace, grain: Any) -> int:
+    paths, tokenizer = write_documents(args.docs)
+    rows = tokenize_table(paths, tokenizer, args.seq_len, grain)
+    print(f"{len(paths)} Parquet files of {args.docs:,} documents -> BPE tokenizer -> first-fit packing "
+          f"({args.seq_len} tokens) -> batches of 8; median of {args.repeat}, at most {args.seconds:g} s a run"
+          + ("" if grain else "; Grain not installed") + "\n")
+    medians, results = run_rows(rows, measure_tokens, args)
+    header = f"{'pipeline':<22} {'tokens/s':>11} {'x 0 workers':>11} {'timed':>10}"
+    print(header + "\n" + "-" * len(header))
+    for name, rate in medians.items():
+        base = medians.get(name.split(",")[0] + ", 0 workers")
+        ratio = f"{rate / base:11.2f}" if base else f"{'':11}"
+        print(f"{name:<22} {rate:>11,.0f} {ratio} {results[name][0][1]:>10,}")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--files", type=int, default=8)
@@ -147,6 +282,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--only", default="", help="comma-separated words a row's name must contain one of")
     parser.add_argument("--no-venv", action="store_true", help="run here, without Grain unless it is installed")
+    parser.add_argument("--pipeline", choices=("rows", "tokenize"), default="rows",
+                        help="rows: readers side by side; tokenize: a text pipeline at 0, 1, 2 workers")
+    parser.add_argument("--docs", type=int, default=8000, help="--pipeline tokenize: documents in all")
+    parser.add_argument("--seq-len", type=int, default=2048, help="--pipeline tokenize: tokens per packed row")
     args = parser.parse_args(argv)
     if not args.no_venv:
         ensure_venv(__file__, argv)
@@ -154,20 +293,15 @@ def main(argv: list[str]) -> int:
         import grain  # imported before timing (it imports JAX)
     except ImportError:
         grain = None
+    if args.pipeline == "tokenize":
+        return main_tokenize(args, grain)
 
     parquet, tfrecord = write_data(args.files, args.rows, args.row_group)
     rows = rows_table(parquet, tfrecord, grain)
-    if args.only:
-        rows = {k: v for k, v in rows.items() if any(w in k for w in args.only.split(","))}
     print(f"{len(parquet)} Parquet files, {args.rows:,} rows, row groups of {args.row_group:,}; "
           f"{len(tfrecord)} TFRecord files; median of {args.repeat}, at most {args.seconds:g} s a run"
           + ("" if grain else "; Grain not installed") + "\n")
-    results: dict[str, list[tuple[float, int]]] = {name: [] for name in rows}
-    for r in range(args.repeat):
-        order = list(rows) if r % 2 == 0 else list(reversed(rows))
-        for name in order:
-            results[name].append(measure(rows[name], args.seconds))
-    medians = {name: statistics.median(rate for rate, _ in runs) for name, runs in results.items()}
+    medians, results = run_rows(rows, measure, args)
     reference = medians.get("granary ParquetDataSource random access, 0 workers")
     header = f"{'reader':<62} {'rows/s':>11} {'x random':>8} {'timed':>9}"
     print(header + "\n" + "-" * len(header))

@@ -15,7 +15,8 @@ import threading
 import pytest
 
 from dataloader.engine.pool import zygote
-from dataloader.engine.pool.zygote import Server, process_state
+from dataloader.engine.pool.zygote import client, process_state
+from dataloader.engine.pool.zygote.server import Server
 from tests.helpers import wait_until
 
 
@@ -92,8 +93,8 @@ def test_the_shared_server_is_switched_off_by_the_environment(monkeypatch):
 def test_a_waiting_pool_loses_a_stopped_server_at_once(monkeypatch, state):
     """No answer comes and the server reads as stopped: the wait ends at the first look,
     not after ANSWER_WAIT_S, and the server is killed."""
-    monkeypatch.setattr(zygote, "LOOK_S", 0.01)
-    monkeypatch.setattr(zygote, "process_state", lambda pid: state)
+    monkeypatch.setattr(client, "LOOK_S", 0.01)
+    monkeypatch.setattr(client, "process_state", lambda pid: state)
     server = zygote.Zygote.__new__(zygote.Zygote)
     server._cond = threading.Condition()
     server.alive, server._closing, server.owner = True, False, os.getpid()

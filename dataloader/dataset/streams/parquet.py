@@ -118,10 +118,15 @@ class ParquetIterDataset(FileIterDataset):
     def _file_iterator(self, path: str) -> DatasetIterator:
         return ParquetFileIterator(path, self.columns, self.read_kwargs)
 
-    def _stream_form(self) -> StreamForm:
-        """This stream as random access over its order: a source computed by position."""
+    def _stream_form(self) -> StreamForm | None:
+        """This stream as random access over its order: a source computed by position
+        (None for a subclass that reads its files its own way)."""
         from dataloader.dataset.map_dataset import MapDataset
         from dataloader.dataset.streams.lowering import StreamForm
+
+        cls = type(self)
+        if cls.__iter__ is not FileIterDataset.__iter__ or cls._file_iterator is not ParquetIterDataset._file_iterator:
+            return None
 
         source = ParquetStreamSource(self._paths, [self._group_rows[p] for p in self._paths],
                                      self.columns, self.read_kwargs, CYCLE_LENGTH)

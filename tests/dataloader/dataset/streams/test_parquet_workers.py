@@ -240,7 +240,12 @@ def test_what_has_no_random_access_form_stays_in_order(tmp_path):
     mixed = dl.experimental.InterleaveIterDataset([Parquet(paths[0]), dl.MapDataset.range(3).to_iter_dataset()],
                                                   cycle_length=2)
     several = dl.experimental.InterleaveIterDataset([Parquet(paths)], cycle_length=2)
-    for ds in (endless, mixed, several):
+    class OwnReading(Parquet):  # a subclass that reads its files its own way
+        def __iter__(self):
+            return iter(dl.MapDataset.source([{"file": 9, "row": 9}]).to_iter_dataset())
+
+    for ds in (endless, mixed, several, OwnReading(paths)):
         assert type(ds.map(lambda x: x)).__name__ == "ElementwiseIterDataset"
+    assert list(OwnReading(paths).map(key)) == [(9, 9)]
     assert take(iter(endless.map(key)), 12) == [(0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (1, 2), (0, 3), (1, 3),
                                                 (1, 4), (0, 0), (0, 1), (1, 0)]

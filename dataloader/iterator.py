@@ -208,10 +208,12 @@ class DataLoaderIterator(DatasetIterator[Any]):
 
     def _stats_pipeline(self) -> dict[str, Any]:
         pipeline = dict(self._pipeline)
-        if self._stats.pipe_units:  # for the advice: how much room /dev/shm has
-            from dataloader.engine.pool.shm import shm_free_bytes
+        if self._stats.pipe_units:  # for the advice: how much memory result blocks have left
+            from dataloader.engine.pool.shm import block_room
 
-            pipeline["shm_free_mb"] = shm_free_bytes() / 2**20
+            room = block_room()
+            if room is not None:
+                pipeline["shm_free_mb"] = room / 2**20
         return pipeline
 
     @property

@@ -200,15 +200,15 @@ def test_a_corrupt_record_read_in_a_worker_is_named_exactly(tmp_path):
 
 
 def test_blocks_that_cannot_grow_fall_back_to_pipes_with_one_warning(monkeypatch):
-    """Results outgrow the blocks, and /dev/shm cannot hold bigger ones: pipes, warned once."""
+    """Results outgrow the blocks, and memory cannot hold bigger ones: pipes, warned once."""
     real = os.posix_fallocate
 
-    def small_dev_shm(fd, offset, length):  # the parent makes the blocks; 1 MiB "fits"
+    def small_memory(fd, offset, length):  # in the parent, which makes the blocks: 1 MiB "fits"
         if length > 2**20:
             raise OSError(28, "No space left on device")
         real(fd, offset, length)
 
-    monkeypatch.setattr(os, "posix_fallocate", small_dev_shm)
+    monkeypatch.setattr(os, "posix_fallocate", small_memory)
     loader = make(wp.grow_at(24, 2 * 2**20), n=64, batch=4)
     with pytest.warns(RuntimeWarning) as caught:
         got = list(loader)
@@ -217,8 +217,8 @@ def test_blocks_that_cannot_grow_fall_back_to_pipes_with_one_warning(monkeypatch
     assert got[-1]["x"].shape == (4, 2 * 2**20)
     falls = [str(w.message) for w in caught if "results travel through pipes" in str(w.message)]
     assert len(falls) == 1, falls
-    assert re.search(r"a result block of [\d.]+ MiB could not be made in /dev/shm \(\[Errno 28\] No space left on device", falls[0])
-    assert "enlarge /dev/shm" in falls[0]
+    assert re.search(r"a result block of [\d.]+ MiB could not be made \(\[Errno 28\] No space left on device", falls[0])
+    assert "give the job more memory" in falls[0]
 
 
 def test_results_keep_their_values_after_a_pipe_fallback():

@@ -171,9 +171,10 @@ def shm_too_small(stats: dict[str, Any]) -> Advice | None:
     return Advice(
         "shm_too_small",
         f"{piped:,} of {pool_units:,} results came through pipes instead of shared memory "
-        f"(one more copy each): /dev/shm is missing or too small{room}",
-        "enlarge /dev/shm (docker run --shm-size=2g, or a larger tmpfs), or lower "
-        "worker_count or worker_buffer_size",
+        f"(one more copy each): result blocks could not be had (no memfd_create, or too "
+        f"little memory left{room})",
+        "give the job more memory (the container's limit), or lower worker_count or "
+        "worker_buffer_size",
     )
 
 

@@ -64,8 +64,11 @@ class ParquetStreamSource(PerProcessHandles):
         # Row offset of each row group in its file (and the file's row count last).
         self._group_starts = [np.concatenate([[0], np.cumsum(g, dtype=np.int64)]) for g in group_rows]
         self.order = InterleaveOrder([int(s[-1]) for s in self._group_starts], cycle_length)
-        # A unit reads on in the row groups of every open file: keep one more per file.
-        self._cache_size = 2 * self.order.cycle_length + 2
+        # A unit reads on in the current row group of every open file, and the next unit
+        # of this process continues there: keep those (and two more, for the files that
+        # move to their next group). Every worker holds as many decoded groups as the
+        # streaming iterator does in one process, so no more: they can be large.
+        self._cache_size = self.order.cycle_length + 2
         self._init_process_state()
 
     def _reset_handles(self) -> None:

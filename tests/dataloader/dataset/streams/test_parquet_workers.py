@@ -188,6 +188,11 @@ def test_rows_are_read_a_row_group_at_a_time_in_workers_too(tmp_path, monkeypatc
                         lambda self, i, *a, **k: reads.append(i) or original(self, i, *a, **k))
     assert len(list(Parquet(paths).map(labelled))) == 40
     assert reads == [0, 1, 2, 3, 4]
+    reads.clear()
+    (tmp_path / "several").mkdir()
+    several = shards(tmp_path / "several", [40, 24, 33], row_group_size=8)  # units span the three files
+    assert len(list(Parquet(several).map(labelled))) == 97
+    assert sorted(reads) == sorted([*range(5), *range(3), *range(5)])  # each group of each file once
 
 
 def maxtext_rows(paths, epochs=2, in_order=False):

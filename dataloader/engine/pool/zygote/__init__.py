@@ -27,11 +27,9 @@ Protocol (one ``SOCK_SEQPACKET`` socket, one pickled tuple per packet):
 
 * ``("import", modules, cpus)``: import these (first request: the base modules; then
   the CPUs the server itself may use);
-* ``("pool", pool, modules, block_prefix, env)``: a pool opens: import what its plan
-  needs; its workers get ``env`` (the training process's environment now, as a fresh
-  worker would); where its result blocks have names (``/dev/shm``), they start with
-  ``block_prefix`` and are unlinked if the training process dies (empty: unnamed
-  blocks, nothing to do);
+* ``("pool", pool, modules, env)``: a pool opens: import what its plan needs; its
+  workers get ``env`` (the training process's environment now, as a fresh worker
+  would);
 * ``("fork", ticket, pool, cpus)`` with the child's descriptors attached (task pipe,
   result pipe, progress board); answer ``("forked", ticket, pid, error)``: ``pid`` None
   when no child was made, ``error`` then why (``fork()`` failed, e.g. ``EAGAIN`` at a
@@ -46,8 +44,8 @@ Protocol (one ``SOCK_SEQPACKET`` socket, one pickled tuple per packet):
 Answers come as they are ready, matched by ticket or pid; a thread of the training
 process reads them. Children stay zombies until their pool reaps them, so a pid the
 pool knows is never reused under it. When the training process's end closes (even on
-SIGKILL) the server kills every child it has and exits; without a goodbye it also waits
-for the training process to be gone and unlinks every open pool's named blocks.
+SIGKILL) the server kills every child it has and exits. The pools' result blocks have
+no name (:mod:`~dataloader.engine.pool.shm`): nothing is left to clean up.
 
 Failure modes the pool survives: a server that dies, refuses or cannot start (workers
 start as interpreters), and a *stopped* one (``SIGSTOP``): a parent that waits for an

@@ -218,7 +218,7 @@ class Zygote:
             self._imported.update(new)
             self._send(("import", new, None))
 
-    def open_pool(self, modules: Iterable[str], block_prefix: str = "") -> int:
+    def open_pool(self, modules: Iterable[str]) -> int:
         """Registers a pool (see the module docstring); returns its number. Its workers
         get the environment of this process now."""
         with self._cond:
@@ -229,7 +229,7 @@ class Zygote:
         self._imported.update(new)
         env = worker_env()
         env.pop("GRANARY_SYS_PATH")  # what the boot script takes; the server set sys.path
-        self._send(("pool", pool, new, block_prefix, env))
+        self._send(("pool", pool, new, env))
         return pool
 
     def close_pool(self, pool: int) -> None:

@@ -47,18 +47,6 @@ def _child(fds: list[int], server_pid: int, cpus: Sequence[int], env: dict[str, 
         os._exit(code)
 
 
-def _unlink_blocks(prefixes: Iterable[str], owner: int) -> None:
-    """Unlinks the named blocks of a dead training process's pools, where blocks have
-    names (with unnamed blocks there is nothing to do)."""
-    import importlib
-
-    unlink = getattr(importlib.import_module("dataloader.engine.pool.shm"), "unlink_if_orphaned", None)
-    for prefix in prefixes:
-        if prefix and unlink is not None:
-            with contextlib.suppress(OSError):
-                unlink(prefix, owner, wait_s=5.0)
-
-
 class Server:
     """The server's state and loop (in its own interpreter; see the module docstring).
 
@@ -70,11 +58,9 @@ class Server:
     def __init__(self, sock: socket.socket, owner: int) -> None:
         self.sock, self.owner, self.me = sock, owner, os.getpid()
         self.children: dict[int, int] = {}  # pid: pool
-        self.prefixes: dict[int, str] = {}  # pool: block prefix
         self.envs: dict[int, dict[str, str]] = {}  # pool: its workers' environment
         self.reaps: dict[int, float] = {}  # pid: when to answer "still alive"
         self.orphans: set[int] = set()  # killed when their pool closed; reaped quietly
-        self.parting = False  # the owner said goodbye: it cleans up its own blocks
 
     def run(self) -> None:
         import select
@@ -101,7 +87,6 @@ class Server:
         request = pickle.loads(data)
         kind = request[0]
         if kind == "bye":
-            self.parting = True
             return False
         if kind == "import":
             _import(request[1])
@@ -110,15 +95,13 @@ class Server:
                     os.sched_setaffinity(0, request[2])
         elif kind == "pool":
             _import(request[2])
-            self.prefixes[request[1]] = request[3]
-            self.envs[request[1]] = request[4]
+            self.envs[request[1]] = request[3]
         elif kind == "fork":
             pid, error = self.fork(fds, request[2], request[3])
             self.answer(("forked", request[1], pid, error))
         elif kind == "reap":
             self.reaps[request[1]] = time.monotonic() + request[2]
         elif kind == "close":
-            self.prefixes.pop(request[1], None)
             self.envs.pop(request[1], None)
             for pid, pool in list(self.children.items()):
                 if pool == request[1]:  # not stopped by its pool: should not happen
@@ -169,8 +152,7 @@ class Server:
                 self.orphans.discard(pid)
 
     def finish(self) -> None:
-        """The owner is gone or done: nothing forked may outlive it, and if it died,
-        neither may its pools' blocks."""
+        """The owner is gone or done: nothing forked may outlive it."""
         left = set(self.children) | self.orphans
         for pid in left:
             with contextlib.suppress(ProcessLookupError):
@@ -179,8 +161,6 @@ class Server:
         while left and time.monotonic() < deadline:
             left = {pid for pid in left if _try_reap(pid) is None}
             time.sleep(0.002)
-        if not self.parting:  # the owner's end closed without a word: it died
-            _unlink_blocks(list(self.prefixes.values()), self.owner)
 
 
 def _import(modules: Iterable[str]) -> None:

@@ -31,7 +31,7 @@ CLOSE_WAIT_S = 1.0  # how long close() waits for a next() in progress to give wa
 
 
 def _release(workers: Workers, transport: Transport) -> None:
-    """Stops every child within a bounded time and unlinks every block."""
+    """Stops every child within a bounded time and lets go of every result block."""
     workers.close()
     transport.close()
 
@@ -116,7 +116,7 @@ class Guarded:
                 raise
 
     def close(self) -> None:
-        """Stops every worker and unlinks every block, from any thread, in bounded time.
+        """Stops every worker and lets go of every block, from any thread, in bounded time.
 
         A ``next()`` waiting in another thread raises
         :class:`~dataloader.errors.LoaderClosedError` within a fraction of a second and

@@ -95,7 +95,9 @@ class AutoWorkers:
     not wait for two intervals in a row, between ``min_workers`` and ``max_workers``.
     It adds a worker only while the machine keeps ``min_free_memory`` of its memory
     available after it (the worker's private memory and its result blocks, measured)
-    and its result blocks fit in ``max_shm_share`` of the free ``/dev/shm``. Buffers
+    and its result blocks fit in ``max_shm_share`` of the memory left (the blocks are
+    shared memory without a name: the container's and the machine's memory bound them,
+    not the size of ``/dev/shm``). Buffers
     follow: ``worker_buffer_size`` units in flight per worker. The output is the same
     whatever the count, so workers come and go mid-epoch without changing a batch.
 
@@ -105,7 +107,7 @@ class AutoWorkers:
         initial: workers at the start (None: half of ``max_workers``, at least 1).
         interval_s: how often the count is reconsidered.
         min_free_memory: share of the machine's memory left available.
-        max_shm_share: share of the free ``/dev/shm`` the added blocks may take.
+        max_shm_share: share of the memory left that the added result blocks may take.
 
     ``worker_init_fn(index, count)`` receives ``max_workers`` as ``count``.
 

@@ -3,8 +3,8 @@
 Pure decisions (no processes, so they are tested with made-up measurements):
 :class:`Scaler` is told how long the consumer waited for a unit and how many workers
 sat idle because the window was full, and says, once per interval, how many workers to
-add or retire. :func:`room` says how many more the machine's memory and ``/dev/shm``
-can hold. The pool (:mod:`~dataloader.engine.pool.executor`) does the adding and
+add or retire. :func:`room` says how many more the memory (the machine's and the
+container's) can hold. The pool (:mod:`~dataloader.engine.pool.executor`) does the adding and
 retiring; since units, not workers, define the output, no batch changes.
 
 Why these signals. A consumer that waits is short of workers: if it waited a share
@@ -116,16 +116,16 @@ def room(
     reserved: int = 0,
 ) -> int:
     """How many more workers fit: each costs ``worker_bytes`` of private memory and
-    ``blocks_per_worker`` result blocks of ``block_bytes`` (in ``/dev/shm``, which has
-    ``shm_free`` bytes free; None: results go through pipes), and
+    ``blocks_per_worker`` result blocks of ``block_bytes`` (shared memory, of which
+    ``shm_free`` bytes are left; None: results go through pipes), and
     :data:`PIDS_PER_WORKER` tasks of a pids limit.
 
     Memory is what the container allows, not only what the host has
     (:mod:`~dataloader.engine.pool.autoscale.limits`, read now unless ``found`` is
     given): ``min_free_memory`` of the container's limit (or of the host's memory,
     without one) stays free, and ``reserved`` bytes are spoken for (what the workers
-    already running will still grow by). ``/dev/shm`` is charged to the container's
-    memory too, so blocks count against both.
+    already running will still grow by). Result blocks are memory too: they count in
+    the cost, and at most ``max_shm_share`` of ``shm_free`` goes to them.
     """
     found = limits.read_limits() if found is None else found
     fits = 1 << 30

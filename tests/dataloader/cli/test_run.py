@@ -67,8 +67,12 @@ def test_run_counts_records_read_elements_and_batches_out_apart(config_path):
 
 
 def test_run_applies_overrides_and_max_batches(config_path):
-    text = run_cli.run_command([config_path, "operations.2.batch.batch_size=2"], max_batches=3)
-    assert "batches out    3 " in text and "elements out   6 " in text
+    # Units of a fixed size: with a filter before the batch, units are otherwise sized by
+    # the time they take, so how far the loader read past the third batch would depend
+    # on the machine's speed (units of 4 records hold 2 even squares: 3 units, 6 elements).
+    text = run_cli.run_command([config_path, "operations.2.batch.batch_size=2", "loader.read_options.unit_size=4"],
+                               max_batches=3)
+    assert "batches out    3 " in text and "elements out   6 " in text and "records read   12 " in text, text
 
 
 @pytest.mark.parametrize(
@@ -144,7 +148,8 @@ def test_the_detail_shows_records_per_second_and_the_slowest_stage(tmp_path):
 @pytest.mark.timeout(120)
 def test_python_m_dataloader_run_draws_progress_and_refuses_a_bad_key(config_path):
     env = {**os.environ, "PYTHONPATH": REPO_ROOT}
-    ok = subprocess.run([sys.executable, "-m", "dataloader", "run", config_path, "loader.worker_count=2"],
+    ok = subprocess.run([sys.executable, "-m", "dataloader", "run", config_path, "loader.worker_count=2",
+                         "loader.read_options.unit_size=5"],  # fixed units: see test_run_applies_overrides...
                         capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=120)
     assert ok.returncode == 0, ok.stderr
     assert re.search(r"pipeline\.yaml 4 batches \| [\d,]+ records/s, .*, slowest ", ok.stderr), ok.stderr

@@ -118,6 +118,21 @@ def test_batches_arrive_through_shared_memory_and_free_their_blocks():
     it.close()
 
 
+def test_results_that_outgrow_their_blocks_still_travel_in_blocks_and_are_identical():
+    # Small results first (blocks sized for them), then 2 MiB per record: the workers
+    # grow the blocks they were lent, the parent makes larger ones from then on.
+    loader = dl.DataLoader(dl.RangeDataSource(64), dl.SequentialSampler(64),
+                           [dl.MapTransform(wp.grow_at(24, 2 * 2**20)), dl.Batch(4)], worker_count=2, warm_start=False)
+    it = iter(loader)
+    got = list(it)
+    assert [b["id"].tolist() for b in got] == [list(range(i, i + 4)) for i in range(0, 64, 4)]
+    for b in got:
+        assert (b["x"] == (b["id"] % 256)[:, None].astype(np.uint8)).all()
+    assert got[0]["x"].shape == (4, 64) and got[-1]["x"].shape == (4, 2 * 2**20)
+    assert all(_views_a_shared_block(b["x"]) for b in got)
+    assert it.stats()["pipe_units"] == 0
+
+
 def test_memory_shortage_falls_back_to_pipes_with_one_warning(monkeypatch):
     from dataloader.engine.pool import shm
 

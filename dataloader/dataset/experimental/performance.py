@@ -164,11 +164,12 @@ def _measure(ds: Any, samples: int) -> tuple[float, float]:
 
 
 def _machine_budget(unit_bytes: float, buffer_size: int) -> int:
-    """Workers the machine has room for now (``"auto"``'s rule), and the shm it has."""
+    """Workers the machine has room for now (``"auto"``'s rule), with the memory left
+    for result blocks (memfds: bounded by the container's and the machine's memory)."""
     from dataloader.engine.pool.autoscale import room
-    from dataloader.engine.pool.shm import shm_free_bytes
+    from dataloader.engine.pool.shm import block_room
 
-    return room(AutoWorkers(), int(WORKER_BASE_MB * _MB), buffer_size + 1, int(unit_bytes), shm_free_bytes())
+    return room(AutoWorkers(), int(WORKER_BASE_MB * _MB), buffer_size + 1, int(unit_bytes), block_room())
 
 
 def _within_container(ram_budget_mb: float) -> float:

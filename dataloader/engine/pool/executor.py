@@ -290,7 +290,18 @@ class PoolExecutor(Guarded):
         live = len(workers.live())
         change = scaling.decide(now, workers, window, self._transport)
         if change > 0:
-            self._joined(workers.add(change))
+            try:
+                self._joined(workers.add(change))
+            except WorkerError as exc:
+                # A limit (pids, memory) refused a worker the pool only wished for: stay
+                # at what started, and wish no higher; the stream goes on.
+                self._joined([])
+                started = len(workers.live())
+                if not started:
+                    raise
+                scaling.scaler.high = max(scaling.scaler.low, started)
+                logger.warning("granary: worker_count auto stays at %d workers: %s", started, exc)
+                change = started - live
         elif change < 0:
             for w in workers.retire(-change):
                 if not window.held(w.key):

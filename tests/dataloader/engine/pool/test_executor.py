@@ -292,6 +292,31 @@ def test_autoscaling_adds_workers_and_retires_them_once_they_hold_nothing(pool):
     assert [count for _, count in executor.worker_counts] == [2, 4, 1]
 
 
+def test_a_worker_auto_wished_for_that_a_limit_refuses_leaves_the_pool_as_it_was(pool):
+    # Under a pids limit the fork server may refuse a worker that autoscaling only wished
+    # for: the pool stays at what started, stops wishing higher, and the stream goes on.
+    from dataloader.errors import WorkerError
+
+    executor, fake = pool(workers=AutoWorkers(min_workers=1, max_workers=4, initial=2), buffer=1)
+    executor._scaling.scaler = scaler = ScriptedScaler()
+    scaler.low, scaler.high = 1, 4
+    grow = fake.add
+
+    def add_one_then_refuse(count):
+        yield from grow(1)
+        raise WorkerError("could not start worker 3: the pids limit of this container is reached")
+
+    fake.add = add_one_then_refuse
+    out = [next(executor)]
+    scaler.change = +2
+    out += list(executor)
+    assert records(out) == list(range(RECORDS))
+    assert [w.index for w in fake.workers] == [0, 1, 2]
+    assert scaler.high == 3
+    assert [count for _, count in executor.worker_counts] == [2, 3]
+    assert executor._window.size == 3
+
+
 def test_close_releases_the_workers_and_ends_the_stream(pool):
     executor, fake = pool()
     assert records([next(executor)]) == [0, 1, 2, 3]

@@ -295,7 +295,7 @@ class InterleaveIterDataset(IterDataset):
         >>> import dataloader as dl
         >>> parts = [dl.MapDataset.source(p).to_iter_dataset() for p in ([1, 2, 3], [4], [5, 6])]
         >>> list(dl.experimental.InterleaveIterDataset(parts, cycle_length=2))
-        [1, 4, 2, 5, 3, 6]
+        [1, 4, 2, 3, 5, 6]
     """
 
     def __init__(

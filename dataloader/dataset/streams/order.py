@@ -18,9 +18,12 @@ state of the streaming iterators (where each open file stands) back to a positio
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
+
+from dataloader.errors import StateMismatchError
 
 
 class InterleaveOrder:
@@ -119,3 +122,21 @@ class InterleaveOrder:
                 raise ValueError(f"file {f} at row {rows} is not a point of this stream")
             total -= int(self.counts[f]) - rows
         return total
+
+    def position_of_state(self, state: dict[str, Any], file_position: Callable[[int, dict[str, Any]], int]) -> int:
+        """The position at a state of ``InterleaveIterDataset`` over these files, where
+        ``file_position(f, inner)`` is the rows file ``f`` handed out at its state ``inner``.
+
+        Raises:
+            StateMismatchError: the state is not a point of this stream.
+        """
+        open_files = zip(state["iterators_in_use_indices"], state["iterators_in_use_states"], state["exhausted"])
+        consumed = {int(f): file_position(int(f), inner)
+                    for f, inner, ended in open_files if inner is not None and not int(ended)}
+        try:
+            return self.position(consumed, int(state["next_index_in_datasets"]))
+        except ValueError as error:
+            raise StateMismatchError(
+                f"this state does not fit this stream of {len(self.counts)} files ({error}); "
+                f"restore with the files the state was made for"
+            ) from None

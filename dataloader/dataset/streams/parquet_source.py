@@ -167,18 +167,7 @@ class ParquetStreamSource(PerProcessHandles):
                 )
             return self._file_position(0, state)
         if "iterators_in_use_states" in state and "next_index_in_datasets" in state:
-            consumed: dict[int, int] = {}
-            pairs = zip(state["iterators_in_use_indices"], state["iterators_in_use_states"], state["exhausted"])
-            for index, inner, ended in pairs:
-                if inner is not None and not int(ended):
-                    consumed[int(index)] = self._file_position(int(index), inner)
-            try:
-                return self.order.position(consumed, int(state["next_index_in_datasets"]))
-            except ValueError as error:
-                raise StateMismatchError(
-                    f"this state does not fit this stream of {len(self._paths)} files ({error}); "
-                    f"restore with the files the state was made for"
-                ) from None
+            return self.order.position_of_state(state, self._file_position)
         raise StateMismatchError(
             f"{sorted(state)} is not a state of a Parquet stream; pass a state that "
             f"get_state() of this pipeline returned"

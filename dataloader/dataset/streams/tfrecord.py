@@ -6,16 +6,25 @@ fails with an error naming the file and the record's byte offset. Records are ``
 (parse ``tf.train.Example`` protos in a ``map``). The state of one file is
 ``{"path", "reader_offset"}`` (Grain's field, plus the file's base name): a restore is
 one ``seek``.
+
+Calls chained on it (``map``, ``filter``, ``flat_map``, ``random_map``, ``batch``) run
+on the engine, in worker processes under ``mp_prefetch``, over
+:class:`~dataloader.dataset.streams.tfrecord_source.TFRecordStreamSource` (an index of
+record offsets read from the frame headers); a stream with a gzip file, a remote path
+or a subclass that reads its files its own way runs them at the iterator level.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dataloader.dataset.base import DatasetIterator
-from dataloader.dataset.streams.files import FileIterDataset, check_file_state
+from dataloader.dataset.streams.files import CYCLE_LENGTH, FileIterDataset, check_file_state
 from dataloader.sources import TFRecordReader
+
+if TYPE_CHECKING:
+    from dataloader.dataset.streams.lowering import StreamForm
 
 
 class TFRecordIterDataset(FileIterDataset):
@@ -48,6 +57,7 @@ class TFRecordIterDataset(FileIterDataset):
         super().__init__(path, what="TFRecord", example_glob="*.tfrecord", local=not remote)
         # Grain's attribute: the path as given (a subclass's __iter__ reads it).
         self._path = os.fspath(path) if isinstance(path, (str, os.PathLike)) else self._paths[0]
+        self._remote = remote
         if remote:
             return
         for file in self._paths:  # fail here, not in the middle of an epoch
@@ -56,6 +66,21 @@ class TFRecordIterDataset(FileIterDataset):
 
     def _file_iterator(self, path: str) -> DatasetIterator:
         return TFRecordFileIterator(path)
+
+    def _stream_form(self) -> StreamForm | None:
+        """This stream as random access over its order: a source over the record offsets
+        of its files, indexed here (None for gzip or remote files, and for a subclass
+        that reads its files its own way)."""
+        from dataloader.dataset.streams.lowering import StreamForm, _source_dataset
+        from dataloader.dataset.streams.tfrecord_source import TFRecordStreamSource, record_offsets
+
+        cls = type(self)
+        if cls.__iter__ is not FileIterDataset.__iter__ or cls._file_iterator is not TFRecordIterDataset._file_iterator:
+            return None
+        if getattr(self, "_remote", False) or any(p.lower().endswith(".gz") for p in self._paths):
+            return None  # a gzip file is read from its start: no offset to jump to
+        source = TFRecordStreamSource(self._paths, [record_offsets(p) for p in self._paths], CYCLE_LENGTH)
+        return StreamForm(_source_dataset(source), source.position_of_state)
 
 
 class TFRecordFileIterator(DatasetIterator):

@@ -9,15 +9,19 @@ The forms (:func:`stream_form`):
 
 * ``ParquetIterDataset(paths)``: :class:`~dataloader.dataset.streams.parquet_source.
   ParquetStreamSource` over its files, interleaved 16 at a time as it reads them.
+* ``TFRecordIterDataset(paths)`` of local, uncompressed files: :class:`~dataloader.dataset.
+  streams.tfrecord_source.TFRecordStreamSource` over the record offsets of its files
+  (read from the frame headers), interleaved 16 at a time. Gzip files have no offsets to
+  jump to: their streams stay at the iterator level.
 * ``InterleaveIterDataset(datasets, cycle_length=k)`` where every dataset is a
-  ``ParquetIterDataset`` of one file (MaxText's ``MapDataset.source(paths).shuffle()
-  .repeat(n).map(ParquetIterDataset)``, a finite list): the same source over that file
-  sequence, interleaved ``k`` at a time.
+  ``ParquetIterDataset`` (or every one a ``TFRecordIterDataset``, as above) of one file
+  (MaxText's ``MapDataset.source(paths).shuffle().repeat(n).map(ParquetIterDataset)``, a
+  finite list): the same source over that file sequence, interleaved ``k`` at a time.
 * ``WindowShuffleIterDataset`` over one of these: ``WindowShuffleMapDataset`` over the
   form, which on one pass gives the same order (window ``w`` is keyed by ``(seed, w)``
   in both).
 
-Anything else (TFRecord, an endless file list, a user's dataset, packers...) has no form
+Anything else (an endless file list, a user's dataset, packers...) has no form
 and runs at the iterator level, in the consumer. Each form also reads the states of the
 streaming iterators it replaces (file, interleave, window shuffle, iterator-level
 element-wise stage) as a position, so their checkpoints continue on the engine.
@@ -93,11 +97,14 @@ def _stage_state(position_of_state: Callable[[dict[str, Any]], int], state: dict
 def _interleave_form(ds: Any) -> StreamForm | None:
     from dataloader.dataset.streams.parquet import ParquetIterDataset
     from dataloader.dataset.streams.parquet_source import ParquetStreamSource
+    from dataloader.dataset.streams.tfrecord import TFRecordIterDataset, stream_source_form
 
     datasets = ds._datasets
     if len(datasets) >= sys.maxsize or len(datasets) == 0:  # an endless file list has no end to plan
         return None
     files = [datasets[i] for i in range(len(datasets))]
+    if all(type(f) is TFRecordIterDataset and len(f._paths) == 1 and f._seekable() for f in files):
+        return stream_source_form([f._paths[0] for f in files], ds.cycle_length)
     first = files[0]
     for f in files:
         if type(f) is not ParquetIterDataset or len(f._paths) != 1:

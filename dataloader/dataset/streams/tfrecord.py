@@ -71,16 +71,25 @@ class TFRecordIterDataset(FileIterDataset):
         """This stream as random access over its order: a source over the record offsets
         of its files, indexed here (None for gzip or remote files, and for a subclass
         that reads its files its own way)."""
-        from dataloader.dataset.streams.lowering import StreamForm, _source_dataset
-        from dataloader.dataset.streams.tfrecord_source import TFRecordStreamSource, record_offsets
+        return stream_source_form(self._paths, CYCLE_LENGTH) if self._seekable() else None
 
+    def _seekable(self) -> bool:
+        """Whether its files are read by this class from local, uncompressed files, so a
+        record can be read from its offset."""
         cls = type(self)
         if cls.__iter__ is not FileIterDataset.__iter__ or cls._file_iterator is not TFRecordIterDataset._file_iterator:
-            return None
-        if getattr(self, "_remote", False) or any(p.lower().endswith(".gz") for p in self._paths):
-            return None  # a gzip file is read from its start: no offset to jump to
-        source = TFRecordStreamSource(self._paths, [record_offsets(p) for p in self._paths], CYCLE_LENGTH)
-        return StreamForm(_source_dataset(source), source.position_of_state)
+            return False
+        # A gzip file is read from its start: it has no offset to jump to.
+        return not getattr(self, "_remote", False) and not any(p.lower().endswith(".gz") for p in self._paths)
+
+
+def stream_source_form(paths: list[str], cycle_length: int) -> StreamForm:
+    """The files ``paths`` interleaved ``cycle_length`` at a time, as random access."""
+    from dataloader.dataset.streams.lowering import StreamForm, _source_dataset
+    from dataloader.dataset.streams.tfrecord_source import TFRecordStreamSource, record_offsets
+
+    source = TFRecordStreamSource(paths, [record_offsets(p) for p in paths], cycle_length)
+    return StreamForm(_source_dataset(source), source.position_of_state)
 
 
 class TFRecordFileIterator(DatasetIterator):

@@ -261,3 +261,49 @@ def test_gzip_remote_and_own_reading_stay_in_order(tmp_path):
 def test_a_file_that_tensorflow_wrote_reads_the_same_on_the_workers(tmp_path):
     (tmp_path / "morris.tfrecord").write_bytes(MORRIS_FILE)
     assert list(on_workers(TFRecord(str(tmp_path / "morris.tfrecord")).map(bytes), 2)) == MORRIS
+
+
+def shuffled_files(paths, epochs=2):
+    """MaxText's composition over TFRecord files: file order shuffled per epoch, one
+    dataset a file, interleaved, records window-shuffled."""
+    files = dl.MapDataset.source(paths).shuffle(seed=5).repeat(epochs).map(TFRecord)
+    return dl.experimental.WindowShuffleIterDataset(
+        dl.experimental.InterleaveIterDataset(files, cycle_length=3), window_size=10, seed=5)
+
+
+def serial(ds):
+    """``ds`` kept at the iterator level, read in order in this process (as it ran
+    before it ran on the engine)."""
+    return dl.experimental.ThreadPrefetchIterDataset(ds, prefetch_buffer_size=0)
+
+
+def test_shuffled_interleaved_files_run_on_the_workers_with_the_records_they_had_in_order(tmp_path):
+    counts = [7, 3, 12, 1, 9]
+    paths = write_files(tmp_path, counts)
+    in_order = list(serial(shuffled_files(paths)))
+    assert sorted(map(key, in_order)) == sorted([(f, r) for f, n in enumerate(counts) for r in range(n)] * 2)
+    expected = [labelled(r) for r in in_order if keep_some(r)]
+    for workers in WORKERS:
+        ds = on_workers(shuffled_files(paths).filter(keep_some).map(labelled), workers)
+        assert type(ds).__name__ == "LoaderIterDataset"  # on the engine
+        assert_streams_equal(list(ds), expected)
+    mixed = dl.experimental.InterleaveIterDataset([TFRecord(paths[0]), dl.MapDataset.range(3).to_iter_dataset()],
+                                                  cycle_length=2)
+    assert type(mixed.map(len)).__name__ == "ElementwiseIterDataset"  # not one TFRecord file each
+
+
+def test_states_of_shuffled_interleaved_files_in_order_continue_on_the_workers(tmp_path):
+    paths = write_files(tmp_path, [7, 3, 12, 1, 9])
+    expected = list(shuffled_files(paths).map(labelled))
+    steps = {0, 1, 9, 10, 11, len(expected) // 2, len(expected) - 1}
+    states = {}
+    with iter(serial(shuffled_files(paths)).map(labelled)) as streaming:
+        for step in range(len(expected)):
+            if step in steps:
+                states[step] = json.loads(json.dumps(streaming.get_state()))
+            next(streaming)
+    for step, state in states.items():
+        resumed = iter(on_workers(shuffled_files(paths).map(labelled), 2))
+        resumed.set_state(state)
+        assert_streams_equal(list(resumed), expected[step:])
+        resumed.close()

@@ -89,6 +89,22 @@ def test_the_index_finds_every_record_of_the_stream(paths):
     assert reference(paths, "flat_map") == [e for r in records for e in split(r)]
 
 
+def test_a_run_of_positions_reads_each_files_bytes_once(tmp_path, monkeypatch):
+    paths = write_files(tmp_path, [40, 24, 33])
+    source = TFRecordStreamSource(paths, [record_offsets(p) for p in paths], 16)
+    reads = []
+    original = os.pread
+    monkeypatch.setattr(os, "pread", lambda fd, size, offset: reads.append((size, offset)) or original(fd, size, offset))
+    records = source.__getitems__(range(10, 70))  # about 20 consecutive records of each file
+    assert records == list(TFRecord(paths))[10:70]
+    assert len(reads) == 3  # one contiguous range a file, from its first record's offset to its last's end
+    lows = {f: min(r for g, r in map(key, records) if g == f) for f in range(3)}
+    highs = {f: max(r for g, r in map(key, records) if g == f) + 1 for f in range(3)}
+    starts = [record_offsets(p).starts for p in paths]
+    assert sorted(reads) == sorted((int(starts[f][highs[f]] - starts[f][lows[f]]), int(starts[f][lows[f]]))
+                                   for f in range(3))
+
+
 @pytest.mark.parametrize("chain", sorted(CHAINS))
 def test_every_element_is_the_streams_for_0_1_and_2_workers(paths, chain):
     expected = reference(paths, chain)

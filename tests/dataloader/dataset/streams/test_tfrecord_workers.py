@@ -150,6 +150,16 @@ def test_states_are_the_same_for_every_worker_count_and_restore_under_any_other(
             assert_streams_equal(rest, expected[step + 1:])
 
 
+def test_random_map_draws_the_same_numbers_for_every_worker_count(paths):
+    def noisy(data, rng):
+        return key(data), int(rng.integers(1 << 30))
+
+    outputs = [list(on_workers(TFRecord(paths).seed(11).random_map(noisy), w)) for w in WORKERS]
+    assert outputs[1] == outputs[0] == outputs[2]
+    assert [k for k, _ in outputs[0]] == [key(r) for r in TFRecord(paths)]
+    assert len({n for _, n in outputs[0]}) > len(outputs[0]) // 2  # numbers drawn per record
+
+
 def pid_and_key(parent, data):
     # In the test's process (a warm start computes the first units here while the
     # workers start), slow down, so that the workers take the rest of the stream.

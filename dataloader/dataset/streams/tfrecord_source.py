@@ -100,7 +100,7 @@ class TFRecordStreamSource(PerProcessHandles):
         cycle_length: files read at a time.
     """
 
-    _TRANSIENT = ("_fds",)
+    _TRANSIENT = ("_files",)
 
     def __init__(self, paths: Sequence[str], indexes: Sequence[FileIndex], cycle_length: int) -> None:
         self._paths = list(paths)
@@ -109,11 +109,12 @@ class TFRecordStreamSource(PerProcessHandles):
         self._init_process_state()
 
     def _reset_handles(self) -> None:
-        self._fds: dict[int, int] = {}
+        # File objects, not bare descriptors: they close when the source is collected.
+        self._files: dict[int, Any] = {}
 
     def _close_handles(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
+        for file in self._files.values():
+            file.close()
 
     def __len__(self) -> int:
         return len(self.order)
@@ -124,9 +125,10 @@ class TFRecordStreamSource(PerProcessHandles):
         starts = self._indexes[file].starts
         begin, size = int(starts[low]), int(starts[high] - starts[low])
         with self._lock:
-            fd = self._fds.get(file)
-            if fd is None:
-                fd = self._fds[file] = os.open(self._paths[file], os.O_RDONLY)
+            handle = self._files.get(file)
+            if handle is None:
+                handle = self._files[file] = open(self._paths[file], "rb", buffering=0)  # noqa: SIM115 - closed by close()
+            fd = handle.fileno()
         parts, done = [], 0
         while done < size:  # pread returns less than asked only at the end of the file
             part = os.pread(fd, size - done, begin + done)

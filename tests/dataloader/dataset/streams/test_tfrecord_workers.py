@@ -14,7 +14,13 @@ import pytest
 
 import dataloader as dl
 from dataloader.dataset.streams.tfrecord_source import TFRecordStreamSource, record_offsets
-from tests.helpers import assert_restores_everywhere, assert_streams_equal, take
+from tests.helpers import (
+    assert_restores_everywhere,
+    assert_streams_equal,
+    open_files_under,
+    take,
+    wait_until,
+)
 from tests.integration.conftest import no_leaks  # noqa: F401  (autouse: no child or block left)
 from tests.sources.test_tfrecord import MORRIS, MORRIS_FILE
 
@@ -333,3 +339,15 @@ def test_states_of_shuffled_interleaved_files_in_order_continue_on_the_workers(t
         resumed.set_state(state)
         assert_streams_equal(list(resumed), expected[step:])
         resumed.close()
+
+
+def test_no_file_stays_open_once_the_pipeline_is_gone(tmp_path):
+    import gc
+
+    paths = write_files(tmp_path, [5, 6, 7])
+    for workers in WORKERS:
+        ds = on_workers(TFRecord(paths).map(labelled), workers)
+        assert len(list(ds)) == 18
+        del ds
+        gc.collect()
+        assert wait_until(lambda: not open_files_under(tmp_path))

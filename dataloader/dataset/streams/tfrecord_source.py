@@ -11,7 +11,9 @@ alone (each length checked against its CRC, the data skipped with a seek). The i
 built once, in the process that builds the pipeline (it needs the record counts anyway
 to know the stream's length and order), kept per file in that process, and travels to
 the workers with the source: 8 bytes a record, which unpickles far faster than a worker
-could read the headers again.
+could read the headers again. Past :data:`SHIPPED_RECORDS` records (64 MB of offsets a
+worker) the source travels without it, and each worker reads the headers of a file the
+first time it reads from it (checking that it finds the records the order counted).
 
 A work unit is a run of consecutive positions; ``__getitems__`` reads, for each file
 the run touches, the contiguous bytes of its records with one ``pread`` and checks both
@@ -38,6 +40,9 @@ from dataloader.errors import StateMismatchError
 from dataloader.sources import TFRecordReader
 from dataloader.sources._files import PerProcessHandles
 from dataloader.sources.tfrecord import _crc32c, masked_crc
+
+SHIPPED_RECORDS = 1 << 23
+"""The most records whose offsets travel with the source to each worker."""
 
 _HEADER_BYTES = 12  # uint64 length, uint32 masked CRC of the length
 _FOOTER_BYTES = 4  # uint32 masked CRC of the data
@@ -104,9 +109,29 @@ class TFRecordStreamSource(PerProcessHandles):
 
     def __init__(self, paths: Sequence[str], indexes: Sequence[FileIndex], cycle_length: int) -> None:
         self._paths = list(paths)
-        self._indexes = list(indexes)
-        self.order = InterleaveOrder([len(i) for i in self._indexes], cycle_length)
+        self._indexes: list[FileIndex | None] = list(indexes)
+        self.order = InterleaveOrder([len(i) for i in indexes], cycle_length)
         self._init_process_state()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        if len(self) > SHIPPED_RECORDS:  # too large to send: workers index the files they read
+            state["_indexes"] = [None] * len(self._paths)
+        return state
+
+    def _index(self, file: int) -> FileIndex:
+        """The index of ``file``, read here the first time if it did not travel."""
+        index = self._indexes[file]
+        if index is None:
+            index = record_offsets(self._paths[file])
+            if len(index) != int(self.order.counts[file]):
+                raise ValueError(
+                    f"TFRecord file {self._paths[file]!r} has {len(index)} records now but had "
+                    f"{int(self.order.counts[file])} when the pipeline was built; restart the "
+                    f"pipeline to read it as it is now"
+                )
+            self._indexes[file] = index
+        return index
 
     def _reset_handles(self) -> None:
         # File objects, not bare descriptors: they close when the source is collected.
@@ -122,7 +147,7 @@ class TFRecordStreamSource(PerProcessHandles):
     def _read(self, file: int, low: int, high: int) -> bytes:
         """The bytes of the good records ``low .. high - 1`` of ``file``, read at once."""
         self._ensure_own_process()
-        starts = self._indexes[file].starts
+        starts = self._index(file).starts
         begin, size = int(starts[low]), int(starts[high] - starts[low])
         with self._lock:
             handle = self._files.get(file)
@@ -141,7 +166,7 @@ class TFRecordStreamSource(PerProcessHandles):
     def _offset(self, file: int, row: int) -> int:
         """The byte offset of record ``row`` of ``file`` (the damaged frame's, past the
         good records)."""
-        starts = self._indexes[file].starts
+        starts = self._index(file).starts
         return int(starts[min(row, len(starts) - 1)])
 
     def _fail(self, file: int, row: int) -> ValueError:
@@ -159,7 +184,7 @@ class TFRecordStreamSource(PerProcessHandles):
 
     def _records(self, file: int, low: int, high: int) -> list[bytes]:
         """Records ``low .. high - 1`` of ``file``, both CRCs of each checked."""
-        index = self._indexes[file]
+        index = self._index(file)
         good = min(high, len(index.starts) - 1)
         out: list[bytes] = []
         if low < good:
@@ -210,7 +235,7 @@ class TFRecordStreamSource(PerProcessHandles):
                 f"this state was saved while reading the file {state['path']!r}, not {name!r}; "
                 f"restore with the files (and file order) the state was made for"
             )
-        starts = self._indexes[file].starts
+        starts = self._index(file).starts
         offset = int(state["reader_offset"])
         row = int(np.searchsorted(starts, offset))
         if row >= len(starts) or int(starts[row]) != offset:

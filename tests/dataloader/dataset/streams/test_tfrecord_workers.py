@@ -351,3 +351,23 @@ def test_no_file_stays_open_once_the_pipeline_is_gone(tmp_path):
         del ds
         gc.collect()
         assert wait_until(lambda: not open_files_under(tmp_path))
+
+
+def test_a_large_index_stays_behind_and_workers_read_the_headers_themselves(tmp_path, monkeypatch):
+    import pickle
+
+    from dataloader.dataset.streams import tfrecord_source
+
+    paths = write_files(tmp_path, [7, 3, 12])
+    expected = reference(paths, "map")
+    monkeypatch.setattr(tfrecord_source, "SHIPPED_RECORDS", 5)
+    source = TFRecordStreamSource(paths, [record_offsets(p) for p in paths], 16)
+    travelled = pickle.loads(pickle.dumps(source))
+    assert travelled._indexes == [None] * 3
+    assert travelled.__getitems__(range(len(source))) == list(TFRecord(paths))
+    for workers in WORKERS:
+        assert_streams_equal(list(on_workers(TFRecord(paths).map(labelled), workers)), expected)
+    dl.write_tfrecord(paths[1], [record(1, r) for r in range(4)])  # one more record than indexed
+    changed = pickle.loads(pickle.dumps(source))
+    with pytest.raises(ValueError, match=r"shard-01\.tfrecord' has 4 records now but had 3 when the pipeline"):
+        changed.__getitems__(range(len(source)))

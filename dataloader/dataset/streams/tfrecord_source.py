@@ -190,15 +190,16 @@ class TFRecordStreamSource(PerProcessHandles):
         if low < good:
             crc32c = _crc32c()
             data = memoryview(self._read(file, low, good))
-            base = int(index.starts[low])
-            for row in range(low, good):
-                at = int(index.starts[row]) - base
-                length = int(index.starts[row + 1]) - base - at - _HEADER_BYTES - _FOOTER_BYTES
-                header = data[at:at + _HEADER_BYTES]
-                record = bytes(data[at + _HEADER_BYTES:at + _HEADER_BYTES + length])
-                footer = data[at + _HEADER_BYTES + length:at + _HEADER_BYTES + length + _FOOTER_BYTES]
-                if (len(footer) < _FOOTER_BYTES
-                        or masked_crc(bytes(header[:8]), crc32c) != int.from_bytes(header[8:], "little")
+            ends = (index.starts[low:good + 1] - index.starts[low]).tolist()
+            for row, at, end in zip(range(low, good), ends, ends[1:]):
+                length = end - at - _HEADER_BYTES - _FOOTER_BYTES
+                header = bytes(data[at:at + _HEADER_BYTES])
+                record = bytes(data[at + _HEADER_BYTES:end - _FOOTER_BYTES])
+                footer = bytes(data[end - _FOOTER_BYTES:end])
+                # The length is checked against the index too: a file rewritten since it
+                # was indexed fails here, never yields a record cut at the wrong place.
+                if (len(footer) < _FOOTER_BYTES or int.from_bytes(header[:8], "little") != length
+                        or masked_crc(header[:8], crc32c) != int.from_bytes(header[8:], "little")
                         or masked_crc(record, crc32c) != int.from_bytes(footer, "little")):
                     raise self._fail(file, row)
                 out.append(record)

@@ -371,3 +371,12 @@ def test_a_large_index_stays_behind_and_workers_read_the_headers_themselves(tmp_
     changed = pickle.loads(pickle.dumps(source))
     with pytest.raises(ValueError, match=r"shard-01\.tfrecord' has 4 records now but had 3 when the pipeline"):
         changed.__getitems__(range(len(source)))
+
+
+def test_a_file_rewritten_after_it_was_indexed_fails_and_is_named(tmp_path):
+    path = str(tmp_path / "rewritten.tfrecord")
+    dl.write_tfrecord(path, [b"aa", b"bb"])
+    source = TFRecordStreamSource([path], [record_offsets(path)], 16)
+    dl.write_tfrecord(path, [b"a", b"bbb"])  # the same size, records cut elsewhere
+    with pytest.raises(ValueError, match=r"rewritten\.tfrecord' changed after it was indexed \(the record at byte offset 0"):
+        source[0]

@@ -58,6 +58,10 @@ class UnitResult:
         cpu_s: CPU seconds the computing thread spent on the unit (below ``ended -
             began`` when it waited, on I/O for instance).
         piped: the result came through a pipe, not shared memory (set by the pool).
+        error: the unit failed at position ``stop`` (its range was cut there): the
+            outputs are those of the records before it, and this error (a worker's
+            arrives as its pickled payload) is raised once they are handed out, so an
+            error comes at its record's place whatever the unit sizes.
     """
 
     start: int
@@ -72,6 +76,7 @@ class UnitResult:
     ended: float = 0.0
     cpu_s: float = 0.0
     piped: bool = False
+    error: Any = None
 
     def tags(self) -> tuple[np.ndarray, np.ndarray]:
         n = len(self.outputs)
@@ -291,7 +296,30 @@ def compute_unit(
 
     ``report`` and ``passthrough`` are as in :func:`apply_steps`; a worker passes its
     progress slot and ``passthrough=()``.
+
+    A record that fails at position ``p`` inside the unit: the unit is computed again up
+    to ``p`` (only on this failure path) and returned cut there, carrying the error
+    (:attr:`UnitResult.error`), so the records before ``p`` are handed out and the error
+    comes at ``p`` however the stream was cut into units. A batch unit fails whole.
     """
+    try:
+        return _compute_unit(plan, start, stop, report, passthrough)
+    except PipelineError as exc:
+        failed_at = exc.position
+        if plan.layout == BATCH or failed_at is None or not start < failed_at < stop:
+            raise
+        before = _compute_unit(plan, start, failed_at, report, passthrough)
+        before.error = exc
+        return before
+
+
+def _compute_unit(
+    plan: Plan,
+    start: int,
+    stop: int,
+    report: Report | None,
+    passthrough: tuple[type[BaseException], ...],
+) -> UnitResult:
     if report is not None:
         report(READ)
     # For stats(): when (for timelines across processes) and how much CPU, four clock

@@ -291,3 +291,47 @@ def test_with_defaults_a_keyboard_interrupt_in_the_first_unit_is_the_error_at_it
     with pytest.raises(dl.PipelineError, match=r"failed on record 0 \(position 0\): KeyboardInterrupt"):
         next(it)
     it.close()
+
+
+class FailsAt:
+    """A source of ``n`` records whose record ``bad`` cannot be read (picklable)."""
+
+    def __init__(self, n: int, bad: int) -> None:
+        self.n, self.bad = n, bad
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        if i == self.bad:
+            raise OSError(f"record {i} is damaged")
+        return i
+
+
+def _fails_on_nine(x):
+    if x == 9:
+        raise ValueError("nine")
+    return x
+
+
+@pytest.mark.parametrize("workers", [0, 1, 2])
+@pytest.mark.parametrize("failing", ["map", "read"])
+@pytest.mark.parametrize("unit_size", [None, 4, 128])
+def test_the_records_before_a_failing_one_are_handed_out_whatever_the_units(workers, failing, unit_size):
+    # Units are cut by what elements cost (or by unit_size): the error comes at record 9
+    # after exactly records 0..8 however the stream was cut, and the state points at it.
+    if failing == "map":
+        ds = dl.MapDataset.range(300).map(_fails_on_nine)
+    else:
+        ds = dl.MapDataset.source(FailsAt(300, 9)).map(lambda x: x)
+    it_ds = ds.to_iter_dataset(dl.ReadOptions(unit_size=unit_size) if unit_size else None)
+    if workers:
+        it_ds = it_ds.mp_prefetch(dl.MultiprocessingOptions(num_workers=workers))
+    it = iter(it_ds)
+    out = [next(it) for _ in range(9)]
+    with pytest.raises(dl.PipelineError) as caught:
+        next(it)
+    assert out == list(range(9))
+    assert (caught.value.position, caught.value.record_index) == (9, 9)
+    assert it.get_state()["position"] == 9
+    it.close()

@@ -244,6 +244,8 @@ class PoolExecutor(Guarded):
             window.finish(entry.unit, Outcome(None, remote_error(message.error, w.index)))
             return
         value = transport.take(entry.token, message, nbytes, w.index, self._blocks_needed())
+        if value.error is not None:  # cut at a failing record (compute_unit)
+            value.error = remote_error(value.error, w.index)
         window.finish(entry.unit, Outcome(value))
         if w.retiring and not window.held(w.key):
             self._stop_retired(w)

@@ -156,6 +156,8 @@ def serve(
             )
             if slot is not None:
                 slot.stage(SENDING)
+            if result.error is not None:  # cut at a failing record: its error travels along
+                result.error = error_payload(result.error)
             _send_result(results, blocks, task, plan, result)
         except BaseException as exc:  # user code's SystemExit too: it is the unit's error
             _send(results, Failed(task.generation, task.unit, error_payload(exc)))

@@ -134,11 +134,16 @@ class Counted:
         self._stats = stats
         self._watch = watch
         self._cpu = cpu
+        self._error: BaseException | None = None
 
     def __iter__(self) -> Counted:
         return self
 
     def __next__(self) -> UnitResult:
+        error = self._error
+        if error is not None:  # the unit before was cut at its failing record
+            self._error = None
+            raise error
         if not self._cpu:
             asked = time.monotonic()
             result = next(self._units)
@@ -149,4 +154,6 @@ class Counted:
             self._stats.add(result, asked, time.monotonic(), time.thread_time() - cpu)
         if self._watch is not None:
             self._watch.add_unit(result.start, result.stop, result.tags()[0])
+        if result.error is not None:
+            self._error, result.error = result.error, None
         return result

@@ -256,10 +256,6 @@ def test_damaged_files_fail_with_the_streams_error_for_0_1_and_2_workers(tmp_pat
             assert out == expected[:len(out)]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the engine raises a failed read at the start of the failing record's unit (and the "
-    "in-process engine one element earlier still), for any source: MapDataset.source of 10 "
-    "records that fails at 9 yields 0..7 with workers, 0..6 without"))
 def test_damaged_files_fail_after_the_records_the_stream_yields(tmp_path):
     for paths in damaged_streams(tmp_path):
         expected, _ = stream_until_error(iter(TFRecord(paths)))

@@ -27,6 +27,7 @@ from dataloader.engine.plan import BATCH, ELEMENTS, Plan
 from dataloader.engine.stages.base import DatasetIterator
 from dataloader.engine.state import Cursor, make_state, resolve_state
 from dataloader.engine.stats import Counted, FilterWatch, Stats, collect
+from dataloader.errors import PipelineError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +118,18 @@ class DataLoaderIterator(DatasetIterator[Any]):
     def __next__(self) -> Any:
         if self._closed:
             raise StopIteration
-        return self._assembler.next()
+        resume, self._resume = self._resume, None
+        if resume is not None:
+            self._restart(resume)
+        try:
+            return self._assembler.next()
+        except PipelineError as exc:
+            # An element stream goes on with the record after the failing one (as a
+            # dataset iterated in order does), wherever the units were cut; the work in
+            # flight is dropped, on this path only.
+            if self._plan.layout == ELEMENTS and exc.position is not None:
+                self._resume = Cursor(exc.position + 1)
+            raise
 
     def get_state(self) -> dict[str, Any]:
         """A small JSON-able dict: the position after the last output handed out."""
@@ -136,12 +148,15 @@ class DataLoaderIterator(DatasetIterator[Any]):
         (:mod:`dataloader.engine.grain_state`).
         """
         self._restart(resolve_state(self._plan, self._from_grain(state)))
+        self._resume = None
         self._closed = False
 
     # Set by the dataset that to_iter_dataset() made (None: a DataLoader's, judged by its
     # sampler): whether the stream reads Grain's order, and positions per index of
     # Grain's MapDataset (its batch size when that MapDataset was batched).
     _grain_order: bool | None = None
+    # After a PipelineError of an element stream: where the next next() starts.
+    _resume: Cursor | None = None
     _grain_positions_per_index = 1
 
     def _from_grain(self, state: Any, current: dict[str, Any] | None = None) -> Any:

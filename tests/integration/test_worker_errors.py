@@ -335,3 +335,32 @@ def test_the_records_before_a_failing_one_are_handed_out_whatever_the_units(work
     assert (caught.value.position, caught.value.record_index) == (9, 9)
     assert it.get_state()["position"] == 9
     it.close()
+
+
+def _fails_on_nine_and_twenty(x):
+    if x in (9, 20):
+        raise ValueError(f"bad {x}")
+    return x
+
+
+@pytest.mark.parametrize("workers", [0, 1, 2])
+@pytest.mark.parametrize("unit_size", [None, 4, 128])
+def test_an_element_stream_goes_on_after_the_failing_record(workers, unit_size):
+    # Catching PipelineError and going on skips exactly the failing records, whatever
+    # the worker count and however the stream was cut into units.
+    ds = dl.MapDataset.range(60).map(_fails_on_nine_and_twenty).to_iter_dataset(
+        dl.ReadOptions(unit_size=unit_size) if unit_size else None)
+    if workers:
+        ds = ds.mp_prefetch(dl.MultiprocessingOptions(num_workers=workers))
+    it = iter(ds)
+    out, failed = [], []
+    while True:
+        try:
+            out.append(next(it))
+        except StopIteration:
+            break
+        except dl.PipelineError as exc:
+            failed.append(exc.record_index)
+    it.close()
+    assert failed == [9, 20]
+    assert out == [x for x in range(60) if x not in (9, 20)]

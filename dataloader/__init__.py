@@ -38,6 +38,8 @@ _EXPORTS: dict[str, str] = {
     "ReadOptions": "dataloader.options",
     "DatasetOptions": "dataloader.options",
     "ExecutionTrackingMode": "dataloader.options",
+    "EndTogether": "dataloader.engine.stages.finite",
+    "PadEnd": "dataloader.engine.stages.finite",
     "ConfigError": "dataloader.errors",
     "ConvertError": "dataloader.errors",
     "GranaryError": "dataloader.errors",
@@ -125,6 +127,7 @@ _EXPORTS: dict[str, str] = {
     "DeviceIterator": "dataloader.device",
     "Placement": "dataloader.device",
     "device_prefetch": "dataloader.device",
+    "end_together": "dataloader.device",
     # Orbax (imports Orbax and JAX)
     "CheckpointRestore": "dataloader.checkpoint",
     "CheckpointSave": "dataloader.checkpoint",

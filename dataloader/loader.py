@@ -7,11 +7,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from dataloader.engine.executor import Executor, InProcessExecutor
-from dataloader.engine.plan import Plan, make_plan
+from dataloader.engine.plan import BATCH, Plan, make_plan
 from dataloader.engine.pool import zygote as fork_server
 from dataloader.engine.pool.executor import PoolExecutor
 from dataloader.engine.pool.messages import pickle_plan
 from dataloader.engine.stages.base import DatasetIterator
+from dataloader.engine.stages.finite import EndTogether, resolve_end, static_steps
 from dataloader.engine.stages.tail import TailIterator, split_at_first_packer
 from dataloader.engine.stats import FilterWatch
 from dataloader.engine.stats.pipeline import describe_pipeline
@@ -96,6 +97,10 @@ class DataLoader:
             worker is killed and replaced, and the unit is not computed again. Every
             unit then runs in a worker (no warm start: a unit computed in this process
             cannot be stopped). None (the default): never. Needs ``worker_count > 0``.
+        end: None (the default): each host stops where its data stops. ``"pad"`` (or a
+            :class:`~dataloader.PadEnd`): with finite data every host runs the same
+            number of steps, the last batches padded and masked where a host runs out
+            (:mod:`dataloader.engine.stages.finite`); needs a ``Batch`` of dicts.
 
     User code's exceptions, whatever their type (``SystemExit`` and other
     ``BaseException`` subclasses too), arrive as :class:`~dataloader.PipelineError` at
@@ -131,6 +136,7 @@ class DataLoader:
         options: DatasetOptions | None = None,
         stall_warning_s: float | None = DEFAULT_STALL_WARNING_S,
         unit_timeout_s: float | None = None,
+        end: Any = None,
     ) -> None:
         if not (hasattr(data_source, "__len__") and hasattr(data_source, "__getitem__")):
             raise TypeError(
@@ -176,6 +182,9 @@ class DataLoader:
         self.plan: Plan = make_plan(data_source, sampler, head, read_options.unit_size)
         if self._tail:
             _check_stage_operations(self._tail)
+        self.end = resolve_end(end)
+        if self.end is not None:
+            self._end_batch = _end_batch(operations)
         make_executor: Callable[[int], Executor]
         if in_workers:
             # Pickled once, here, so an operation that cannot reach the workers fails now.
@@ -239,9 +248,34 @@ class DataLoader:
         It is a :class:`DataLoaderIterator`, or with a packer among the operations a
         :class:`~dataloader.engine.stages.tail.TailIterator` over one.
         """
+        if self.end is not None:
+            return self._end_together(state)
         if not self._tail:
             return DataLoaderIterator(self._engine, state)
         it = TailIterator(DataLoaderIterator(self._engine), self._tail, self.plan.sampler.seed)
+        if state is not None:
+            it.set_state(state)
+        return it
+
+    def _end_together(self, state: Any) -> EndTogether:
+        """``end="pad"``: the step count computed for a plain batch, else agreed by the
+        hosts (through JAX's runtime, imported only then)."""
+        assert self.end is not None
+        batch_size, drop_remainder = self._end_batch
+        plan, sampler = self.plan, self.plan.sampler
+        plain = not self._tail and plan.layout == BATCH and not any(s.op.reshapes for s in plan.post)
+        steps = static_steps(sampler, batch_size, drop_remainder) if plain else None
+        exchange = None
+        if steps is None and sampler.num_positions is not None and sampler.shard_options.shard_count > 1:
+            if self.end.exchange is not None:
+                exchange = self.end.exchange()
+            else:
+                from dataloader.device.ends import KeyValueExchange
+
+                exchange = KeyValueExchange()
+        parent = (DataLoaderIterator(self._engine) if not self._tail else
+                  TailIterator(DataLoaderIterator(self._engine), self._tail, sampler.seed))
+        it = EndTogether(parent, batch_size=batch_size, end=self.end, steps=steps, exchange=exchange)
         if state is not None:
             it.set_state(state)
         return it
@@ -251,6 +285,35 @@ class DataLoader:
             f"DataLoader(data_source={self.plan.source!r}, sampler={self.plan.sampler!r}, "
             f"operations={self.operation_names}, worker_count={self.worker_count})"
         )
+
+
+def _end_batch(operations: Sequence[Any]) -> tuple[int, bool]:
+    """``(batch_size, drop_remainder)`` of the last ``Batch``, which ``end="pad"`` fills."""
+    from dataloader.operations import Batch
+
+    batches = [op for op in operations if isinstance(op, Batch)]
+    if not batches:
+        raise ValueError(
+            'end="pad" pads the last batches, and the operations have no Batch; add a '
+            "dl.Batch(batch_size) (or leave end=None)"
+        )
+    return batches[-1].batch_size, batches[-1].drop_remainder
+
+
+def _check_audit_log(path: Any, sampler: Sampler) -> str | None:
+    """``audit_log`` as a path string; each shard needs a log of its own."""
+    if path is None:
+        return None
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"audit_log must be a path (str or os.PathLike) or None, got {path!r}")
+    path = os.fspath(path)
+    if sampler.shard_options.shard_count > 1 and "{shard}" not in path:
+        raise ValueError(
+            f"audit_log={path!r} would be written by each of the "
+            f"{sampler.shard_options.shard_count} shards; put {{shard}} in the path "
+            f"(e.g. 'audit-{{shard}}.jsonl'), which becomes the shard index"
+        )
+    return path
 
 
 def _check_stage_operations(tail: list[Any]) -> None:

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from dataloader.engine import grain_state
+from dataloader.engine import fingerprint, grain_state
 from dataloader.engine.assemble import make_assembler
 from dataloader.engine.executor import Executor
 from dataloader.engine.plan import BATCH, ELEMENTS, Plan
@@ -47,6 +47,11 @@ class LoaderEngine:
         in_workers: units are computed in worker processes, so the iterator measures its
             own CPU while it fetches them (what the ``parent_bound`` advice reads); in
             this process the fetching is the computing, which the units time themselves.
+        verify_on_restore: a restore from a state with a fingerprint re-reads its last
+            step and refuses the state if the records or the operations' output differ
+            (:func:`~dataloader.engine.fingerprint.verify`).
+        audit_log: a path (``{shard}``: the shard index) to append one JSON line per
+            step to (its state and fingerprint), or None.
     """
 
     plan: Plan
@@ -54,6 +59,8 @@ class LoaderEngine:
     filter_watch: Callable[[], FilterWatch | None]
     pipeline: Mapping[str, Any]
     in_workers: bool
+    verify_on_restore: bool = True
+    audit_log: str | None = None
 
 
 class DataLoaderIterator(DatasetIterator[Any]):
@@ -94,11 +101,28 @@ class DataLoaderIterator(DatasetIterator[Any]):
         self._stats = Stats()
         self._stats_batches = self._plan.batch is not None
         self._pipeline = engine.pipeline
+        # Steps handed out since the stream's start (None: unknown, after a restore from
+        # a state without a fingerprint), and the fingerprint a restore brought.
+        self._step: int | None = 0
+        self._restored: dict[str, Any] | None = None
+        self._log: Any = None
+        cursor = Cursor(0)
         if state is not None:
             # Grain's states are converted as set_state converts them, against this
             # iterator's state at the beginning (there is no assembler yet to ask).
             state = self._from_grain(state, make_state(self._plan, Cursor(0)))
-        self._restart(resolve_state(self._plan, state) if state is not None else Cursor(0))
+            cursor = self._resolve(state)
+        self._restart(cursor)
+
+    def _resolve(self, state: Any) -> Cursor:
+        """Where ``state`` continues, after its fingerprint is checked against the data."""
+        cursor = resolve_state(self._plan, state)
+        fp = fingerprint.fingerprint_of(state)
+        if fp is not None and self._engine.verify_on_restore:
+            fingerprint.verify(self._plan, fp)
+        self._restored = fp
+        self._step = fp["step"] if fp is not None else (0 if cursor == Cursor(0) else None)
+        return cursor
 
     def _restart(self, cursor: Cursor) -> None:
         engine = self._engine
@@ -122,32 +146,66 @@ class DataLoaderIterator(DatasetIterator[Any]):
         if resume is not None:
             self._restart(resume)
         try:
-            return self._assembler.next()
+            out = self._assembler.next()
         except PipelineError as exc:
             # An element stream goes on with the record after the failing one (as a
             # dataset iterated in order does), wherever the units were cut; the work in
             # flight is dropped, on this path only.
             if self._plan.layout == ELEMENTS and exc.position is not None:
                 self._resume = Cursor(exc.position + 1)
+                self._restored = self._fingerprint()  # the new assembler has no last step
             raise
+        if self._step is not None:
+            self._step += 1
+        if self._engine.audit_log is not None:
+            self._write_audit_line()
+        return out
+
+    def _fingerprint(self) -> dict[str, Any] | None:
+        """The last step's fingerprint (the restored one until a step is handed out)."""
+        last = self._assembler.last_step()
+        if last is None:
+            return self._restored
+        units, segments, output_index = last
+        return fingerprint.of_step(self._plan, units, segments, self._step, output_index)
+
+    def _write_audit_line(self) -> None:
+        state = self.get_state()
+        fp = state.pop("fingerprint", None)
+        made_for = state.pop("made_for")
+        if self._log is None:
+            path = str(self._engine.audit_log).replace("{shard}", str(made_for["shard_index"]))
+            self._log = open(path, "a", buffering=1)  # noqa: SIM115 (closed by close())
+        state["shard"] = made_for["shard_index"]
+        state["step"] = self._step
+        state["fingerprint"] = None if fp is None else fingerprint.describe(self._plan, fp)
+        self._log.write(json.dumps(state, separators=(",", ":")) + "\n")
 
     def get_state(self) -> dict[str, Any]:
-        """A small JSON-able dict: the position after the last output handed out."""
-        return make_state(self._plan, self._assembler.state())
+        """A small JSON-able dict: the position after the last output handed out, and
+        the fingerprint of that output's records (:mod:`dataloader.engine.fingerprint`)."""
+        state = make_state(self._plan, self._assembler.state())
+        fp = self._fingerprint()
+        if fp is not None:
+            state[fingerprint.KEY] = fp
+        return state
 
     def set_state(self, state: Any) -> None:
         """Continues from ``state`` (a dict from ``get_state``, or its JSON text).
 
         Raises:
             StateMismatchError: the state was made for another data set, seed, sharding
-                or pipeline; the message names each difference.
+                or pipeline; the message names each difference. Or its fingerprint
+                does not match what its last step's records read now (the records whose
+                bytes changed, or the operations' output), unless the loader was made
+                with ``verify_on_restore=False``.
 
         A state of Grain's own iterators (its DataLoader's, or a dataset iterator's
         ``{"next_index": n}`` as MaxText checkpoints hold) is converted first where
         granary continues it exactly, and refused saying why otherwise
         (:mod:`dataloader.engine.grain_state`).
         """
-        self._restart(resolve_state(self._plan, self._from_grain(state)))
+        self._restart(self._resolve(self._from_grain(state)))
         self._resume = None
         self._closed = False
 
@@ -172,6 +230,7 @@ class DataLoaderIterator(DatasetIterator[Any]):
             return state
         if current is None:
             current = self.get_state()
+            current.pop(fingerprint.KEY, None)  # it describes this iterator's last step
         if "last_seen_indices" in parsed:
             return grain_state.from_grain(parsed, current)
         grain_order = self._grain_order
@@ -241,6 +300,9 @@ class DataLoaderIterator(DatasetIterator[Any]):
         self._closed = True
         if self._executor is not None:
             self._executor.close()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
 
 
 def _engine_of(loader: Any) -> LoaderEngine:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -97,6 +99,15 @@ class DataLoader:
             worker is killed and replaced, and the unit is not computed again. Every
             unit then runs in a worker (no warm start: a unit computed in this process
             cannot be stopped). None (the default): never. Needs ``worker_count > 0``.
+        fingerprint: every state carries a fingerprint of its last step's records
+            (their keys, a digest of their bytes and of the operations' output),
+            computed by whoever computes the unit (:mod:`dataloader.engine.fingerprint`).
+        verify_on_restore: a restore from a state with a fingerprint re-reads that
+            step's records and refuses the state, naming what differs, when the data
+            or the operations changed; False restores without the check.
+        audit_log: append a JSON line per step (state and fingerprint) to this path;
+            ``{shard}`` in it becomes the shard index (needed when sharded). Compare
+            two logs with ``python -m dataloader audit LOG_A LOG_B``.
         end: None (the default): each host stops where its data stops. ``"pad"`` (or a
             :class:`~dataloader.PadEnd`): with finite data every host runs the same
             number of steps, the last batches padded and masked where a host runs out
@@ -135,6 +146,9 @@ class DataLoader:
         warm_start: bool = False,
         options: DatasetOptions | None = None,
         stall_warning_s: float | None = DEFAULT_STALL_WARNING_S,
+        fingerprint: bool = True,
+        verify_on_restore: bool = True,
+        audit_log: str | None = None,
         unit_timeout_s: float | None = None,
         end: Any = None,
     ) -> None:
@@ -180,6 +194,8 @@ class DataLoader:
             )
         head, self._tail = split_at_first_packer(operations)
         self.plan: Plan = make_plan(data_source, sampler, head, read_options.unit_size)
+        self.plan = dataclasses.replace(self.plan, fingerprint=check_bool("fingerprint", fingerprint))
+        audit_log = _check_audit_log(audit_log, sampler)
         if self._tail:
             _check_stage_operations(self._tail)
         self.end = resolve_end(end)
@@ -218,6 +234,8 @@ class DataLoader:
                 worker_buffer_size=self.worker_buffer_size, read_options=read_options,
             ),
             in_workers=in_workers,
+            verify_on_restore=check_bool("verify_on_restore", verify_on_restore),
+            audit_log=audit_log,
         )
 
     @property

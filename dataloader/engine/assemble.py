@@ -1,7 +1,9 @@
 """Turns the ordered stream of unit results into the user's stream, tracking the position.
 
 One assembler per unit layout (see :mod:`dataloader.engine.plan`). Each has ``next()`` and
-``state() -> Cursor``, the restart point after the last output handed out. The common ``batch`` layout does no per-record work here.
+``state() -> Cursor``, the restart point after the last output handed out, and
+``last_step()``, the units and outputs that output came from (what
+:func:`~dataloader.engine.fingerprint.of_step` reads; None before the first output). The common ``batch`` layout does no per-record work here.
 """
 
 from __future__ import annotations
@@ -26,13 +28,16 @@ class BatchAssembler:
         self._i = 0
         self._start = self._stop = cursor.position
         self._skip = cursor.skip
+        self._unit: UnitResult | None = None
+        self._last: tuple[UnitResult, int] | None = None  # the last output handed out
 
     def next(self) -> Any:
         while self._i >= len(self._outputs):
-            r = next(self._units)
+            r = self._unit = next(self._units)
             self._outputs, self._start, self._stop = r.outputs, r.start, r.stop
             self._i, self._skip = self._skip, 0
         out = self._outputs[self._i]
+        self._last = (self._unit, self._i)  # type: ignore[assignment]
         self._outputs[self._i] = None  # let the batch's memory go once the user drops it
         self._i += 1
         return out
@@ -41,6 +46,12 @@ class BatchAssembler:
         if self._i < len(self._outputs):
             return Cursor(self._start, 0, self._i)
         return Cursor(self._stop, 0, self._skip)
+
+    def last_step(self) -> tuple[list[UnitResult], list[tuple[UnitResult, int, int]], int | None] | None:
+        if self._last is None:
+            return None
+        r, i = self._last
+        return [r], [(r, i, i + 1)], i
 
 
 class ElementAssembler:
@@ -73,6 +84,10 @@ class ElementAssembler:
         self._ahead: deque[UnitResult] = deque()  # units state() pulled to look ahead
         self._error: Exception | None = None  # what the look-ahead met, for next()
         self._ended = False  # next() met the end of the stream
+        self._unit: UnitResult | None = None
+        self._last: tuple[UnitResult, int] | None = None  # the last output handed out
+        # take(): the units its elements spanned and its (unit, i, j) slices.
+        self.taken: tuple[list[UnitResult], list[tuple[UnitResult, int, int]]] | None = None
 
     def _next_unit(self) -> UnitResult:
         if self._ahead:
@@ -87,7 +102,7 @@ class ElementAssembler:
             raise
 
     def _pull(self) -> None:
-        r = self._next_unit()
+        r = self._unit = self._next_unit()
         self._outputs = r.outputs
         self._pos, self._sub = r.tags()
         self._stop, self._i = r.stop, 0
@@ -103,26 +118,38 @@ class ElementAssembler:
             self._pull()
         out = self._outputs[self._i]
         self._outputs[self._i] = None
+        self._last = (self._unit, self._i)  # type: ignore[assignment]
         self._i += 1
         return out
+
+    def last_step(self) -> tuple[list[UnitResult], list[tuple[UnitResult, int, int]], int | None] | None:
+        if self._last is None:
+            return None
+        r, i = self._last
+        return [r], [(r, i, i + 1)], None
 
     def take(self, n: int) -> tuple[list[Any], tuple[int, int] | None]:
         """Up to ``n`` elements (fewer only at the end) and the first one's tags."""
         got: list[Any] = []
         first = None
+        units = [self._unit] if self._unit is not None else []
+        slices: list[tuple[UnitResult, int, int]] = []
         while len(got) < n:
             if self._i >= len(self._outputs):
                 try:
                     self._pull()
                 except StopIteration:
                     break
+                units.append(self._unit)  # type: ignore[arg-type]
                 continue
             if first is None:
                 first = (int(self._pos[self._i]), int(self._sub[self._i]))
             j = min(len(self._outputs), self._i + n - len(got))
+            slices.append((self._unit, self._i, j))  # type: ignore[arg-type]
             got.extend(self._outputs[self._i : j])
             self._outputs[self._i : j] = [None] * (j - self._i)
             self._i = j
+        self.taken = (units, slices)
         return got, first
 
     def state(self) -> Cursor:
@@ -186,6 +213,7 @@ class RegroupAssembler:
         self._batch_start = cursor._replace(skip=0)
         self._skip = cursor.skip
         self._end: Cursor | None = None
+        self._taken: tuple[list[UnitResult], list[tuple[UnitResult, int, int]]] | None = None
 
     def next(self) -> Any:
         batch = self._plan.batch
@@ -202,6 +230,7 @@ class RegroupAssembler:
             assert first is not None
             self._outputs, _, _ = batch_and_post(self._plan, elements, *first, self._timings)
             self._batch_start = start
+            self._taken = self._src.taken
             self._j, self._skip = self._skip, 0
         out = self._outputs[self._j]
         self._outputs[self._j] = None
@@ -216,6 +245,11 @@ class RegroupAssembler:
         if self._skip:
             return self._batch_start._replace(skip=self._skip)
         return self._src.state()
+
+    def last_step(self) -> tuple[list[UnitResult], list[tuple[UnitResult, int, int]], int | None] | None:
+        """The units and element slices of the last batch: its post-batch outputs (run
+        here) share it."""
+        return None if self._taken is None else (*self._taken, None)
 
 
 def make_assembler(

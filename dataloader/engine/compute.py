@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from dataloader.engine import fingerprint
 from dataloader.engine.blame import blame_read
 from dataloader.engine.plan import BATCH, Plan, Step
 from dataloader.errors import PipelineError
@@ -58,6 +59,10 @@ class UnitResult:
         cpu_s: CPU seconds the computing thread spent on the unit (below ``ended -
             began`` when it waited, on I/O for instance).
         piped: the result came through a pipe, not shared memory (set by the pool).
+        sources, digests: with ``plan.fingerprint``, a digest of each record read
+            (positions ``[start, stop)``) and of each output, computed where the unit
+            was, so a state's fingerprint costs the training process no hashing
+            (:mod:`~dataloader.engine.fingerprint`); None otherwise.
         error: the unit failed at position ``stop`` (its range was cut there): the
             outputs are those of the records before it, and this error (a worker's
             arrives as its pickled payload) is raised once they are handed out, so an
@@ -77,6 +82,8 @@ class UnitResult:
     cpu_s: float = 0.0
     piped: bool = False
     error: Any = None
+    sources: np.ndarray | None = None
+    digests: np.ndarray | None = None
 
     def tags(self) -> tuple[np.ndarray, np.ndarray]:
         n = len(self.outputs)
@@ -337,6 +344,8 @@ def _compute_unit(
         error, cause = blame_read(plan.source, keys, start, exc, passthrough)
         raise error from cause
     timings = {"read": time.perf_counter() - began}
+    # Before the operations: a map may change its record in place.
+    sources = fingerprint.digests(records) if plan.fingerprint else None
     elements, positions, subs = apply_steps(
         plan, plan.pre, list(records), None, None, start, timings, report, passthrough
     )
@@ -346,9 +355,10 @@ def _compute_unit(
         outputs, positions, subs = batch_and_post(
             plan, elements, start, 0, timings, report, passthrough
         )
+    digests = fingerprint.digests(outputs) if plan.fingerprint else None
     return UnitResult(
         start, stop, outputs, positions, subs, timings, elements=len(elements), began=wall,
-        ended=time.monotonic(), cpu_s=time.thread_time() - cpu,
+        ended=time.monotonic(), cpu_s=time.thread_time() - cpu, sources=sources, digests=digests,
     )
 
 

@@ -69,7 +69,8 @@ class Plan:
 
     ``unit_size``: positions per unit, and under ``elements``/``regroup`` the grid the
     states are defined on. ``adaptive``: units are sized by what they cost, within
-    that grid (see :meth:`units`).
+    that grid (see :meth:`units`). ``fingerprint``: units also carry digests of their
+    records and outputs (:mod:`~dataloader.engine.fingerprint`), for the states.
     """
 
     source: Any
@@ -80,6 +81,7 @@ class Plan:
     layout: str
     unit_size: int
     adaptive: bool = False
+    fingerprint: bool = False
 
     @property
     def num_positions(self) -> int | None:

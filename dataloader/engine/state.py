@@ -182,7 +182,8 @@ def _as_dict(state: Any) -> dict[str, Any]:
         raise StateMismatchError(
             f"state version {version!r} is not supported (expected {STATE_VERSION})"
         )
-    _unknown_or_missing("the state", state, _KEYS)
+    # "fingerprint": the last step's records, checked by the iterator (engine/fingerprint.py).
+    _unknown_or_missing("the state", state, _KEYS, ("fingerprint",))
     for key in ("position", "sub_index", "skip"):
         if not _is_int(state[key]) or state[key] < 0:
             raise _refuse(key, state[key], "an integer >= 0")

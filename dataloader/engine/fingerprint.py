@@ -1,0 +1,362 @@
+"""Fingerprints of a step's records, carried in every state and checked on restore.
+
+A state says where the stream continues; its ``"fingerprint"`` says what the last step
+handed out was made of, so a restore can tell whether the records it reads now are the
+ones the state meant (a data file regenerated under the same name, a changed tokenizer,
+map or filter resume silently otherwise)::
+
+    "fingerprint": {"version": 1, "step": 12,
+                    "global_start": 352, "stride": 2, "count": 16, "local_start": 176,
+                    "sources": "<base64: 32 bits per record>", "output": "9f0c...",
+                    "select": [176, 0, 191, 0]}          # or "output_index": 0
+
+- **Keys**: the step's records are a contiguous run of ``count`` local positions of the
+  saved shard from ``local_start``, named by their global positions
+  ``global_start + i * stride`` (or, where they are no arithmetic progression, after an
+  elastic restore's re-layout, the list ``global_positions``), so they name the same
+  records on any host count; the record index of each is the sampler's (the
+  ``made_for`` check already pins the sampler).
+- **Source bytes**: one 32-bit digest per record of what the source returned.
+- **Operations' output**: a 64-bit digest of the step's output: the batch handed out
+  (``batch`` layout, ``output_index`` among its unit's outputs), or the elements the
+  operations before the batch made from these records between the tags ``select``
+  (``[first_position, first_sub, last_position, last_sub]``: ``elements`` and
+  ``regroup`` layouts, where a batch is regrouped in the training process).
+
+The digests are computed by whoever computes the unit (a worker, shipped with the
+result in :class:`~dataloader.engine.compute.UnitResult`), so the training process only
+slices arrays and encodes a few hundred bytes, and only when a state is asked for.
+
+:func:`verify` re-reads one step's records by their keys (one batch, no replay), in this
+process, and raises :class:`~dataloader.errors.StateMismatchError` naming the records
+whose bytes changed, or saying that the operations' output changed.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import pickle
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from dataloader.engine.plan import BATCH, Plan
+from dataloader.errors import PipelineError, StateMismatchError
+from dataloader.samplers import ShardOptions
+from dataloader.sources import read_records
+
+FINGERPRINT_VERSION = 1
+KEY = "fingerprint"
+# Records named in a refusal; more are counted, not listed.
+_SHOWN = 8
+
+
+def _feed(h: Any, obj: Any) -> None:
+    """Feeds ``obj``'s content to the hasher ``h``, tagged by kind so that ``b"1"``,
+    ``"1"`` and ``1`` differ. Deterministic across processes (sets are ordered by their
+    members' digests: string hashing is salted per process)."""
+    if isinstance(obj, (bytes, bytearray, memoryview)):
+        h.update(b"b%d:" % len(obj))
+        h.update(obj)
+    elif isinstance(obj, np.ndarray):
+        if obj.dtype.hasobject:
+            h.update(b"O%r:" % (obj.shape,))
+            for x in obj.reshape(-1):
+                _feed(h, x)
+        else:
+            h.update(f"a{obj.dtype.str}{obj.shape}:".encode())
+            h.update(np.ascontiguousarray(obj).view(np.uint8).reshape(-1))
+    elif isinstance(obj, str):
+        data = obj.encode("utf-8", "surrogatepass")
+        h.update(b"s%d:" % len(data))
+        h.update(data)
+    elif obj is None or isinstance(obj, (bool, int, float, complex)):
+        h.update(f"n{type(obj).__name__}{obj!r};".encode())
+    elif isinstance(obj, np.generic):
+        _feed(h, np.asarray(obj))
+    elif isinstance(obj, dict):
+        h.update(b"d%d:" % len(obj))
+        for key in sorted(obj, key=repr):
+            _feed(h, key)
+            _feed(h, obj[key])
+    elif isinstance(obj, (list, tuple)):
+        h.update(b"l%d:" % len(obj))
+        for x in obj:
+            _feed(h, x)
+    elif isinstance(obj, (set, frozenset)):
+        h.update(b"S%d:" % len(obj))
+        for d in sorted(digest(x) for x in obj):
+            h.update(d.to_bytes(8, "little"))
+    else:  # anything else by its pickle (a dataclass, an object of the user's)
+        h.update(b"p:")
+        h.update(pickle.dumps(obj, protocol=5))
+
+
+def digest(obj: Any) -> int:
+    """A 64-bit digest of ``obj``'s content (bytes, arrays, str, numbers, dicts, lists...).
+
+    Example:
+        >>> digest({"a": b"x"}) == digest({"a": b"x"}) != digest({"a": b"y"})
+        True
+    """
+    h = hashlib.blake2b(digest_size=8)
+    _feed(h, obj)
+    return int.from_bytes(h.digest(), "little")
+
+
+def digests(objs: Sequence[Any]) -> np.ndarray:
+    """:func:`digest` of each object, as a uint64 array (what a unit ships)."""
+    return np.fromiter((digest(x) for x in objs), dtype=np.uint64, count=len(objs))
+
+
+def combine(values: np.ndarray) -> str:
+    """One hex digest of an ordered run of digests."""
+    data = np.ascontiguousarray(values, dtype="<u8").tobytes()
+    return hashlib.blake2b(data, digest_size=8).hexdigest()
+
+
+def _pack(sources: np.ndarray) -> str:
+    return base64.b64encode(np.asarray(sources, dtype=np.uint64).astype("<u4").tobytes()).decode()
+
+
+def _unpack(text: str) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(text), dtype="<u4").astype(np.uint32)
+
+
+def make_fingerprint(
+    plan: Plan,
+    local_start: int,
+    sources: np.ndarray,
+    output: str,
+    step: int | None,
+    *,
+    select: tuple[int, int, int, int] | None = None,
+    output_index: int | None = None,
+) -> dict[str, Any]:
+    """The JSON-able fingerprint of a step over local positions ``[local_start,
+    local_start + len(sources))`` of ``plan``'s stream (see the module docstring)."""
+    count = len(sources)
+    glob = plan.sampler.global_positions(np.arange(local_start, local_start + count, dtype=np.int64))
+    stride = int(glob[1] - glob[0]) if count > 1 else 1
+    out: dict[str, Any] = {"version": FINGERPRINT_VERSION, "step": step, "global_start": int(glob[0])}
+    if stride > 0 and np.array_equal(glob, glob[0] + stride * np.arange(count)):
+        out["stride"] = stride
+    else:
+        out["global_positions"] = glob.tolist()
+    out.update(count=count, local_start=int(local_start), sources=_pack(sources), output=output)
+    if select is not None:
+        out["select"] = [int(v) for v in select]
+    if output_index is not None:
+        out["output_index"] = int(output_index)
+    return out
+
+
+def of_step(
+    plan: Plan,
+    units: Sequence[Any],
+    segments: Sequence[tuple[Any, int, int]],
+    step: int | None,
+    output_index: int | None = None,
+) -> dict[str, Any] | None:
+    """The fingerprint of a step from the unit results it came from (an assembler's
+    ``last_step()``); None when the units carry no digests (fingerprints off).
+
+    Args:
+        units: the unit results whose positions the step spans, in stream order (units
+            whose every record was filtered out included).
+        segments: ``(unit, i, j)``: the step's outputs are ``unit.outputs[i:j]``, in order.
+        output_index: ``batch`` layout: the step is output ``i`` of its one unit, and
+            spans the unit's whole range.
+    """
+    if not segments or any(r.sources is None for r in units):
+        return None
+    if output_index is not None:
+        r = segments[0][0]
+        return make_fingerprint(
+            plan, r.start, r.sources, combine(r.digests[output_index : output_index + 1]), step,
+            output_index=output_index,
+        )
+    (first, i0, _), (last, _, j1) = segments[0], segments[-1]
+    p0, s0 = (int(t[i0]) for t in first.tags())
+    p1, s1 = (int(t[j1 - 1]) for t in last.tags())
+    lo, hi = p0, p1 + 1
+    sources = np.concatenate([
+        r.sources[max(lo, r.start) - r.start : min(hi, r.stop) - r.start]
+        for r in units if r.start < hi and r.stop > lo
+    ])
+    output = combine(np.concatenate([r.digests[i:j] for r, i, j in segments]))
+    return make_fingerprint(plan, lo, sources, output, step, select=(p0, s0, p1, s1))
+
+
+def global_positions(fingerprint: dict[str, Any]) -> np.ndarray:
+    """The global positions of a fingerprint's records."""
+    if "global_positions" in fingerprint:
+        return np.asarray(fingerprint["global_positions"], dtype=np.int64)
+    return fingerprint["global_start"] + fingerprint["stride"] * np.arange(fingerprint["count"], dtype=np.int64)
+
+
+def record_keys(plan: Plan, fingerprint: dict[str, Any]) -> np.ndarray:
+    """The record indices of a fingerprint's records, on any shard layout: global
+    positions read through the sampler unsharded (an elastic restore's sampler reads
+    through its ``base``, the global order)."""
+    whole = getattr(plan.sampler, "base", plan.sampler).with_shard_options(ShardOptions(0, 1))
+    return whole.record_keys(global_positions(fingerprint))
+
+
+def _is_int(v: Any, low: int = 0) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+
+def check(fingerprint: Any) -> dict[str, Any]:
+    """Refuses a ``"fingerprint"`` get_state() cannot have made, naming the field."""
+
+    def bad(field: str, expected: str) -> StateMismatchError:
+        value = fingerprint.get(field) if isinstance(fingerprint, dict) else fingerprint
+        return StateMismatchError(
+            f"state field fingerprint{'.' + field if field else ''}={value!r} is invalid: "
+            f"expected {expected}; pass the state get_state() returned unchanged, or drop "
+            f"its 'fingerprint' key to restore without the check"
+        )
+
+    if not isinstance(fingerprint, dict):
+        raise bad("", "a dict")
+    if fingerprint.get("version") != FINGERPRINT_VERSION:
+        raise bad("version", f"{FINGERPRINT_VERSION}")
+    for field, low in (("global_start", 0), ("count", 1), ("local_start", 0)):
+        if not _is_int(fingerprint.get(field), low):
+            raise bad(field, f"an integer >= {low}")
+    listed = fingerprint.get("global_positions")
+    if listed is None and not _is_int(fingerprint.get("stride"), 1):
+        raise bad("stride", "an integer >= 1 (or a list global_positions)")
+    if listed is not None and not (
+        isinstance(listed, list) and len(listed) == fingerprint["count"] and all(_is_int(g) for g in listed)
+    ):
+        raise bad("global_positions", f"a list of {fingerprint['count']} integers >= 0 (count)")
+    step = fingerprint.get("step")
+    if step is not None and not _is_int(step):
+        raise bad("step", "an integer >= 0 or null")
+    output = fingerprint.get("output")
+    if not isinstance(output, str) or len(output) != 16:
+        raise bad("output", "16 hex digits")
+    try:
+        sources = _unpack(fingerprint["sources"])
+    except (KeyError, TypeError, ValueError):
+        raise bad("sources", "base64 text") from None
+    if len(sources) != fingerprint["count"]:
+        raise bad("sources", f"{fingerprint['count']} digests of 4 bytes (count)")
+    select = fingerprint.get("select")
+    index = fingerprint.get("output_index")
+    if (select is None) == (index is None):
+        raise bad("select", "either select or output_index")
+    if select is not None and not (isinstance(select, list) and len(select) == 4 and all(map(_is_int, select))):
+        raise bad("select", "[first_position, first_sub, last_position, last_sub]")
+    if index is not None and not _is_int(index):
+        raise bad("output_index", "an integer >= 0")
+    return fingerprint
+
+
+def fingerprint_of(state: Any) -> dict[str, Any] | None:
+    """The fingerprint of a state (dict or JSON text), or None when it has none."""
+    if isinstance(state, (str, bytes, bytearray)):
+        try:
+            state = json.loads(state)
+        except ValueError:
+            return None
+    if isinstance(state, dict) and state.get(KEY) is not None:
+        return check(state[KEY])
+    return None
+
+
+def _shown(keys: Sequence[int]) -> str:
+    listed = ", ".join(str(int(k)) for k in keys[:_SHOWN])
+    return listed + (f" and {len(keys) - _SHOWN} more" if len(keys) > _SHOWN else "")
+
+
+def recompute(plan: Plan, fingerprint: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, str]:
+    """Reads a fingerprint's records again and recomputes its step, in this process.
+
+    Returns:
+        The record indices, their source digests (uint64) and the output digest.
+    """
+    from dataloader.engine.compute import apply_element_ops
+
+    count, local_start = fingerprint["count"], fingerprint["local_start"]
+    glob = global_positions(fingerprint)
+    keys = record_keys(plan, fingerprint)
+    records = read_records(plan.source, keys)
+    sources = digests(records)
+
+    def rng_keys(positions: np.ndarray) -> np.ndarray:
+        # The saved shard's local positions back to global ones: random maps draw the
+        # same numbers on any host count.
+        return glob[np.asarray(positions, dtype=np.int64) - local_start]
+
+    def fail(op: Any, position: int, sub: int, exc: BaseException) -> BaseException:
+        key = int(keys[position - local_start]) if 0 <= position - local_start < count else -1
+        return PipelineError(
+            f"{op.name} failed on record {key} while the restore re-read the state's last "
+            f"step: {type(exc).__name__}: {exc}",
+            operation=op.name, record_index=key, position=position,
+        )
+
+    elements, pos, subs = apply_element_ops(plan.pre, list(records), None, None, local_start, fail, rng_keys=rng_keys)
+    if "output_index" in fingerprint:
+        assert plan.batch is not None and plan.layout == BATCH
+        outputs: list[Any] = [plan.batch.batch_fn(elements)]
+        if plan.post:
+            one = np.asarray([local_start], dtype=np.int64)
+            outputs, _, _ = apply_element_ops(
+                plan.post, outputs, one, np.zeros(1, dtype=np.int64), local_start, fail, rng_keys=rng_keys
+            )
+        index = fingerprint["output_index"]
+        output = combine(digests(outputs[index : index + 1]))
+        return keys, sources, output
+    n = len(elements)
+    pos = pos if pos is not None else np.arange(local_start, local_start + n, dtype=np.int64)
+    subs = subs if subs is not None else np.zeros(n, dtype=np.int64)
+    p0, s0, p1, s1 = fingerprint["select"]
+    keep = ((pos > p0) | ((pos == p0) & (subs >= s0))) & ((pos < p1) | ((pos == p1) & (subs <= s1)))
+    chosen = [x for x, k in zip(elements, keep.tolist()) if k]
+    return keys, sources, combine(digests(chosen))
+
+
+def verify(plan: Plan, fingerprint: dict[str, Any]) -> None:
+    """Re-reads the state's last step and refuses a restore whose data or operations
+    changed since the state was saved.
+
+    Raises:
+        StateMismatchError: naming the records whose source bytes differ, or saying that
+            the operations' output differs (the records read the same).
+    """
+    keys, sources, output = recompute(plan, fingerprint)
+    saved = _unpack(fingerprint["sources"])
+    changed = np.flatnonzero(sources.astype(np.uint32) != saved)
+    step = fingerprint.get("step")
+    which = f"step {step}" if step is not None else "the last step"
+    undo = (
+        "restore the data and code the state was saved with, start from scratch, or pass "
+        "verify_on_restore=False to the DataLoader to resume anyway"
+    )
+    if changed.size:
+        raise StateMismatchError(
+            f"the state's fingerprint does not match the data: the source bytes of "
+            f"record{'s' if changed.size > 1 else ''} {_shown(keys[changed].tolist())} "
+            f"({changed.size} of the {len(keys)} records of {which}) differ from when the "
+            f"state was saved (a data file rewritten under the same name?); {undo}"
+        )
+    if output != fingerprint["output"]:
+        raise StateMismatchError(
+            f"the state's fingerprint does not match the pipeline: the {len(keys)} records "
+            f"of {which} ({_shown(keys.tolist())}) read the same bytes, but the operations' "
+            f"output differs (output digest {output}, saved {fingerprint['output']}): a "
+            f"changed map, filter, tokenizer or batch function?; {undo}"
+        )
+
+
+def describe(plan: Plan, fingerprint: dict[str, Any]) -> dict[str, Any]:
+    """A fingerprint with its record indices spelled out (a line of the audit log)."""
+    return {**fingerprint, "record_keys": record_keys(plan, fingerprint).tolist()}
+

@@ -40,6 +40,7 @@ _EXPORTS: dict[str, str] = {
     "ExecutionTrackingMode": "dataloader.options",
     "EndTogether": "dataloader.engine.stages.finite",
     "PadEnd": "dataloader.engine.stages.finite",
+    "RayExecutor": "dataloader.engine.remote.ray_executor",  # imports Ray when used
     "ConfigError": "dataloader.errors",
     "ConvertError": "dataloader.errors",
     "GranaryError": "dataloader.errors",
@@ -66,6 +67,7 @@ _EXPORTS: dict[str, str] = {
     "ParquetDataSource": "dataloader.sources",
     "RandomAccessDataSource": "dataloader.sources",
     "RangeDataSource": "dataloader.sources",
+    "RemoteOptions": "dataloader.sources",
     "SharedMemoryDataSource": "dataloader.sources",
     "TFRecordReader": "dataloader.sources",
     "expand_paths": "dataloader.sources",

@@ -112,6 +112,9 @@ class DataLoader:
             :class:`~dataloader.PadEnd`): with finite data every host runs the same
             number of steps, the last batches padded and masked where a host runs out
             (:mod:`dataloader.engine.stages.finite`); needs a ``Batch`` of dicts.
+        executor: computes the units somewhere other than this process or its children,
+            e.g. :class:`~dataloader.RayExecutor` (Ray actors on a cluster); the output
+            and the states are the same. With it, ``worker_count`` stays 0.
 
     User code's exceptions, whatever their type (``SystemExit`` and other
     ``BaseException`` subclasses too), arrive as :class:`~dataloader.PipelineError` at
@@ -150,6 +153,7 @@ class DataLoader:
         verify_on_restore: bool = True,
         audit_log: str | None = None,
         unit_timeout_s: float | None = None,
+        executor: Any = None,
         end: Any = None,
     ) -> None:
         if not (hasattr(data_source, "__len__") and hasattr(data_source, "__getitem__")):
@@ -176,7 +180,19 @@ class DataLoader:
         if worker_init_fn is not None and not callable(worker_init_fn):
             raise TypeError(f"worker_init_fn must be callable, got {worker_init_fn!r}")
         self.worker_count = check_worker_count("worker_count", worker_count)
-        in_workers = bool(self.worker_count)  # the one test of it: the engine value carries it on
+        if executor is not None and not callable(getattr(executor, "make_executor", None)):
+            raise TypeError(
+                f"executor must have make_executor(plan, plan_bytes, position), such as "
+                f"dl.RayExecutor(...), got {executor!r}"
+            )
+        if executor is not None and self.worker_count:
+            raise ValueError(
+                f"executor={executor!r} computes the units, and worker_count="
+                f"{self.worker_count!r} asks for local workers too; pass worker_count=0 "
+                f"with an executor"
+            )
+        # The one test of it: the engine value carries it on.
+        in_workers = bool(self.worker_count) or executor is not None
         self.worker_buffer_size = check_int("worker_buffer_size", worker_buffer_size, 1)
         self.read_options = read_options
         self.worker_init_fn = worker_init_fn
@@ -186,7 +202,7 @@ class DataLoader:
         self.options = options or DatasetOptions()
         self.stall_warning_s = check_seconds("stall_warning_s", stall_warning_s)
         self.unit_timeout_s = check_seconds("unit_timeout_s", unit_timeout_s)
-        if self.unit_timeout_s is not None and not in_workers:
+        if self.unit_timeout_s is not None and not self.worker_count:
             raise ValueError(
                 f"unit_timeout_s={unit_timeout_s!r} needs worker_count > 0: a unit computed "
                 f"in this process cannot be stopped; use worker processes or drop "
@@ -202,7 +218,10 @@ class DataLoader:
         if self.end is not None:
             self._end_batch = _end_batch(operations)
         make_executor: Callable[[int], Executor]
-        if in_workers:
+        if executor is not None:
+            self._plan_bytes = pickle_plan(self.plan)  # as for local workers: fails here
+            make_executor = functools.partial(executor.make_executor, self.plan, self._plan_bytes)
+        elif in_workers:
             # Pickled once, here, so an operation that cannot reach the workers fails now.
             self._plan_bytes = pickle_plan(self.plan)
             # The fork server starts now, in the background, and imports what the plan

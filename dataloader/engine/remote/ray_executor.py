@@ -1,0 +1,487 @@
+"""Units computed by Ray actors on a cluster, handed back in unit order.
+
+:class:`RayExecutor` is what a user passes (``DataLoader(..., executor=RayExecutor(...))``):
+it connects to the cluster when it is made (so a cluster that cannot be reached fails
+there) and makes one :class:`RayUnits` per stream. A ``RayUnits`` starts
+``num_workers`` actors; each unpickles the plan once (the very bytes the local pool
+sends its processes, put in the object store once) and computes units with
+:func:`~dataloader.engine.compute.compute_unit`, so sources open lazily on the remote
+node and every unit is what the training process would have computed. Results come
+back through Ray's object store: numpy buffers travel out of band and arrive as
+read-only views of the store, without a copy (as Ray Data hands its batches out).
+
+Scheduling is the local pool's :class:`~dataloader.engine.pool.window.Window`: at most
+``units_per_worker`` units in flight per actor, new units to the least loaded ready
+actor (dynamic balancing), results kept until the consumer reaches them and handed out
+in unit order, never more than ``num_workers * units_per_worker`` units ahead of it.
+An actor that dies (``ray.kill``, its node removed, its process killed) takes nothing
+with it: its units go out again to the others, first, and a new actor is started in
+its place. A unit that was the oldest of ``MAX_CRASHES`` dead actors becomes a
+:class:`~dataloader.errors.WorkerCrashError` at its place. Because a unit is a pure
+function of its range, none of this changes a batch or the state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import socket
+import time
+import weakref
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from dataloader.engine.compute import UnitResult, compute_unit
+from dataloader.engine.plan import Plan
+from dataloader.engine.pool.messages import error_payload, remote_error
+from dataloader.engine.pool.window import Outcome, Window
+from dataloader.engine.pool.workers import MAX_CRASHES
+from dataloader.errors import LoaderClosedError, WorkerCrashError, WorkerError
+
+logger = logging.getLogger("dataloader")
+
+# How long a next() waits on the cluster before it looks at the actors again (scaling,
+# start-up timeout, close()).
+_POLL_S = 0.25
+# A host:port that does not accept a TCP connection within this is reported unreachable
+# (ray.init itself retries for about a minute before it gives up).
+_CONNECT_TIMEOUT_S = 5.0
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise ImportError(
+            "RayExecutor needs Ray, which is not installed; install it with "
+            "pip install 'granary[ray]' (or pip install ray)"
+        ) from exc
+    return ray
+
+
+class _Failed:
+    """A unit whose computation raised: the error as :func:`error_payload` makes it."""
+
+    def __init__(self, payload: bytes) -> None:
+        self.payload = payload
+
+
+class _UnitActor:
+    """The body of one Ray actor: the plan, unpickled once, and units computed on demand."""
+
+    def __init__(self, plan_bytes: bytes) -> None:
+        import cloudpickle
+
+        self._plan = cloudpickle.loads(plan_bytes)
+
+    def ready(self) -> tuple[str, int]:
+        return socket.gethostname(), os.getpid()
+
+    def compute(self, start: int, stop: int) -> UnitResult | _Failed:
+        # passthrough=(): nothing raised here is a Ctrl-C of the training process.
+        try:
+            result = compute_unit(self._plan, start, stop, passthrough=())
+        except BaseException as exc:  # a SystemExit in user code too: the unit's error
+            return _Failed(error_payload(exc))
+        if result.error is not None:  # cut at a failing record: its error travels along
+            result.error = error_payload(result.error)
+        return result
+
+
+def _check_reachable(address: str) -> None:
+    """A clear error when ``host:port`` (or ``ray://host:port``) accepts no connection."""
+    hostport = address.removeprefix("ray://")
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(
+            f"RayExecutor address {address!r} is not host:port; expected None (start a "
+            f"local Ray), 'auto' (the cluster this machine belongs to), 'host:port' (the "
+            f"head node's GCS address that `ray start --head` prints) or 'ray://host:port' "
+            f"(Ray Client)"
+        )
+    try:
+        with socket.create_connection((host, int(port)), timeout=_CONNECT_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        raise ConnectionError(
+            f"no Ray cluster answers at address {address!r} ({exc}); expected the head "
+            f"node's address as `ray start --head` prints it; start the cluster (ray start "
+            f"--head), fix the address, or pass address=None to start Ray on this machine"
+        ) from None
+
+
+class RayExecutor:
+    """Computes the loader's units on Ray actors; pass it as ``DataLoader(executor=...)``.
+
+    The batches and the states are the same as with ``worker_count=0`` or the local
+    pool, so a state saved with one restores with the other. User code runs on the
+    actors only.
+
+    Args:
+        address: None: the Ray this process already joined (``ray.init`` called
+            before), else a new local one (or ``RAY_ADDRESS``); ``"auto"``: the cluster
+            this machine belongs to; ``"host:port"``: the head node's address;
+            ``"ray://host:port"``: through Ray Client.
+        num_workers: actors computing units (change it while iterating with
+            :meth:`scale`).
+        num_cpus_per_worker: the CPUs Ray reserves for each actor.
+        resources: custom resources each actor needs, e.g. ``{"data_node": 1}`` to keep
+            them off the training hosts.
+        units_per_worker: units in flight per actor (the pool's ``worker_buffer_size``).
+        start_timeout_s: a stream whose actors none could start (no node has the
+            resources) fails after this many seconds, naming what it asked for.
+        init_kwargs: more keyword arguments of ``ray.init`` (``runtime_env`` to ship
+            code to the nodes, ``namespace``, ...), when this executor calls it.
+
+    Raises:
+        ConnectionError: no cluster answers at ``address`` (nothing is left running).
+        ValueError: a setting out of range (named).
+
+    Example (needs Ray; starts a local one)::
+
+        loader = dl.DataLoader(source, sampler, ops,
+                               executor=dl.RayExecutor(address="auto", num_workers=8))
+    """
+
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        num_workers: int = 2,
+        num_cpus_per_worker: float = 1.0,
+        resources: Mapping[str, float] | None = None,
+        units_per_worker: int = 2,
+        start_timeout_s: float = 120.0,
+        init_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        if address is not None and not isinstance(address, str):
+            raise TypeError(f"RayExecutor address must be a string or None, got {address!r}")
+        self.num_workers = _count("num_workers", num_workers, 1)
+        self.units_per_worker = _count("units_per_worker", units_per_worker, 1)
+        if isinstance(num_cpus_per_worker, bool) or not isinstance(num_cpus_per_worker, (int, float)) \
+                or num_cpus_per_worker < 0:
+            raise ValueError(f"num_cpus_per_worker must be a number >= 0, got {num_cpus_per_worker!r}")
+        self.num_cpus_per_worker = float(num_cpus_per_worker)
+        resources = dict(resources or {})
+        for name, amount in resources.items():
+            if not isinstance(name, str) or isinstance(amount, bool) or not isinstance(amount, (int, float)) \
+                    or amount < 0:
+                raise ValueError(
+                    f"resources must map resource names to amounts >= 0, got {name!r}: {amount!r}"
+                )
+        self.resources = resources
+        if isinstance(start_timeout_s, bool) or not isinstance(start_timeout_s, (int, float)) \
+                or start_timeout_s <= 0:
+            raise ValueError(f"start_timeout_s must be a positive number of seconds, got {start_timeout_s!r}")
+        self.start_timeout_s = float(start_timeout_s)
+        self.address = address
+        self._runs: weakref.WeakSet[RayUnits] = weakref.WeakSet()
+        self._ray = _import_ray()
+        self._connect(dict(init_kwargs or {}))
+        self._actor_class = self._ray.remote(_UnitActor)
+
+    def _connect(self, init_kwargs: dict[str, Any]) -> None:
+        ray, address = self._ray, self.address
+        if address not in (None, "auto"):
+            _check_reachable(address)  # also when Ray runs here: the user named a cluster
+        if ray.is_initialized():
+            return
+        try:
+            ray.init(address=address, **init_kwargs)
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                ray.shutdown()  # whatever the failed start left running
+            if address == "auto":
+                raise ConnectionError(
+                    f"RayExecutor(address='auto') found no Ray cluster on this machine "
+                    f"({type(exc).__name__}: {exc}); expected one started with `ray start "
+                    f"--head`; start it, pass its address, or pass address=None to start "
+                    f"Ray here"
+                ) from None
+            raise ConnectionError(
+                f"RayExecutor could not join Ray at address {address!r}: "
+                f"{type(exc).__name__}: {exc}; check that the cluster runs the same Ray "
+                f"and Python versions, or pass address=None to start Ray here"
+            ) from exc
+
+    def scale(self, num_workers: int) -> None:
+        """Sets the number of actors; running streams start or retire actors at their
+        next ``next()`` (a retiring actor first answers the units it holds)."""
+        self.num_workers = _count("num_workers", num_workers, 1)
+
+    def actors(self) -> list[Any]:
+        """The live actor handles of every running stream (to watch them, or to kill one
+        in a fault drill: ``ray.kill(handle)`` loses no unit)."""
+        return [a.handle for run in list(self._runs) for a in run.actors.values()]
+
+    def make_executor(self, plan: Plan, plan_bytes: bytes, position: int) -> RayUnits:
+        """A stream of the plan's units from ``position`` (what the loader calls)."""
+        run = RayUnits(self, plan, plan_bytes, position)
+        self._runs.add(run)
+        return run
+
+    def __repr__(self) -> str:
+        return (
+            f"RayExecutor(address={self.address!r}, num_workers={self.num_workers}, "
+            f"num_cpus_per_worker={self.num_cpus_per_worker}, resources={self.resources})"
+        )
+
+
+def _count(name: str, value: Any, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return value
+
+
+@dataclasses.dataclass
+class _Actor:
+    handle: Any
+    index: int
+    ready: bool = False
+    retiring: bool = False
+
+
+def _kill_all(ray: Any, handles: list[Any]) -> None:
+    if not handles or not ray.is_initialized():
+        return  # Ray shut down took the actors along (and ray.kill would start a new Ray)
+    for handle in handles:
+        with contextlib.suppress(Exception):
+            ray.kill(handle, no_restart=True)
+
+
+class RayUnits:
+    """Unit results in order, computed by Ray actors (an
+    :class:`~dataloader.engine.executor.Executor`; see the module docstring)."""
+
+    def __init__(self, spec: RayExecutor, plan: Plan, plan_bytes: bytes, position: int) -> None:
+        self._spec, self._plan, self._ray = spec, plan, spec._ray
+        self._plan_ref = self._ray.put(plan_bytes)
+        self._window = Window(0, spec.units_per_worker)
+        self.actors: dict[int, _Actor] = {}
+        self._pings: dict[Any, int] = {}  # ready() call -> actor key
+        self._refs: dict[Any, int] = {}  # compute() call -> actor key
+        self._next_index = 0
+        self._start_failures: list[str] = []
+        self._closed = False
+        self._waiting_since: float | None = None  # when no actor was ready any more
+        self._handles: list[Any] = []
+        # Actors die with the stream, also when it is dropped without close().
+        self._finalizer = weakref.finalize(self, _kill_all, self._ray, self._handles)
+        self._window.reset(plan.units(position))
+        self._scale()
+
+    def __iter__(self) -> Iterator[UnitResult]:
+        return self
+
+    def reset(self, position: int) -> None:
+        """Starts again at ``position``; the actors stay, answers about the old stream
+        are dropped when they come."""
+        self._window.reset(self._plan.units(position))
+        if self._closed:
+            self._closed = False
+            self._handles = []
+            self._finalizer = weakref.finalize(self, _kill_all, self._ray, self._handles)
+        self._scale()
+
+    def __next__(self) -> UnitResult:
+        window = self._window
+        while True:
+            if self._closed:
+                raise LoaderClosedError(
+                    "the loader was closed while next() waited for Ray actors; this "
+                    "iterator is finished: make a new one (or set_state)"
+                )
+            self._scale()
+            outcome = window.take_head()
+            if outcome is not None:
+                if outcome.error is not None:
+                    raise outcome.error
+                self._wait(0)  # keep the actors fed while the consumer works
+                self._dispatch()
+                return outcome.value
+            if window.finished:
+                raise StopIteration
+            self._dispatch()
+            self._check_start()
+            self._wait(_POLL_S)
+
+    def close(self) -> None:
+        """Kills the actors (``ray.kill`` returns at once) and drops what they hold."""
+        self._closed = True
+        self._finalizer()
+        self.actors.clear()
+        self._pings.clear()
+        self._refs.clear()
+
+    # -- actors ---------------------------------------------------------------------
+
+    def _start_actor(self) -> None:
+        spec = self._spec
+        key = self._next_index
+        self._next_index += 1
+        handle = self._spec._actor_class.options(
+            num_cpus=spec.num_cpus_per_worker, resources=spec.resources, max_restarts=0,
+        ).remote(self._plan_ref)
+        self._handles.append(handle)
+        self.actors[key] = _Actor(handle, key)
+        self._pings[handle.ready.remote()] = key
+        self._window.add_worker(key)
+
+    def _scale(self) -> None:
+        """Starts or retires actors to ``spec.num_workers``; fits the window to the ready ones."""
+        if self._closed:
+            return
+        serving = sorted(k for k, a in self.actors.items() if not a.retiring)
+        for _ in range(self._spec.num_workers - len(serving)):
+            self._start_actor()
+        for key in serving[self._spec.num_workers:]:
+            self.actors[key].retiring = True
+        for key, actor in list(self.actors.items()):
+            if actor.retiring and not self._window.held(key):
+                self._drop(key)
+        ready = sum(a.ready and not a.retiring for a in self.actors.values())
+        self._window.size = ready * self._spec.units_per_worker
+        if ready:
+            self._waiting_since = None
+        elif self._waiting_since is None:
+            self._waiting_since = time.monotonic()
+
+    def _drop(self, key: int) -> None:
+        """Kills an actor and forgets it (its units must have been handled)."""
+        actor = self.actors.pop(key)
+        _kill_all(self._ray, [actor.handle])
+        with contextlib.suppress(ValueError):
+            self._handles.remove(actor.handle)
+        with contextlib.suppress(KeyError):
+            self._window.remove_worker(key)
+        for ref in [r for r, k in self._pings.items() if k == key]:
+            del self._pings[ref]
+
+    def _died(self, key: int) -> None:
+        """An actor is lost: its units go out again first, another actor takes its place."""
+        if key not in self.actors:
+            return
+        index = self.actors[key].index
+        tokens, poisoned = self._window.worker_died(key, MAX_CRASHES)
+        for ref in tokens:
+            self._refs.pop(ref, None)
+        for unit in poisoned:
+            start, stop = self._window.range(unit)
+            self._window.finish(unit, Outcome(None, WorkerCrashError(
+                f"positions [{start}, {stop}) were being computed by {MAX_CRASHES} Ray actors "
+                f"that died (the last was actor {index}); a record there may crash its "
+                f"process (look at the actors' logs), or the nodes were lost"
+            )))
+        self._drop(key)
+        logger.warning("granary: Ray actor %d was lost; its units go to the other actors", index)
+        self._scale()
+
+    def _check_start(self) -> None:
+        """Fails a stream that has had no ready actor for ``start_timeout_s``."""
+        if self._waiting_since is None:
+            return
+        waited = time.monotonic() - self._waiting_since
+        if waited < self._spec.start_timeout_s:
+            return
+        spec = self._spec
+        try:
+            available = self._ray.available_resources()
+        except Exception:  # only for the message
+            available = "unknown"
+        self.close()
+        raise WorkerError(
+            f"no Ray actor became ready in {waited:.0f}s: each asks for "
+            f"{spec.num_cpus_per_worker} CPU and resources {spec.resources}, and the cluster "
+            f"has {available} available; add nodes with those resources, lower "
+            f"num_cpus_per_worker/resources, or raise start_timeout_s"
+        )
+
+    # -- dispatching and receiving --------------------------------------------------
+
+    def _dispatch(self) -> None:
+        window = self._window
+        ready = [k for k, a in self.actors.items() if a.ready and not a.retiring]
+        while ready and (key := window.pick_worker(ready)) is not None:
+            unit = window.next_unit()
+            if unit is None:
+                return
+            start, stop = window.range(unit)
+            ref = self.actors[key].handle.compute.remote(start, stop)
+            window.sent(key, unit, ref)
+            self._refs[ref] = key
+
+    def _wait(self, timeout: float) -> None:
+        """Takes in every answer ready within ``timeout`` seconds (0: those ready now)."""
+        ray = self._ray
+        waiting = [*self._pings, *self._refs]
+        if not waiting:
+            if timeout:
+                time.sleep(timeout)  # actors are being started or replaced
+            return
+        done, _ = ray.wait(waiting, num_returns=1, timeout=timeout)
+        if not done:
+            return
+        done, _ = ray.wait(waiting, num_returns=len(waiting), timeout=0)
+        finished = set(done)
+        for ref in [r for r in done if r in self._pings]:
+            self._pinged(ref)
+        for key in list(self.actors):
+            # An actor answers in the order it was sent units, and the window pops in
+            # that order: take this actor's answers from its oldest while they are in.
+            while key in self.actors:
+                entry = self._window.current(key)
+                if entry is None or entry.token not in finished:
+                    break
+                self._receive(key, entry)
+
+    def _pinged(self, ref: Any) -> None:
+        key = self._pings.pop(ref)
+        try:
+            self._ray.get(ref)
+        except self._ray.exceptions.RayError as exc:
+            self._start_failures.append(str(exc))
+            if len(self._start_failures) >= MAX_CRASHES:
+                self.close()
+                raise WorkerError(
+                    f"{MAX_CRASHES} Ray actors in a row could not start; the last said:\n"
+                    f"{self._start_failures[-1]}\n(the plan must unpickle on the nodes: "
+                    f"granary and the pipeline's modules must be importable there, e.g. "
+                    f"through init_kwargs={{'runtime_env': ...}})"
+                ) from None
+            self._died(key)
+            return
+        self._start_failures.clear()
+        if key in self.actors:
+            self.actors[key].ready = True
+            self._scale()
+
+    def _receive(self, key: int, entry: Any) -> None:
+        ray, window = self._ray, self._window
+        began = time.perf_counter()
+        try:
+            value = ray.get(entry.token)
+        except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError):
+            self._died(key)  # the actor, its node, or the node holding the result is gone
+            return
+        except ray.exceptions.RayError as exc:  # e.g. a result Ray could not serialize
+            value = _Failed(error_payload(WorkerError(
+                f"Ray could not return unit {entry.unit} from actor "
+                f"{self.actors[key].index}: {exc}"
+            )))
+        window.answered(key, entry.generation, entry.unit)
+        self._refs.pop(entry.token, None)
+        index = self.actors[key].index
+        if entry.generation != window.generation:
+            pass  # an answer about a stream before reset(): dropped
+        elif isinstance(value, _Failed):
+            window.finish(entry.unit, Outcome(None, remote_error(value.payload, index)))
+        else:
+            value.worker = index
+            value.timings["transport"] = time.perf_counter() - began
+            if value.error is not None:
+                value.error = remote_error(value.error, index)
+            window.finish(entry.unit, Outcome(value))
+        if self.actors[key].retiring and not window.held(key):
+            self._drop(key)

@@ -1,0 +1,269 @@
+"""RayExecutor on a real Ray cluster started here: a head with no CPU and one worker node
+(more nodes added and removed by the fault drills). Every test compares every batch with
+``worker_count=0``; one cluster serves the whole module."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+import dataloader as dl
+from dataloader.errors import PipelineError
+from tests.helpers import wait_until
+from tests.integration.conftest import child_pids
+
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.timeout(180)]
+
+N = 60
+STORE = 80 * 2**20  # the smallest object store Ray accepts, times a little
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    # Node deaths noticed within about a second (Ray's default is tens of seconds).
+    system = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 300,
+              "health_check_failure_threshold": 3}
+    c = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 0, "object_store_memory": STORE, "include_dashboard": False,
+        "_system_config": system})
+    c.add_node(num_cpus=2, object_store_memory=STORE)
+    ray.init(address=c.address, log_to_driver=False)
+    pids = [p.process.pid for node in c.list_all_nodes() for ps in node.all_processes.values() for p in ps]
+    yield c
+    ray.shutdown()
+    c.shutdown()
+    alive = [pid for pid in pids if _alive(pid)]
+    assert not alive, f"Ray processes left running: {alive}"
+
+
+@pytest.fixture(autouse=True)
+def no_leaks():
+    """Replaces the folder's check: Ray keeps idle worker processes of its own under the
+    cluster's raylets, so what must be gone after a test is our actors' processes."""
+    yield
+    assert wait_until(lambda: not _actor_processes(), timeout=30), _actor_processes()
+
+
+def _actor_processes() -> list[int]:
+    found = []
+    for pid in child_pids():
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if f.read().startswith(b"ray::_UnitActor"):
+                    found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+class Decode(dl.MapTransform):
+    def map(self, x):
+        return {"x": np.full(5, x, np.int64), "y": np.float32(x) / 2}
+
+
+class Jitter(dl.RandomMapTransform):
+    def random_map(self, e, rng):
+        return {**e, "noise": rng.integers(0, 1000, size=3)}
+
+
+class Explode(dl.FlatMapTransform):
+    max_fan_out = 3
+
+    def flat_map(self, e):
+        return [e] * (int(e["x"][0]) % 3)
+
+
+class Odd(dl.FilterTransform):
+    def filter(self, e):
+        return int(e["x"][0]) % 4 != 1
+
+
+PIPELINES = {
+    "batch": [Decode(), Jitter(), dl.Batch(8)],
+    "elements": [Decode(), Jitter()],
+    "regroup": [Decode(), Odd(), Explode(), Jitter(), dl.Batch(5, drop_remainder=True)],
+}
+
+
+def loader(ops, **kw):
+    return dl.DataLoader(dl.RangeDataSource(N), dl.IndexSampler(N, shuffle=True, seed=7, num_epochs=2),
+                         ops, **kw)
+
+
+def flat(x):
+    """A batch or an element as plain lists, for comparing."""
+    return {k: np.asarray(v).tolist() for k, v in x.items()}
+
+
+def run(it, n=None):
+    return [flat(x) for x in itertools.islice(it, n)]
+
+
+@pytest.mark.parametrize("layout", sorted(PIPELINES))
+def test_same_batches_and_states_as_in_process(cluster, layout):
+    ops = PIPELINES[layout]
+    local_it = iter(loader(ops))
+    ex = dl.RayExecutor(num_workers=2, units_per_worker=2)
+    ray_it = iter(loader(ops, executor=ex))
+    count = 0
+    for want, got in zip(local_it, ray_it, strict=True):
+        assert flat(got) == flat(want)
+        assert ray_it.get_state() == local_it.get_state()
+        count += 1
+    assert count > 10
+    ray_it.close()
+
+
+def test_a_state_saved_with_ray_restores_with_the_pool_and_back(cluster):
+    ops = PIPELINES["regroup"]
+    want = run(loader(ops))
+    ex = dl.RayExecutor(num_workers=2)
+    it = iter(loader(ops, executor=ex))
+    head = run(it, 4)
+    state = it.get_state()
+    it.close()
+    pool_it = loader(ops, worker_count=2).iterator(state)
+    middle = run(pool_it, 3)
+    state2 = pool_it.get_state()
+    pool_it.close()
+    tail = run(loader(ops, executor=ex).iterator(state2))
+    assert head + middle + tail == want
+
+
+def test_an_actor_killed_mid_epoch_loses_no_unit(cluster):
+    ops = PIPELINES["batch"]
+    want = run(loader(ops))
+    ex = dl.RayExecutor(num_workers=2, units_per_worker=3)
+    it = iter(loader(ops, executor=ex))
+    got = run(it, 2)
+    first = ex.actors()
+    ray.kill(first[0])  # it holds units in flight: they go to the other actor / a new one
+    got += run(it)
+    assert got == want
+    assert first[0] not in ex.actors()  # replaced
+    it.close()
+
+
+def test_a_node_removed_mid_epoch_loses_no_unit(cluster):
+    ops = PIPELINES["regroup"]
+    want = run(loader(ops))
+    doomed = cluster.add_node(num_cpus=1, resources={"drill": 1}, object_store_memory=STORE)
+    ex = dl.RayExecutor(num_workers=1, resources={"drill": 1}, units_per_worker=3)
+    it = iter(loader(ops, executor=ex))
+    got = run(it, 2)
+    spare = cluster.add_node(num_cpus=1, resources={"drill": 1}, object_store_memory=STORE)
+    cluster.remove_node(doomed, allow_graceful=False)  # its raylet is killed
+    got += run(it)
+    it.close()
+    cluster.remove_node(spare)
+    assert got == want
+
+
+def test_actors_added_and_removed_mid_epoch_change_no_batch(cluster):
+    ops = PIPELINES["batch"]
+    want = run(loader(ops))
+    ex = dl.RayExecutor(num_workers=1)
+    it = iter(loader(ops, executor=ex))
+    got = run(it, 2)
+    ex.scale(2)
+    got += run(it, 2)
+    assert len(ex.actors()) == 2
+    ex.scale(1)
+    got += run(it)
+    assert len(ex.actors()) == 1
+    assert got == want
+    it.close()
+
+
+def test_closing_the_iterator_ends_its_actors(cluster):
+    ex = dl.RayExecutor(num_workers=2)
+    it = iter(loader(PIPELINES["batch"], executor=ex))
+    next(it)
+    handles = ex.actors()
+    it.close()
+    for handle in handles:
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(handle.ready.remote(), timeout=60)
+
+
+class Boom(dl.MapTransform):
+    def map(self, x):
+        if x == 13:
+            raise ValueError("bad record 13")
+        return x
+
+
+def test_an_error_in_user_code_arrives_at_its_record_named(cluster):
+    ops = [Boom()]
+    sampler = dl.IndexSampler(N, num_epochs=1)
+    it = iter(dl.DataLoader(dl.RangeDataSource(N), sampler, ops, executor=dl.RayExecutor(num_workers=2)))
+    assert [int(next(it)) for _ in range(13)] == list(range(13))
+    with pytest.raises(PipelineError, match=r"Boom failed on record 13 .*ValueError: bad record 13") as info:
+        next(it)
+    assert info.value.record_index == 13
+    assert "Traceback in worker" in str(info.value)
+    assert [int(x) for x in it] == list(range(14, N))  # goes on after the failing record
+    it.close()
+
+
+def test_an_unreachable_cluster_fails_at_construction(cluster):
+    with pytest.raises(ConnectionError, match=r"no Ray cluster answers at address '127\.0\.0\.1:9'.*ray start"):
+        dl.RayExecutor(address="127.0.0.1:9")
+    with pytest.raises(ValueError, match=r"address 'nowhere' is not host:port"):
+        dl.RayExecutor(address="nowhere")
+
+
+@pytest.mark.parametrize(("kw", "match"), [
+    ({"num_workers": 0}, r"num_workers must be an integer >= 1, got 0"),
+    ({"resources": {"gpu_node": -1}}, r"resources must map .* 'gpu_node': -1"),
+    ({"start_timeout_s": 0}, r"start_timeout_s must be a positive number"),
+])
+def test_bad_settings_are_named(cluster, kw, match):
+    with pytest.raises(ValueError, match=match):
+        dl.RayExecutor(**kw)
+
+
+def test_local_workers_and_an_executor_together_are_refused(cluster):
+    with pytest.raises(ValueError, match=r"pass worker_count=0 with an executor"):
+        loader([], worker_count=2, executor=dl.RayExecutor())
+
+
+def test_actors_that_cannot_be_placed_fail_with_what_they_asked_for(cluster):
+    ex = dl.RayExecutor(num_workers=1, resources={"no_such_node": 1}, start_timeout_s=1)
+    with pytest.raises(dl.WorkerError, match=r"no Ray actor became ready .*no_such_node"):
+        next(iter(loader(PIPELINES["batch"], executor=ex)))
+
+
+def test_results_come_back_as_numpy_without_a_copy(cluster):
+    # Large enough for the object store (not inlined): a read-only view of it.
+    class Big(dl.MapTransform):
+        def map(self, x):
+            return np.full(40_000, x, np.int64)
+
+    it = iter(loader([Big(), dl.Batch(4)], executor=dl.RayExecutor(num_workers=1)))
+    batch = next(it)
+    assert batch.shape == (4, 40_000)
+    assert not batch.flags.writeable  # Ray's zero-copy view
+    it.close()
+
+
+def test_the_training_process_computes_no_unit(cluster):
+    it = iter(loader(PIPELINES["batch"], executor=dl.RayExecutor(num_workers=2)))
+    assert len(run(it)) == 2 * N // 8  # the stream runs on across the epoch boundary
+    workers = it.stats()["workers"]
+    it.close()
+    assert workers
+    assert "main" not in workers, workers

@@ -8,6 +8,7 @@
                                            [--group_size=1] [--format=tfrecord|jsonl|csv|...]
                                            [--overwrite] [--verify] [--BEAM_OPTION=VALUE ...]
     python -m dataloader demo [key=value ...] [--demo=lm|digits] [--out_dir=demo_out] [--config=...]
+    python -m dataloader audit LOG_A LOG_B
 
 ``run`` iterates a pipeline config with a progress bar on stderr, then reports the
 records read, elements and batches out, the time to the first batch, the waiting, each
@@ -15,6 +16,9 @@ worker's busy share, where the time went and advice, from the iterator's ``stats
 (:mod:`dataloader.cli.run`; ``--report=DIR`` also writes an HTML page and
 ``stats.json``, :mod:`dataloader.cli.report`). A config error is printed as one line
 naming the key, with exit status 2.
+
+``audit`` compares two audit logs (``DataLoader(..., audit_log=path)``) and reports the
+first step where they differ, exit status 1 (:mod:`dataloader.cli.audit`).
 
 ``convert`` runs the Apache Beam pipeline of :mod:`dataloader.beam`. Flags it does not
 know are handed to Beam as pipeline options (``--runner=DataflowRunner
@@ -37,7 +41,7 @@ from dataloader.beam.record_files import FORMATS
 from dataloader.cli.run import run_command
 from dataloader.errors import ConfigError
 
-COMMANDS = ("run", "inspect", "convert", "demo")
+COMMANDS = ("run", "inspect", "convert", "demo", "audit")
 
 _MAX_BATCHES = flags.DEFINE_integer(
     "max_batches", None, "run: stop after this many batches (default: the whole stream, "
@@ -132,6 +136,12 @@ def main(argv: Sequence[str]) -> int:
     if unknown and command != "convert":  # flags are parsed known_only, for convert's sake
         raise app.UsageError(f"unknown flag(s) for {command}: {' '.join(unknown)}")
     try:
+        if command == "audit":  # two audit logs: the first step where they differ
+            from dataloader.cli.audit import audit_command
+
+            report, status = audit_command(args)
+            print(report, file=sys.stderr if status == 2 else sys.stdout, flush=True)
+            return status
         if command == "run":
             print(run_command(args, _MAX_BATCHES.value, _REPORT.value, _STEP_MS.value), flush=True)
         elif command == "inspect":

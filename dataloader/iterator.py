@@ -314,3 +314,42 @@ def _engine_of(loader: Any) -> LoaderEngine:
             f"{type(loader).__name__}: {loader!r}; iterate the loader (iter(loader)) instead"
         )
     return engine
+
+
+def elastic_iterator(loader: Any, states: Any) -> DatasetIterator:
+    """An iterator of ``loader`` (this host's shard of a new host count) that reads what
+    the old hosts left unread: each record of the stream exactly once across the change.
+
+    Args:
+        loader: this host's ``DataLoader``, built with the new ``ShardOptions(j, H')``
+            (any batch size, worker count; the same data, order and operations).
+        states: every old host's ``get_state()`` of one step (a list, any order: e.g.
+            every process's file of an Orbax checkpoint); or one state that an elastic
+            restore made, to go on with it on the same host count.
+
+    Returns:
+        A new iterator; its states record the layout (see
+        :mod:`dataloader.engine.elastic`) and restore through this function again.
+    """
+    from dataloader.engine import elastic
+    from dataloader.engine.stages.tail import TailIterator
+    from dataloader.engine.state import made_for
+
+    engine = _engine_of(loader)
+    tail = getattr(loader, "_tail", [])
+    if isinstance(states, (str, bytes)) or isinstance(states, Mapping):
+        head, _ = elastic.head_state(states)
+        layout = elastic.Layout.from_state(head.get("elastic"))
+        sampler = elastic.ElasticSampler(getattr(engine.plan.sampler, "base", engine.plan.sampler),
+                                         layout, engine.plan.sampler.shard_options)
+        start: Any = states
+    else:
+        sampler = elastic.elastic_sampler(engine.plan.sampler, list(states), made_for(engine.plan))
+        start = None
+    engine = elastic.with_sampler(engine, sampler)
+    if not tail:
+        return DataLoaderIterator(engine, start)
+    it = TailIterator(DataLoaderIterator(engine), tail, sampler.seed)
+    if start is not None:
+        it.set_state(start)
+    return it

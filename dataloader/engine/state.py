@@ -11,10 +11,18 @@ position were already handed out (after a flat map); ``skip`` how many outputs o
 next batch's post-batch operations were handed out. Restoring computes from
 ``position`` on: O(1), no replay.
 
-Elastic restore: with a plain ``Batch`` (no filter or flat map before it), a state saved
-on ``H`` shards at per-shard batch ``B`` restores on ``H'`` shards at ``B' = B*H/H'``:
-global batch ``k`` is global positions ``[k*B*H, (k+1)*B*H)`` for every ``H``, so
-position ``p`` becomes ``p*H/H'``.
+Elastic restore, from one state: with a plain ``Batch`` (no filter or flat map before
+it), a state saved on ``H`` shards at per-shard batch ``B`` restores on ``H'`` shards at
+``B' = B*H/H'``: global batch ``k`` is global positions ``[k*B*H, (k+1)*B*H)`` for every
+``H``, so position ``p`` becomes ``p*H/H'``.
+
+Elastic restore, from every host's state (any pipeline; :mod:`dataloader.engine.elastic`):
+the positions no old host used (below the highest host's position, those other hosts
+had not reached, and a begun flat-map position with the outputs it gave) are dealt out
+first, in global order, round-robin over the new hosts, then the positions above, also
+round-robin. The state then also has ``"elastic": {"frontier", "extra", "partial"}``,
+that layout (arithmetic progressions of global positions, O(H) numbers), and restores
+only on a loader reading that layout.
 """
 
 from __future__ import annotations
@@ -105,15 +113,25 @@ def made_for(plan: Plan) -> dict[str, Any]:
     return out
 
 
+def _elastic_layout(plan: Plan) -> Any:
+    """The layout an elastic restore gave the sampler (None: the plain sharding)."""
+    layout = getattr(plan.sampler, "layout", None)
+    return layout.describe() if layout is not None else None
+
+
 def make_state(plan: Plan, cursor: Cursor) -> dict[str, Any]:
     """The JSON-able state of ``cursor`` in a stream of ``plan``."""
-    return {
+    state = {
         "version": STATE_VERSION,
         "position": int(cursor.position),
         "sub_index": int(cursor.sub_index),
         "skip": int(cursor.skip),
         "made_for": made_for(plan),
     }
+    layout = _elastic_layout(plan)
+    if layout is not None:  # after an elastic restore: which global positions are left
+        state["elastic"] = layout
+    return state
 
 
 _KEYS = ("version", "position", "sub_index", "skip", "made_for")
@@ -183,7 +201,7 @@ def _as_dict(state: Any) -> dict[str, Any]:
             f"state version {version!r} is not supported (expected {STATE_VERSION})"
         )
     # "fingerprint": the last step's records, checked by the iterator (engine/fingerprint.py).
-    _unknown_or_missing("the state", state, _KEYS, ("fingerprint",))
+    _unknown_or_missing("the state", state, _KEYS, ("fingerprint", "elastic"))
     for key in ("position", "sub_index", "skip"):
         if not _is_int(state[key]) or state[key] < 0:
             raise _refuse(key, state[key], "an integer >= 0")
@@ -241,6 +259,13 @@ def resolve_state(plan: Plan, state: Any) -> Cursor:
         for key in (*_EXACT, "index_map")
         if saved.get(key) != now.get(key)
     ]
+    if state.get("elastic") != _elastic_layout(plan):
+        raise StateMismatchError(
+            f"this state was saved after an elastic restore (layout {str(state.get('elastic'))[:120]}), "
+            f"and this loader reads {'another layout' if _elastic_layout(plan) else 'the plain sharding'}; "
+            f"restore it with dl.elastic_iterator(loader, state), or on a new host count with "
+            f"dl.elastic_iterator(loader, [every host's state])"
+        )
     position, sub, skip = state["position"], state["sub_index"], state["skip"]
     same_sharding = (saved["shard_count"], saved["batch_size"]) == (now["shard_count"], now["batch_size"])
     if not problems and same_sharding and saved["shard_index"] != now["shard_index"]:

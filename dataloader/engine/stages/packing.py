@@ -15,6 +15,15 @@ the number of workers) and resume from a small state without replaying the strea
 
 A state records the packer it was made for (lengths, bins, seed, ...), and a state of
 another packer is refused with :class:`~dataloader.StateMismatchError`.
+
+For an elastic restore (:mod:`dataloader.engine.elastic`), a state taken while a round
+or a fill is partly handed out (or an element is partly in rows) also names what its
+handed rows used, as ``"used": [[position, sub, offsets or null], ...]``: the engine's
+local position and output rank of each element in them, with the offsets where an
+element's unused rest starts (concat-then-split). The records of the open bins are
+those the state does not name: an elastic restore hands them to the new hosts, which
+pack them again in their own streams. Only a packer reading the engine's elements
+directly can name them (a packer over another stage cannot).
 """
 
 from __future__ import annotations
@@ -34,6 +43,27 @@ def _check_packer(state: Any, op: Any, where: str) -> dict[str, Any]:
             f"{op.describe()}; restore with the packer the state was made for"
         )
     return state
+
+
+def _last_tag(parent: Any) -> tuple[int, int] | None:
+    """The (local position, sub) of the element the engine's iterator handed out last;
+    None when the parent is not the engine's element stream."""
+    assembler = getattr(parent, "_assembler", None)
+    pos, sub, i = (getattr(assembler, name, None) for name in ("_pos", "_sub", "_i"))
+    if pos is None or sub is None or not isinstance(i, int) or not 0 < i <= len(pos):
+        return None
+    return int(pos[i - 1]), int(sub[i - 1])
+
+
+def _used(entries: list[tuple[tuple[int, int] | None, Any]]) -> list[list[Any]] | None:
+    """``entries`` (tag, None or offsets: a later one about the same tag wins) as a
+    state's ``"used"``; None when a tag is unknown."""
+    final: dict[tuple[int, int], Any] = {}
+    for tag, offsets in entries:
+        if tag is None:
+            return None
+        final[tag] = offsets
+    return [[q, sub, used] for (q, sub), used in sorted(final.items())]
 
 
 def _failed(op: Any, exc: Exception) -> PipelineError:
@@ -65,8 +95,10 @@ class FitPackIterator(_PackIterator):
         self._order: list[int] = []
         self._next_row = 0
         self._skip = 0  # rows to pass over once the round is re-packed (a restore)
-        self._carry: tuple[list[Any], int, Any] | None = None  # (pieces, first piece, state before)
+        self._carry: tuple[list[Any], int, Any, Any] | None = None  # (pieces, first piece, state before, tag)
         self._after: tuple[Any, int] | None = None  # where the next round starts
+        self._members: list[list[Any]] = []  # each row's elements' tags (elastic restore)
+        self._restored_used: Any = None  # a restored state's "used", until the round is re-packed
 
     def __next__(self) -> dict[str, Any]:
         while self._rows is None or self._next_row >= len(self._rows):
@@ -87,9 +119,10 @@ class FitPackIterator(_PackIterator):
         op, parent = self._op, self._parent
         packing = op.new_round()
         self._after = None
+        members: list[list[Any]] = [[] for _ in range(op.num_packing_bins)]
         while self._after is None:
             if self._carry is not None:
-                pieces, k, before = self._carry
+                pieces, k, before, tag = self._carry
                 self._carry = None
             else:
                 before = parent.get_state()
@@ -98,16 +131,20 @@ class FitPackIterator(_PackIterator):
                 except StopIteration:
                     self._after = (parent.get_state(), 0)
                     break
+                tag = _last_tag(parent)
                 try:
                     pieces, k = op.pieces(element), 0
                 except (TypeError, KeyError, ValueError) as exc:
                     raise _failed(op, exc) from exc
             while k < len(pieces):
+                counts = packing._count.copy()
                 if not packing.add(pieces[k]):
-                    self._carry = (pieces, k, before)
+                    self._carry = (pieces, k, before, tag)
                     self._after = (before, k)
                     break
+                members[int((packing._count != counts).argmax())].append((tag, len(pieces) > 1))
                 k += 1
+        self._members = members
         self._rows = packing.rows()
         self._order = op.row_order(self._rows, self._counter)
 
@@ -117,8 +154,22 @@ class FitPackIterator(_PackIterator):
         else:  # before the round is (re-)packed, the rows to pass over are still to come
             start, counter = self._start, self._counter
             row = self._next_row if self._rows is not None else self._skip
-        return {"parent": start[0], "piece": start[1], "next_row": row, "counter": counter,
-                "packer": self._describe}
+        state = {"parent": start[0], "piece": start[1], "next_row": row, "counter": counter,
+                 "packer": self._describe}
+        if row and not start[1]:
+            used = self._restored_used if self._rows is None else self._used_rows(row)
+            if used is not None:
+                state["used"] = used
+        return state
+
+    def _used_rows(self, handed: int) -> list[list[Any]] | None:
+        """The elements of the round's first ``handed`` rows (in hand-out order), unless
+        one of them is cut into pieces (its tag alone cannot say which pieces)."""
+        rows = self._order[:handed]
+        entries = [m for r in rows for m in self._members[r]]
+        if any(cut for _, cut in entries):
+            return None
+        return _used([(tag, None) for tag, _ in entries])
 
     def set_state(self, state: dict[str, Any]) -> None:
         state = _check_packer(state, self._op, "a first-fit or best-fit packer")
@@ -127,9 +178,10 @@ class FitPackIterator(_PackIterator):
         self._start, self._counter = (state["parent"], piece), int(state["counter"])
         self._rows, self._next_row, self._after, self._carry = None, 0, None, None
         self._skip = int(state["next_row"])
+        self._restored_used = state.get("used")
         if piece:
             element = next(self._parent)
-            self._carry = (self._op.pieces(element), piece, state["parent"])
+            self._carry = (self._op.pieces(element), piece, state["parent"], _last_tag(self._parent))
 
 
 class ConcatIterator(_PackIterator):
@@ -144,7 +196,11 @@ class ConcatIterator(_PackIterator):
 
     def __init__(self, parent: DatasetIterator, op: ConcatThenSplit) -> None:
         super().__init__(parent, op)
-        self._carry: tuple[Any, dict[str, int], Any] | None = None  # (element, offsets, state before)
+        self._carry: tuple[Any, dict[str, int], Any, Any] | None = None  # (element, offsets, state before, tag)
+        # Each ready row's elements: (tag, offsets where its rest starts or None), and
+        # the tag of the element the last fill began in (elastic restore).
+        self._members: list[list[tuple[Any, Any]]] = []
+        self._fill_tag: Any = None
         self._ended = False
         self._ready: list[dict[str, Any]] = []  # the rows of the last fill
         self._handed = 0  # of them, handed out
@@ -162,11 +218,14 @@ class ConcatIterator(_PackIterator):
     def _fill(self) -> None:
         op, parent = self._op, self._parent
         self._fill_start = self._position()
+        self._fill_tag = self._carry[3] if self._carry is not None else None
         self._ready, self._handed = [], 0
         row, alone = op.new_row(), []
+        inside: list[tuple[Any, Any]] = []
+        lonely: list[list[tuple[Any, Any]]] = []
         while True:
             if self._carry is not None:
-                element, offsets, before = self._carry
+                element, offsets, before, tag = self._carry
                 self._carry = None
             else:
                 if self._ended:
@@ -177,34 +236,51 @@ class ConcatIterator(_PackIterator):
                 except StopIteration:
                     self._ended = True
                     break
-                offsets = None
+                offsets, tag = None, _last_tag(parent)
             try:
                 if offsets is None and op.passes_through(element):
                     alone.append(op.single_row(element))
+                    lonely.append([(tag, None)])
                     continue
                 rest = row.add(element, offsets)
             except (TypeError, KeyError, ValueError) as exc:
                 raise _failed(op, exc) from exc
             if rest is not None:
-                self._carry = (element, rest, before)
+                self._carry = (element, rest, before, tag)
+                if rest != (offsets or {k: 0 for k in rest}):  # part of it went into the row
+                    inside.append((tag, dict(rest)))
                 break
+            inside.append((tag, None))
         self._ready = ([] if row.empty else [row.finish()]) + alone
+        self._members = ([] if row.empty else [inside]) + lonely
 
     def _position(self) -> tuple[Any, dict[str, int]]:
         """Where the next fill begins: the parent's state before its first element, and
         the offsets into that element (empty: a fresh element)."""
         if self._carry is not None:
-            _, offsets, before = self._carry
+            _, offsets, before, _ = self._carry
             return before, dict(offsets)
         return self._parent.get_state(), {}
 
     def get_state(self) -> dict[str, Any]:
         if self._handed < len(self._ready):  # rows of this fill still to come: fill it again
             parent, offsets = self._fill_start
-            return {"parent": parent, "offsets": dict(offsets), "skip": self._handed,
-                    "packer": self._describe}
-        parent, offsets = self._position()
-        return {"parent": parent, "offsets": offsets, "packer": self._describe}
+            state = {"parent": parent, "offsets": dict(offsets), "skip": self._handed,
+                     "packer": self._describe}
+            entries = [(self._fill_tag, dict(offsets))] if any(offsets.values()) else []
+            entries += [m for row in self._members[: self._handed] for m in row]
+        else:
+            parent, offsets = self._position()
+            state = {"parent": parent, "offsets": offsets, "packer": self._describe}
+            cut = self._carry is not None and any(offsets.values())
+            entries = [(self._carry[3], dict(offsets))] if cut and self._carry is not None else []
+        if entries:
+            used = _used(entries)
+            if used is not None:
+                state["used"] = used
+        elif offsets:
+            state["used"] = []
+        return state
 
     def set_state(self, state: dict[str, Any]) -> None:
         state = _check_packer(state, self._op, "a concat-then-split packer")
@@ -212,7 +288,7 @@ class ConcatIterator(_PackIterator):
         self._carry, self._ended, self._ready, self._handed = None, False, [], 0
         offsets = {str(k): int(v) for k, v in dict(state["offsets"]).items()}
         if offsets:
-            self._carry = (next(self._parent), offsets, state["parent"])
+            self._carry = (next(self._parent), offsets, state["parent"], _last_tag(self._parent))
         skip = int(state.get("skip", 0))  # states without it (none to skip) restore as before
         if skip:
             self._fill()

@@ -1,0 +1,138 @@
+"""Pipelines and a host simulator for the elastic-restore tests and the benchmark table.
+
+Every pipeline's outputs carry record ids (the source's integers, times 10 plus the
+rank after a flat map), so a run across host changes can be checked for records used
+exactly once. Functions live at module level so worker processes can import them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+import dataloader as dl
+from dataloader.iterator import elastic_iterator
+
+N = 103  # records: a prime, so no host count divides the stream
+
+
+def keep(x: int) -> bool:
+    return x % 3 != 0
+
+
+def fan_out(x: int) -> list[int]:
+    return [x * 10 + k for k in range(x % 4)]  # 0 to 3 outputs a record
+
+
+def times_ten(x: int) -> int:
+    return x * 10
+
+
+def as_tokens(x: int) -> dict[str, np.ndarray]:
+    return {"tokens": np.full(1 + x % 7, x + 1, dtype=np.int64)}
+
+
+def _source_and_sampler(mixture: bool, window: bool) -> tuple[Any, Any, list[Any]]:
+    if mixture:
+        ds = dl.MapDataset.mix([dl.MapDataset.range(0, 60), dl.MapDataset.range(60, N)], [2, 1])
+        compiled = ds._compiled
+        return compiled.source, compiled.sampler, list(compiled.operations)
+    if window:
+        ds = dl.experimental.WindowShuffleMapDataset(dl.MapDataset.range(N), window_size=16, seed=5)
+        compiled = ds._compiled
+        return compiled.source, compiled.sampler, list(compiled.operations)
+    return dl.RangeDataSource(N), dl.IndexSampler(N, shuffle=True, seed=3, num_epochs=1), []
+
+
+def _pack(kind: str) -> Any:
+    if kind == "first_fit":
+        return dl.FirstFitPack({"tokens": 12}, num_packing_bins=3)
+    if kind == "best_fit":
+        return dl.BestFitPack({"tokens": 12}, num_packing_bins=3)
+    return dl.ConcatThenSplit({"tokens": 12})
+
+
+# name -> (operations, how to read record ids from one output)
+PIPELINES: dict[str, tuple[Callable[[], list[Any]], str]] = {
+    "plain": (lambda: [dl.MapTransform(times_ten), dl.Batch(4)], "batch"),
+    "filter": (lambda: [dl.FilterTransform(keep), dl.MapTransform(times_ten), dl.Batch(4)], "batch"),
+    "flat map": (lambda: [dl.FlatMapTransform(fan_out, max_fan_out=3), dl.Batch(4)], "batch"),
+    "flat map, unbatched": (lambda: [dl.FlatMapTransform(fan_out, max_fan_out=3)], "element"),
+    "mixture": (lambda: [dl.FilterTransform(keep), dl.MapTransform(times_ten), dl.Batch(4)], "batch"),
+    "window shuffle": (lambda: [dl.FilterTransform(keep), dl.MapTransform(times_ten), dl.Batch(4)], "batch"),
+    "first-fit": (lambda: [dl.FilterTransform(keep), dl.MapTransform(as_tokens), _pack("first_fit")], "row"),
+    "best-fit": (lambda: [dl.FilterTransform(keep), dl.MapTransform(as_tokens), _pack("best_fit")], "row"),
+    "concat-then-split": (lambda: [dl.FilterTransform(keep), dl.MapTransform(as_tokens), _pack("concat")], "tokens"),
+    "flat map, first-fit": (
+        lambda: [dl.FlatMapTransform(fan_out, max_fan_out=3), dl.MapTransform(as_tokens), _pack("first_fit")], "row"
+    ),
+    "flat map, concat-then-split": (
+        lambda: [dl.FlatMapTransform(fan_out, max_fan_out=3), dl.MapTransform(as_tokens), _pack("concat")], "tokens"
+    ),
+}
+
+
+def make_loader(name: str, shard: int, count: int, workers: int = 0) -> dl.DataLoader:
+    """The pipeline ``name`` as host ``shard`` of ``count``."""
+    source, sampler, head = _source_and_sampler(name == "mixture", name == "window shuffle")
+    ops, _ = PIPELINES[name]
+    return dl.DataLoader(source, sampler, [*head, *ops()], worker_count=workers,
+                         shard_options=dl.ShardOptions(shard, count))
+
+
+def record_ids(name: str, output: Any) -> list[int]:
+    """The record ids one output holds (for concat-then-split: one id per token)."""
+    kind = PIPELINES[name][1]
+    if kind in ("batch", "element"):
+        return np.asarray(output).reshape(-1).tolist()
+    tokens, segments = np.asarray(output["tokens"]), np.asarray(output["tokens_segment_ids"])
+    if kind == "tokens":
+        return [int(t) - 1 for t in tokens[segments > 0]]
+    return [int(tokens[segments == s][0]) - 1 for s in np.unique(segments[segments > 0])]
+
+
+def reference(name: str) -> list[int]:
+    """Every record id of one uninterrupted run on one host, sorted."""
+    return sorted(i for out in make_loader(name, 0, 1) for i in record_ids(name, out))
+
+
+def run(name: str, phases: Sequence[tuple[int, int | None]], workers: int = 0) -> list[int]:
+    """Runs ``name`` through ``phases`` of ``(host count, steps per host)``, each phase
+    restored elastically from every state of the one before (``None`` steps: to the
+    end), and returns every record id used, sorted."""
+    used: list[int] = []
+    states: list[Any] | None = None
+    for count, steps in phases:
+        iterators = []
+        for h in range(count):
+            loader = make_loader(name, h, count, workers)
+            iterators.append(iter(loader) if states is None else elastic_iterator(loader, states))
+        for it in iterators:
+            taken = 0
+            while steps is None or taken < steps:
+                try:
+                    out = next(it)
+                except StopIteration:
+                    break
+                used += record_ids(name, out)
+                taken += 1
+        states = [it.get_state() for it in iterators]
+        for it in iterators:
+            it.close()
+    return sorted(used)
+
+
+def lost_and_repeated(name: str, phases: Sequence[tuple[int, int | None]], workers: int = 0) -> tuple[int, int]:
+    """How many record ids of the reference run ``run`` lost, and how many it repeated."""
+    want, got = reference(name), run(name, phases, workers)
+    counts: dict[int, int] = {}
+    for i in got:
+        counts[i] = counts.get(i, 0) + 1
+    expected: dict[int, int] = {}
+    for i in want:
+        expected[i] = expected.get(i, 0) + 1
+    lost = sum(max(0, c - counts.get(i, 0)) for i, c in expected.items())
+    repeated = sum(max(0, c - expected.get(i, 0)) for i, c in counts.items())
+    return lost, repeated

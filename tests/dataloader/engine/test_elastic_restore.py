@@ -1,0 +1,126 @@
+"""Elastic restore for every pipeline: across host changes, every record once.
+
+Hosts are simulated in one process (one loader per ``ShardOptions(h, H)``); each phase
+takes some steps on every host, saves every state, and the next phase restores them on
+another host count with :func:`dataloader.iterator.elastic_iterator`; the last phase
+runs to the end of the (one-epoch) stream. The record ids used over the whole run must
+be those of one uninterrupted run, each exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import dataloader as dl
+from dataloader.engine.elastic import ElasticSampler, Layout, next_layout
+from dataloader.errors import StateMismatchError
+from dataloader.iterator import elastic_iterator
+from tests.dataloader.engine.elastic_cases import PIPELINES, make_loader, record_ids, reference, run
+
+CHANGES = {
+    "1->2": [(1, 3), (2, None)],
+    "2->3": [(2, 3), (3, None)],
+    "3->1": [(3, 2), (1, None)],
+    "1->2->3->1": [(1, 2), (2, 2), (3, 1), (1, None)],
+    "2->3->1 at once": [(2, 0), (3, 1), (1, None)],
+}
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+@pytest.mark.parametrize("name", list(PIPELINES))
+def test_every_record_is_used_exactly_once_across_host_changes(name, change):
+    assert run(name, CHANGES[change]) == reference(name)
+
+
+@pytest.mark.parametrize("steps", [1, 2, 4, 5, 7])
+@pytest.mark.parametrize("name", ["filter", "flat map, unbatched", "first-fit", "concat-then-split"])
+def test_exactly_once_whatever_step_the_hosts_save_at(name, steps):
+    assert run(name, [(2, steps), (3, steps), (1, None)]) == reference(name)
+
+
+@pytest.mark.parametrize("name", ["filter", "first-fit"])
+def test_exactly_once_with_worker_processes(name):
+    assert run(name, [(2, 3), (3, 2), (1, None)], workers=2) == reference(name)
+
+
+def test_hosts_that_ran_unevenly_are_restored_too():
+    """One host far ahead of the others (a real run's hosts save at the same step, but
+    their positions differ after a filter; here they differ by whole batches)."""
+    loaders = [make_loader("filter", h, 2) for h in range(2)]
+    its = [iter(loader) for loader in loaders]
+    used = []
+    for h, steps in enumerate([1, 6]):
+        for _ in range(steps):
+            used += record_ids("filter", next(its[h]))
+    states = [it.get_state() for it in its]
+    for h in range(3):
+        used += [i for out in elastic_iterator(make_loader("filter", h, 3), states) for i in record_ids("filter", out)]
+    assert sorted(used) == reference("filter")
+
+
+def test_a_restored_state_goes_on_on_the_same_host_count():
+    states = None
+    its = [iter(make_loader("flat map", h, 2)) for h in range(2)]
+    for it in its:
+        next(it)
+    states = [it.get_state() for it in its]
+    its = [elastic_iterator(make_loader("flat map", h, 3), states) for h in range(3)]
+    for it in its:
+        next(it)
+    saved = [json.loads(json.dumps(it.get_state())) for it in its]
+    assert all("elastic" in s for s in saved)
+    rest = [record_ids("flat map", out) for out in its[1]]
+    again = elastic_iterator(make_loader("flat map", 1, 3), saved[1])
+    assert [record_ids("flat map", out) for out in again] == rest
+
+
+def test_a_state_after_an_elastic_restore_is_refused_by_a_plain_loader():
+    its = [iter(make_loader("filter", h, 2)) for h in range(2)]
+    for it in its:
+        next(it)
+    it = elastic_iterator(make_loader("filter", 0, 3), [i.get_state() for i in its])
+    next(it)
+    with pytest.raises(StateMismatchError, match="elastic_iterator"):
+        make_loader("filter", 0, 3).iterator(it.get_state())
+
+
+def test_elastic_restore_needs_every_old_hosts_state():
+    its = [iter(make_loader("filter", h, 3)) for h in range(3)]
+    states = [it.get_state() for it in its]
+    with pytest.raises(StateMismatchError, match=r"one state from each of the old hosts, got shards \[0, 2\]"):
+        elastic_iterator(make_loader("filter", 0, 2), [states[0], states[2]])
+
+
+def test_elastic_restore_refuses_another_pipeline():
+    states = [iter(make_loader("filter", h, 2)).get_state() for h in range(2)]
+    with pytest.raises(StateMismatchError, match="operations="):
+        elastic_iterator(make_loader("plain", 0, 3), states)
+
+
+def test_the_layout_after_a_filter_is_a_few_progressions():
+    """Two hosts that stopped at local positions 5 and 8: host 0's positions 5 to 8
+    (global 10, 12, 14, 16) are left over, and everything from global 17 on is unread."""
+    layout = next_layout(Layout(), 2, [(5, []), (8, [])], None)
+    assert layout.describe() == {"frontier": 17, "extra": [[10, 2, 4]], "partial": []}
+    sampler = ElasticSampler(dl.IndexSampler(40, num_epochs=1), layout, dl.ShardOptions(1, 3))
+    # U = 10, 12, 14, 16, 17, 18, ...: host 1 of 3 reads U[1], U[4], U[7], ...
+    assert sampler.global_positions(np.arange(4)).tolist() == [12, 17, 20, 23]
+    assert sampler.num_positions == 9  # U has 4 + (40 - 17) = 27 positions: 1, 4, ..., 25
+
+
+def test_layouts_stay_small_along_a_chain_of_restores():
+    layout = Layout()
+    count = 1
+    for new_count in [2, 3, 1, 2, 3, 1, 3]:
+        read = [(10 + 3 * h, []) for h in range(count)]
+        layout = next_layout(layout, count, read, None)
+        assert len(layout.extra) <= count
+        count = new_count
+
+
+def test_a_begun_flat_map_position_hands_out_only_its_unused_outputs():
+    layout = next_layout(Layout(), 1, [(4, [(4, 0, None), (4, 1, None)])], None)
+    assert layout.describe() == {"frontier": 4, "extra": [], "partial": [[4, 0, None], [4, 1, None]]}

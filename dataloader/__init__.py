@@ -33,6 +33,7 @@ _EXPORTS: dict[str, str] = {
     "DataLoader": "dataloader.loader",
     "load": "dataloader.loader",
     "DataLoaderIterator": "dataloader.iterator",
+    "elastic_iterator": "dataloader.iterator",
     "MultiprocessingOptions": "dataloader.options",
     "AutoWorkers": "dataloader.options",
     "ReadOptions": "dataloader.options",

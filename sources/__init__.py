@@ -22,6 +22,7 @@ from .array_record import ArrayRecordDataSource
 from .array_record_writer import write_array_record
 from .base import RandomAccessDataSource, read_records
 from .in_memory import InMemoryDataSource, RangeDataSource
+from .remote import RemoteOptions
 from .shared_memory import SharedMemoryDataSource
 from .tfrecord import TFRecordReader, write_tfrecord
 
@@ -34,6 +35,7 @@ __all__ = [
     "ParquetDataSource",
     "RandomAccessDataSource",
     "RangeDataSource",
+    "RemoteOptions",
     "SharedMemoryDataSource",
     "TFRecordReader",
     "expand_paths",

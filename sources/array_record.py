@@ -47,21 +47,29 @@ so this source adds ``footer_prefetch_bytes:0`` unless it was given.
 A benchmark's "raw read" of the same records is this very call; the source
 adds only a numpy bounds check per batch and, for several files, one
 ``searchsorted`` (about 0.1 µs per record in all).
+
+URLs. Paths such as ``s3://bucket/train-*.array_record`` (any fsspec URL) are read
+without a FUSE mount: the chunk index of each file is read once, here, and each
+``__getitems__`` fetches the byte ranges of its records' chunks into a local sparse
+file that the same reader decodes (:mod:`.remote.array_record` says how and why).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import warnings
 from collections.abc import Mapping, Sequence
-from typing import SupportsIndex
+from typing import Any, SupportsIndex
 
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader
 
 from ._files import PathArg, PerProcessHandles, expand_paths, format_paths
 from ._indexing import PartIndex, as_index_array, check_index
+from .remote import array_record as _remote
+from .remote.urls import expand_urls, is_url
 
 # Documented by ArrayRecordReader as its random-access setting (see above).
 READER_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"
@@ -174,6 +182,11 @@ class ArrayRecordDataSource(PerProcessHandles):
             (keep the index of each file on disk instead of in memory). The
             keys are the reader's own (see the module docstring); they apply
             in every process that opens the files.
+        storage_options: For URLs: passed to the fsspec file system as they are
+            (``endpoint_url``, ``anon``, ``token``, ...). A shortcut for
+            ``remote=RemoteOptions(storage_options=...)``.
+        remote: For URLs: cache, index cache and retry settings
+            (:class:`~dataloader.sources.RemoteOptions`).
 
     Raises:
         TypeError: ``paths`` is not a path, a glob or a list of those, or
@@ -196,11 +209,24 @@ class ArrayRecordDataSource(PerProcessHandles):
         (b'c', [b'b', b'a', b'b'])
     """
 
-    _TRANSIENT = ("_readers",)
+    _TRANSIENT = ("_readers", "_fetcher")
 
-    def __init__(self, paths: PathArg, reader_options: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        paths: PathArg,
+        reader_options: Mapping[str, str] | None = None,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+        remote: _remote.RemoteOptions | None = None,
+    ) -> None:
         self._reader_options = _check_reader_options(reader_options)
         self._options = _options_string(self._reader_options)
+        items = [paths] if isinstance(paths, str | os.PathLike) else paths
+        self._remote_files: tuple[_remote.RemoteFile, ...] = ()
+        if isinstance(items, list | tuple) and items and any(is_url(p) for p in items):
+            self._init_remote(list(items), storage_options, remote)
+            return
+        self._remote_options: _remote.RemoteOptions | None = None
         self._paths = tuple(expand_paths(paths, what="ArrayRecord", example_glob="*.array_record"))
         counts, group_sizes = [], []
         for path in self._paths:
@@ -226,13 +252,102 @@ class ArrayRecordDataSource(PerProcessHandles):
         self._group_sizes = tuple(group_sizes)
         self._init_process_state()
 
+    def _init_remote(
+        self,
+        items: list[Any],
+        storage_options: Mapping[str, Any] | None,
+        options: _remote.RemoteOptions | None,
+    ) -> None:
+        """Lists the URLs and reads each file's chunk index (or takes both from the index
+        cache), once, here: worker processes get them in the pickled source."""
+        local = [p for p in items if not is_url(p)]
+        if local:
+            raise ValueError(
+                f"paths mixes URLs and local paths (e.g. {local[0]!r}); read them as two "
+                "sources and mix those, or give every file as a URL (file:///... for local)"
+            )
+        protocols = {p.split("://", 1)[0] for p in items}
+        if len(protocols) > 1:
+            raise ValueError(
+                f"paths uses several stores ({', '.join(sorted(protocols))}); make one source "
+                "per store and mix them"
+            )
+        options = options or _remote.RemoteOptions()
+        if storage_options is not None:
+            options = dataclasses.replace(options, storage_options=storage_options)
+        self._remote_options = options
+        files = None
+        if options.index_cache is not None:
+            cached = _remote.read_index_cache(options.index_cache, options)
+            files = _remote.files_from_cache(cached, items) if cached is not None else None
+        link = _remote.Link()
+        if files is None:
+            found = expand_urls(
+                items, what="ArrayRecord", example_glob="*.array_record",
+                storage_options=options.storage_options,
+            )
+            files, link = _remote.load_files(found, options)
+            if options.index_cache is not None:
+                _remote.write_index_cache(options.index_cache, items, files, options)
+        self._remote_files = tuple(files)
+        self._link = link
+        self._paths = tuple(f.url for f in files)
+        group_sizes = []
+        for file in files:
+            if file.index.num_records == 0:
+                raise ValueError(f"ArrayRecord file {file.url!r} has no records; remove it from paths")
+            match = _GROUP_SIZE.search(file.index.writer_options)
+            group_sizes.append(int(match.group(1)) if match else None)
+        self._index = PartIndex([f.index.num_records for f in files])
+        self._group_sizes = tuple(group_sizes)
+        self._init_process_state()
+
     def _reset_handles(self) -> None:
         self._readers: list[ArrayRecordReader | None] = [None] * len(self._paths)
+        self._fetcher: _remote.RemoteFiles | None = None
 
     def _close_handles(self) -> None:
         for reader in self._readers:
             if reader is not None:
                 reader.close()
+        if self._fetcher is not None:
+            self._fetcher.close()
+
+    def _fetch_state(self) -> _remote.RemoteFiles:
+        self._ensure_own_process()
+        fetcher = self._fetcher
+        if fetcher is None:
+            with self._lock:
+                if self._fetcher is None:
+                    assert self._remote_options is not None
+                    self._fetcher = _remote.RemoteFiles(
+                        self._remote_files, self._remote_options, self._link,
+                        lambda path: _open_reader(path, self._options),
+                    )
+                fetcher = self._fetcher
+        return fetcher
+
+    def prefetch(self, indices: Sequence[int] | np.ndarray) -> None:
+        """Starts fetching the chunks of records that will be read soon (URLs only; a
+        no-op for local files). Never blocks: at most a few calls are queued."""
+        if not self._remote_files:
+            return
+        array = as_index_array(indices, self._index.total)
+        files, positions = self._index.locate_many(array)
+        self._fetch_state().prefetch(files, positions)
+
+    @property
+    def remote_stats(self) -> dict[str, int]:
+        """For URLs: ranged requests made and bytes fetched in this process, and the
+        bytes of chunks cached now."""
+        if not self._remote_files:
+            return {}
+        fetcher = self._fetch_state()
+        return {
+            "requests": fetcher.requests,
+            "bytes_fetched": fetcher.bytes_fetched,
+            "cached_bytes": fetcher.cached_bytes(),
+        }
 
     @property
     def paths(self) -> tuple[str, ...]:
@@ -258,6 +373,8 @@ class ArrayRecordDataSource(PerProcessHandles):
         return self._group_sizes
 
     def _reader(self, file_index: int) -> ArrayRecordReader:
+        if self._remote_files:
+            return self._fetch_state().reader(file_index)
         self._ensure_own_process()
         reader = self._readers[file_index]
         if reader is None:
@@ -284,6 +401,8 @@ class ArrayRecordDataSource(PerProcessHandles):
 
     def __getitem__(self, index: SupportsIndex) -> bytes:
         i = check_index(index, self._index.total)
+        if self._remote_files:
+            return self.__getitems__(np.array([i], dtype=np.int64))[0]
         if len(self._paths) == 1:
             return self._reader(0).read(i, i + 1)[0]
         file_index, position = self._index.locate(i)
@@ -297,6 +416,13 @@ class ArrayRecordDataSource(PerProcessHandles):
         ``read(list)`` per file.
         """
         array = as_index_array(indices, self._index.total)
+        if self._remote_files:
+            files, positions = self._index.locate_many(array)
+            with self._fetch_state().hold(files, positions):
+                file_list = files.tolist()
+                reads = {f: self._reader(f).read for f in set(file_list)}
+                pairs = zip(file_list, positions.tolist(), strict=True)
+                return [reads[f](p, p + 1)[0] for f, p in pairs]
         if len(self._paths) == 1:
             read = self._reader(0).read
             return [read(i, i + 1)[0] for i in array.tolist()]

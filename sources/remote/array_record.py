@@ -1,0 +1,455 @@
+"""ArrayRecord files in an object store, read by ranged requests.
+
+Route. array_record's reader only opens local paths, and it must stay the one that
+decodes records. So each remote file gets a local *sparse* stand-in of the same size
+(:mod:`.cache`): its head and its index are written at their offsets, the reader opens
+it, and before any read the byte ranges of the chunks that hold the records asked for
+are fetched with ranged requests and written at their offsets. The reader then reads
+them as from the real file. The chunk index (which records each chunk holds, where it
+lies) is read once per file from its last bytes (:mod:`.chunk_index`), in the process
+that builds the source, and travels to worker processes in the pickled source: workers
+never read an index again. The head and index bytes are kept in ``cache_dir`` for the
+workers' sparse files, so they do not fetch them either.
+
+Fetching. One ``__getitems__`` call (a whole work unit) fetches every missing chunk of
+its records at once: ranges of neighbouring chunks are coalesced (gaps under
+:data:`COALESCE_GAP` are fetched too, since a byte costs less than a request), and all
+ranges of all files go out in one concurrent ``cat_ranges`` call (fsspec bounds its
+concurrency). :meth:`RemoteFiles.prefetch` fetches the chunks of records to come in a
+background thread, so a caller that knows the sampler's next positions hides the
+latency entirely.
+
+Whole file or ranges. A file is downloaded whole at its first read when that costs
+about as much as a few requests: when ``size <= WHOLE_FILE_ROUND_TRIPS * latency *
+bandwidth``, with the latency measured on the index requests and the bandwidth on the
+larger fetches (100 MB/s until measured), and the file fits in a quarter of the cache.
+``whole_file_bytes`` overrides the rule (0: never).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from . import urls
+from .cache import Budget, SparseFile
+from .chunk_index import BLOCK, ChunkIndex, NotAnIndexError, parse, tail_start
+
+COALESCE_GAP = 64 << 10
+"""Neighbouring ranges closer than this many bytes are fetched as one."""
+
+MAX_RANGE = 16 << 20
+"""The largest single ranged request (a whole-file download is cut in such parts)."""
+
+TAIL_GUESS = 256 << 10
+"""Bytes read from a file's end to find its index in one request (a bigger index takes a second)."""
+
+WHOLE_FILE_ROUND_TRIPS = 8
+"""A file no bigger than this many round trips' worth of bytes is downloaded whole."""
+
+_DEFAULT_BANDWIDTH = 100e6
+_SIGNATURE = 64  # A block header and an empty chunk header open every Riegeli file.
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoteOptions:
+    """How ArrayRecord files given as URLs are read.
+
+    Attributes:
+        storage_options: Passed to the fsspec file system unchanged (``endpoint_url``,
+            ``anon``, ``token``, ``client_kwargs``, ...); credentials are otherwise found
+            by the store's client as usual.
+        cache_dir: Where the sparse local files go (default: the temp dir's
+            ``granary-remote``); put it on a local disk that can punch holes.
+        cache_bytes: The most bytes of fetched chunks kept per process (index bytes
+            aside); older chunks are evicted first.
+        whole_file_bytes: Download a file whole when it is at most this big; None
+            decides by the measured rule (module docstring), 0 never.
+        index_cache: A path or URL of a JSON file holding the listing and the chunk
+            index of every file. When it exists the source starts without a single
+            request; when it does not, the first process to build the source writes
+            it. Delete it when the files change.
+        retries: Attempts per request before a transient failure is an error.
+    """
+
+    storage_options: Mapping[str, Any] | None = None
+    cache_dir: str | None = None
+    cache_bytes: int = 4 << 30
+    whole_file_bytes: int | None = None
+    index_cache: str | None = None
+    retries: int = urls.RETRIES
+
+    def __post_init__(self) -> None:
+        if isinstance(self.cache_bytes, bool) or not isinstance(self.cache_bytes, int) or self.cache_bytes < 0:
+            raise ValueError(f"cache_bytes is {self.cache_bytes!r}; pass a byte count >= 0")
+        if self.whole_file_bytes is not None and (
+            isinstance(self.whole_file_bytes, bool)
+            or not isinstance(self.whole_file_bytes, int)
+            or self.whole_file_bytes < 0
+        ):
+            raise ValueError(
+                f"whole_file_bytes is {self.whole_file_bytes!r}; pass a byte count >= 0, or "
+                "None to decide by measurement"
+            )
+        if not isinstance(self.retries, int) or self.retries < 1:
+            raise ValueError(f"retries is {self.retries!r}; pass a count >= 1")
+
+    def directory(self) -> str:
+        return self.cache_dir or os.path.join(tempfile.gettempdir(), "granary-remote")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RemoteFile:
+    """One remote ArrayRecord file as the source knows it (pickled to workers)."""
+
+    url: str
+    index: ChunkIndex
+
+    @property
+    def key(self) -> str:
+        """A file name for its cached bytes: the URL and size, hashed."""
+        return hashlib.sha256(f"{self.url}\0{self.index.size}".encode()).hexdigest()[:32]
+
+
+@dataclasses.dataclass
+class Link:
+    """Measured request latency and bandwidth, for the whole-file rule."""
+
+    latency_s: float = 0.0
+    bandwidth: float = _DEFAULT_BANDWIDTH
+
+    def whole_file_limit(self) -> int:
+        return int(WHOLE_FILE_ROUND_TRIPS * self.latency_s * self.bandwidth)
+
+
+def _edges(index: ChunkIndex) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The head (before the first chunk) and the tail (index and postscript) ranges."""
+    return (0, int(index.offsets[0])), (int(index.offsets[-1]), index.size)
+
+
+def load_files(
+    urls_and_sizes: Sequence[tuple[str, int]], options: RemoteOptions
+) -> tuple[list[RemoteFile], Link]:
+    """Reads the chunk index of every file: one concurrent request per file (two for an
+    index larger than :data:`TAIL_GUESS`), and keeps each file's head and tail bytes in
+    ``cache_dir`` for worker processes."""
+    link = Link()
+    if not urls_and_sizes:
+        return [], link
+    fs, _ = urls.filesystem(urls_and_sizes[0][0], options.storage_options)
+    inner = {url: fs._strip_protocol(url) for url, _ in urls_and_sizes}
+    url_of = {path: url for url, path in inner.items()}
+    for url, size in urls_and_sizes:
+        if size < BLOCK or size % BLOCK:
+            raise ValueError(
+                f"{url!r} ({size} bytes) is not an ArrayRecord file (its size is not a whole "
+                "number of 64 KiB blocks); remove it from paths or rewrite it with "
+                "write_array_record"
+            )
+    starts = [tail_start(size, TAIL_GUESS) for _, size in urls_and_sizes]
+    # The first file alone first: its request time is the latency the whole-file rule uses.
+    began = time.perf_counter()
+    first = urls.fetch_ranges(
+        fs, url_of, [inner[urls_and_sizes[0][0]]], starts[:1], [urls_and_sizes[0][1]],
+        retries=options.retries,
+    )
+    link.latency_s = time.perf_counter() - began
+    rest = urls.fetch_ranges(
+        fs, url_of, [inner[u] for u, _ in urls_and_sizes[1:]], starts[1:],
+        [s for _, s in urls_and_sizes[1:]], retries=options.retries,
+    )
+    files = []
+    signature: bytes | None = None  # The first 64 bytes, the same in every Riegeli file.
+    for (url, size), start, tail in zip(urls_and_sizes, starts, [*first, *rest], strict=True):
+        try:
+            index = _parse_or_refetch(fs, url, inner[url], url_of, tail, start, size, options)
+        except NotAnIndexError as error:
+            raise ValueError(
+                f"{url!r} is not a readable ArrayRecord file ({error}); rewrite it with "
+                "write_array_record"
+            ) from None
+        file = RemoteFile(url, index)
+        (head_start, head_end), (tail_from, _) = _edges(index)
+        if head_start >= start:
+            head = tail[head_start - start : head_end - start]
+        elif head_end == len(signature or b""):
+            head = signature  # type: ignore[assignment]
+        else:
+            head = urls.fetch_ranges(fs, url_of, [inner[url]], [head_start], [head_end])[0]
+        if head_end == _SIGNATURE:
+            signature = head
+        whole_tail = tail[tail_from - start :] if tail_from >= start else None
+        if whole_tail is not None:
+            _store_edges(options.directory(), file, head, whole_tail)
+        files.append(file)
+    return files, link
+
+
+def _parse_or_refetch(
+    fs: Any, url: str, path: str, url_of: Mapping[str, str], tail: bytes, start: int,
+    size: int, options: RemoteOptions,
+) -> ChunkIndex:
+    from .chunk_index import footer_offset
+
+    footer = footer_offset(tail, size)
+    if footer < start:  # An index larger than the guess: read it whole.
+        tail = urls.fetch_ranges(fs, url_of, [path], [footer], [size], retries=options.retries)[0]
+        start = footer
+    return parse(tail, start, size)
+
+
+def _edges_path(directory: str, file: RemoteFile) -> str:
+    return os.path.join(directory, "index", file.key + ".edges")
+
+
+def _store_edges(directory: str, file: RemoteFile, head: bytes, tail: bytes) -> None:
+    path = _edges_path(directory, file)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    temporary = f"{path}.{os.getpid()}.tmp"
+    with open(temporary, "wb") as out:
+        out.write(len(head).to_bytes(8, "little") + head + tail)
+    os.replace(temporary, path)
+
+
+def _load_edges(directory: str, file: RemoteFile) -> tuple[bytes, bytes] | None:
+    try:
+        with open(_edges_path(directory, file), "rb") as stored:
+            data = stored.read()
+    except OSError:
+        return None
+    (_, head_end), (tail_from, size) = _edges(file.index)
+    n = int.from_bytes(data[:8], "little")
+    head, tail = data[8 : 8 + n], data[8 + n :]
+    if len(head) != head_end or len(tail) != size - tail_from:
+        return None
+    return head, tail
+
+
+def read_index_cache(location: str, options: RemoteOptions) -> dict[str, Any] | None:
+    """The index cache's contents, None when it does not exist yet."""
+    try:
+        with urls.open_path(location, "rb", options.storage_options if urls.is_url(location) else None) as f:
+            return json.loads(f.read())
+    except FileNotFoundError:
+        return None
+
+
+def write_index_cache(
+    location: str, patterns: Sequence[str], files: Sequence[RemoteFile], options: RemoteOptions
+) -> None:
+    """Writes the listing and indices (atomically for a local path)."""
+    data = json.dumps(
+        {
+            "version": 1,
+            "patterns": list(patterns),
+            "files": [{"url": f.url, **f.index.to_json()} for f in files],
+        }
+    ).encode()
+    if urls.is_url(location):
+        with urls.open_path(location, "wb", options.storage_options) as out:
+            out.write(data)
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(location)), exist_ok=True)
+    temporary = f"{location}.{os.getpid()}.tmp"
+    with open(temporary, "wb") as out:
+        out.write(data)
+    os.replace(temporary, location)
+
+
+def files_from_cache(data: Mapping[str, Any], patterns: Sequence[str]) -> list[RemoteFile] | None:
+    """The files an index cache holds, when it was written for ``patterns``."""
+    if data.get("version") != 1 or list(data.get("patterns", ())) != list(patterns):
+        return None
+    return [RemoteFile(entry["url"], ChunkIndex.from_json(entry)) for entry in data["files"]]
+
+
+class RemoteFiles:
+    """The sparse files, readers and fetching of one process (never pickled).
+
+    Args:
+        files: The remote files, in the source's order.
+        options: Cache and request settings.
+        link: The latency and bandwidth measured where the indices were read.
+        open_reader: Opens array_record's reader on a local path.
+    """
+
+    def __init__(
+        self, files: Sequence[RemoteFile], options: RemoteOptions, link: Link, open_reader: Any
+    ) -> None:
+        self._files = list(files)
+        self._options = options
+        self._link = dataclasses.replace(link)
+        self._open_reader = open_reader
+        self._fs, _ = urls.filesystem(files[0].url, options.storage_options)
+        self._paths = [self._fs._strip_protocol(f.url) for f in files]
+        self._url_of = dict(zip(self._paths, (f.url for f in files), strict=True))
+        self._sparse: list[SparseFile | None] = [None] * len(files)
+        self._readers: list[Any] = [None] * len(files)
+        self._budget = Budget(options.cache_bytes)
+        self._lock = threading.RLock()
+        self._prefetcher: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pending: list[concurrent.futures.Future[None]] = []
+        self.requests = 0
+        self.bytes_fetched = 0
+
+    # -- reading ---------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def hold(self, files: np.ndarray, positions: np.ndarray) -> Iterator[None]:
+        """Makes the chunks of these records present and pinned while the block runs."""
+        with self._lock:
+            keys = self._fetch(files, positions)
+            self._budget.pin(keys)
+        try:
+            yield
+        finally:
+            self._budget.unpin(keys)
+
+    def reader(self, file_index: int) -> Any:
+        reader = self._readers[file_index]
+        if reader is None:
+            with self._lock:
+                self._sparse_file(file_index)
+                reader = self._readers[file_index]
+        return reader
+
+    def prefetch(self, files: np.ndarray, positions: np.ndarray) -> None:
+        """Fetches these records' chunks in the background (for records to come)."""
+        with self._lock:
+            if self._prefetcher is None:
+                self._prefetcher = concurrent.futures.ThreadPoolExecutor(1, "granary-prefetch")
+            self._pending = [f for f in self._pending if not f.done()]
+            if len(self._pending) >= 4:  # Bounded: never more than a few batches ahead.
+                return
+            self._pending.append(self._prefetcher.submit(self._prefetch, files, positions))
+
+    def _prefetch(self, files: np.ndarray, positions: np.ndarray) -> None:
+        with contextlib.suppress(Exception), self._lock:  # A real read retries and reports.
+            self._fetch(files, positions)
+
+    def _fetch(self, files: np.ndarray, positions: np.ndarray) -> list[tuple[SparseFile, int]]:
+        keys: list[tuple[SparseFile, int]] = []
+        owners: list[int] = []
+        paths: list[str] = []
+        starts: list[int] = []
+        ends: list[int] = []
+        spans: list[tuple[SparseFile, int, int]] = []  # (file, first chunk, last chunk + 1)
+        for f in np.unique(files).tolist():
+            sparse = self._sparse_file(f)
+            index = self._files[f].index
+            chunks = np.unique(index.chunks_of(positions[files == f]))
+            keys.extend((sparse, c) for c in chunks.tolist())
+            present = np.frombuffer(sparse.present, dtype=np.uint8)
+            if not present.any() and self._whole(index.size):
+                missing = np.arange(index.num_chunks)
+            else:
+                missing = chunks[present[chunks] == 0]
+            for first, last in _coalesce(index.offsets, missing):
+                for start in range(int(index.offsets[first]), int(index.offsets[last]), MAX_RANGE):
+                    owners.append(f)
+                    paths.append(self._paths[f])
+                    starts.append(start)
+                    ends.append(min(start + MAX_RANGE, int(index.offsets[last])))
+                spans.append((sparse, first, last))
+        if paths:
+            began = time.perf_counter()
+            data = urls.fetch_ranges(
+                self._fs, self._url_of, paths, starts, ends, retries=self._options.retries
+            )
+            self._measure(sum(len(d) for d in data), time.perf_counter() - began)
+            self.requests += len(paths)
+            for f, start, piece in zip(owners, starts, data, strict=True):
+                self._sparse_file(f).write(start, piece)
+            for sparse, first, last in spans:
+                for c in range(first, last):
+                    if not sparse.present[c]:
+                        sparse.present[c] = 1
+                        self._budget.add(sparse, c, sparse.offsets[c + 1] - sparse.offsets[c])
+        for sparse, c in keys:
+            self._budget.touch(sparse, c)
+        self._budget.pin(keys)
+        try:
+            self._budget.make_room()
+        finally:
+            self._budget.unpin(keys)
+        return keys
+
+    def _whole(self, size: int) -> bool:
+        if size > self._options.cache_bytes // 4:
+            return False
+        if self._options.whole_file_bytes is not None:
+            return size <= self._options.whole_file_bytes
+        return size <= self._link.whole_file_limit()
+
+    def _measure(self, nbytes: int, seconds: float) -> None:
+        self.bytes_fetched += nbytes
+        if nbytes >= 1 << 20 and seconds > self._link.latency_s:
+            measured = nbytes / (seconds - self._link.latency_s)
+            self._link.bandwidth = 0.5 * self._link.bandwidth + 0.5 * measured
+
+    def _sparse_file(self, f: int) -> SparseFile:
+        sparse = self._sparse[f]
+        if sparse is not None:
+            return sparse
+        file = self._files[f]
+        directory = self._options.directory()
+        os.makedirs(directory, exist_ok=True)
+        edges = _load_edges(directory, file)
+        (head_start, head_end), (tail_from, size) = _edges(file.index)
+        if edges is None:
+            head, tail = urls.fetch_ranges(
+                self._fs, self._url_of, [self._paths[f]] * 2, [head_start, tail_from],
+                [head_end, size], retries=self._options.retries,
+            )
+            self.requests += 2
+        else:
+            head, tail = edges
+        sparse = SparseFile(
+            os.path.join(directory, f"{file.key}.{os.getpid()}.{id(self):x}.array_record"),
+            size, file.index.offsets.tolist(),
+        )
+        sparse.write(head_start, head)
+        sparse.write(tail_from, tail)
+        self._readers[f] = self._open_reader(sparse.path)
+        self._sparse[f] = sparse
+        return sparse
+
+    def cached_bytes(self) -> int:
+        """Disk bytes the chunks fetched take now (holes and index bytes aside)."""
+        return self._budget.used
+
+    def close(self) -> None:
+        if self._prefetcher is not None:
+            self._prefetcher.shutdown(wait=True, cancel_futures=True)
+            self._prefetcher = None
+        for i, reader in enumerate(self._readers):
+            if reader is not None:
+                reader.close()
+                self._readers[i] = None
+        for i, sparse in enumerate(self._sparse):
+            if sparse is not None:
+                self._budget.forget(sparse)
+                sparse.close()
+                self._sparse[i] = None
+
+
+def _coalesce(offsets: np.ndarray, chunks: np.ndarray) -> list[tuple[int, int]]:
+    """Runs ``[first, last)`` of chunks to fetch, neighbours closer than COALESCE_GAP joined."""
+    runs: list[tuple[int, int]] = []
+    for c in np.sort(chunks).tolist():
+        if runs and offsets[c] - offsets[runs[-1][1]] < COALESCE_GAP:
+            runs[-1] = (runs[-1][0], c + 1)
+        else:
+            runs.append((c, c + 1))
+    return runs

@@ -1,0 +1,156 @@
+"""A real S3-protocol server on 127.0.0.1 (moto), and a proxy in front of it that adds
+latency, drops connections or answers with an error, for the object-store tests and
+the benchmark."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import socketserver
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+BUCKET = "data"
+CREDENTIALS = {"key": "testing", "secret": "testing"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def s3_server() -> Iterator[str]:
+    """Starts moto's S3 server on a free port; yields its endpoint URL; stops it."""
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+def storage_options(endpoint: str, **more: Any) -> dict[str, Any]:
+    """s3fs options for the local server: fixed credentials, no retries of s3fs's own
+    (the reader's retries are what the tests look at)."""
+    return {
+        **CREDENTIALS,
+        "endpoint_url": endpoint,
+        "client_kwargs": {"region_name": "us-east-1"},
+        "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 2, "read_timeout": 5},
+        "skip_instance_cache": True,
+        **more,
+    }
+
+
+def make_bucket(endpoint: str, files: dict[str, str]) -> None:
+    """Creates the bucket and uploads local ``files`` (key -> local path)."""
+    import boto3
+
+    client = boto3.client(
+        "s3", endpoint_url=endpoint, region_name="us-east-1",
+        aws_access_key_id=CREDENTIALS["key"], aws_secret_access_key=CREDENTIALS["secret"],
+    )
+    with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
+        client.create_bucket(Bucket=BUCKET)
+    for key, path in files.items():
+        client.upload_file(path, BUCKET, key)
+
+
+class FaultProxy:
+    """A TCP proxy that counts requests and injects faults.
+
+    Attributes:
+        latency_s: Added before each request is forwarded.
+        drop: How many coming requests to answer by closing the connection.
+        status: When set (e.g. ``403``), every request gets this HTTP error.
+        requests: Requests seen (each chunk of bytes from a client counts as one).
+    """
+
+    def __init__(self, target: str) -> None:
+        host, port = target.rsplit("//", 1)[1].split(":")
+        self.target = (host, int(port))
+        self.latency_s = 0.0
+        self.drop = 0
+        self.status: int | None = None
+        self.requests = 0
+        self.ranged = 0
+        self._lock = threading.Lock()
+        proxy = self
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                proxy._serve(self.request)
+
+        class Server(socketserver.ThreadingTCPServer):
+            daemon_threads = True
+            allow_reuse_address = True
+
+        self._server = Server(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def __enter__(self) -> FaultProxy:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def _serve(self, client: socket.socket) -> None:
+        upstream = socket.create_connection(self.target)
+        pump = threading.Thread(target=_pump, args=(upstream, client), daemon=True)
+        pump.start()
+        try:
+            while True:
+                data = client.recv(1 << 16)
+                if not data:
+                    break
+                if data[:4] in (b"GET ", b"PUT ", b"HEAD", b"POST", b"DELE"):
+                    with self._lock:
+                        self.requests += 1
+                        self.ranged += b"\r\nrange:" in data.lower()
+                        drop, self.drop = self.drop > 0, max(self.drop - 1, 0)
+                    if drop:
+                        break
+                    if self.status is not None:
+                        client.sendall(_error(self.status))
+                        break
+                    if self.latency_s:
+                        time.sleep(self.latency_s)
+                upstream.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (client, upstream):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+                s.close()
+
+
+def _pump(source: socket.socket, sink: socket.socket) -> None:
+    try:
+        while data := source.recv(1 << 16):
+            sink.sendall(data)
+    except OSError:
+        pass
+
+
+def _error(status: int) -> bytes:
+    code, reason = {403: ("AccessDenied", "Forbidden"), 503: ("SlowDown", "Slow Down")}[status]
+    body = (
+        f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code>'
+        f"<Message>{reason}</Message></Error>"
+    ).encode()
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/xml\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    return head + body

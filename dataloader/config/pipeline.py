@@ -24,6 +24,7 @@ the returned :class:`PipelineConfig` builds the loader::
       stall_warning_s: 60            # log a unit stuck this long in a worker (null: never)
       unit_timeout_s: null           # a unit stuck this long is an error (null: never)
       read_options: {num_threads: 0, prefetch_buffer_size: 2}
+      end: null                      # pad (or {lookahead: 8, mask_key: mask}): finite data ends on one step on every host
     device:                          # the device queue (device_prefetch)
       enabled: false
       cpu_buffer_size: 2
@@ -54,6 +55,7 @@ from dataloader.config import checks as check
 from dataloader.config.import_path import ImportPathError, resolve_import
 from dataloader.config.operations import build_operations
 from dataloader.config.overrides import apply_overrides
+from dataloader.engine.stages.finite import PadEnd
 from dataloader.errors import ConfigError
 from dataloader.loader import DataLoader
 from dataloader.options import DEFAULT_STALL_WARNING_S, AutoWorkers, ReadOptions
@@ -109,7 +111,8 @@ class SamplerConfig:
 
 @dataclasses.dataclass(frozen=True)
 class LoaderConfig:
-    """``loader:``: worker processes and buffers (none of it changes the output)."""
+    """``loader:``: worker processes and buffers (none of it changes the output), and
+    ``end`` (``DataLoader(end=...)``: pad the last batches so every host stops together)."""
 
     worker_count: int | AutoWorkers = 0
     worker_buffer_size: int = 2
@@ -117,6 +120,7 @@ class LoaderConfig:
     read_options: ReadOptions = dataclasses.field(default_factory=ReadOptions)
     stall_warning_s: float | None = DEFAULT_STALL_WARNING_S
     unit_timeout_s: float | None = None
+    end: PadEnd | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,6 +182,7 @@ class PipelineConfig:
             warm_start=self.loader.warm_start,
             stall_warning_s=self.loader.stall_warning_s,
             unit_timeout_s=self.loader.unit_timeout_s,
+            end=self.loader.end,
         )
 
     def build_iterator(self, loader: DataLoader | None = None, state: Any = None) -> Any:
@@ -285,7 +290,7 @@ def _loader(section: Any) -> LoaderConfig:
         where,
         section,
         ("worker_count", "auto_workers", "worker_buffer_size", "warm_start", "stall_warning_s",
-         "unit_timeout_s", "read_options"),
+         "unit_timeout_s", "read_options", "end"),
     )
     workers = _worker_count(where, section)
     buffer = check.integer(f"{where}.worker_buffer_size", section.get("worker_buffer_size", 2), low=1)
@@ -311,7 +316,23 @@ def _loader(section: Any) -> LoaderConfig:
         read_options = ReadOptions(**read)
     except ValueError as error:
         raise check.fail(f"{where}.read_options", str(error)) from None
-    return LoaderConfig(workers, buffer, warm, read_options, stall, timeout)
+    return LoaderConfig(workers, buffer, warm, read_options, stall, timeout, _end(f"{where}.end", section.get("end")))
+
+
+def _end(where: str, value: Any) -> PadEnd | None:
+    """``end``: null, ``pad``, or a mapping of :class:`~dataloader.PadEnd` fields."""
+    if value is None:
+        return None
+    if value == "pad":
+        return PadEnd()
+    if not isinstance(value, Mapping):
+        raise check.fail(where, f"expected null, pad or a mapping {{lookahead: 8, mask_key: mask}}, got {value!r}")
+    settings = check.mapping(where, value)
+    check.known_keys(where, settings, ("lookahead", "mask_key"))
+    try:
+        return PadEnd(**settings)
+    except (TypeError, ValueError) as error:
+        raise check.fail(where, str(error)) from None
 
 
 def _worker_count(where: str, section: dict[str, Any]) -> int | AutoWorkers:

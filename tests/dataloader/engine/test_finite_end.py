@@ -351,3 +351,59 @@ def _states_and_outputs(h, hosts, ops, exchange):
         states.append(it.get_state())
     assert all(len(repr(s)) < 2000 for s in states)
     return states, out
+
+
+# --- configs -----------------------------------------------------------------------
+
+
+def config(end):
+    return {
+        "source": {"kind": "dataloader.sources.RangeDataSource", "options": {"start": 9}},
+        "sampler": {"num_epochs": 1, "sharding": {"shard_index": 1, "shard_count": 2}},
+        "operations": [{"map": "tests.dataloader.engine.test_finite_end.as_dict"}, {"batch": {"batch_size": 4}}],
+        "loader": {"end": end},
+    }
+
+
+@pytest.mark.parametrize("end", ["pad", {"lookahead": 2, "mask_key": "real"}])
+def test_a_config_pads_the_end_with_loader_end(end):
+    from dataloader.config import parse_config
+
+    loader = parse_config(config(end)).build_loader()
+    key = "mask" if end == "pad" else "real"
+    assert [b[key].tolist() for b in loader] == [[True] * 4, [False] * 4]
+    assert loader.end == (PadEnd() if end == "pad" else PadEnd(lookahead=2, mask_key="real"))
+
+
+@pytest.mark.parametrize(("end", "match"), [
+    ("stop", "loader.end: expected null, pad or a mapping"),
+    ({"lookahead": 0}, "loader.end: PadEnd.lookahead must be an integer >= 1, got 0"),
+    ({"look": 2}, "loader.end"),
+])
+def test_a_config_with_a_bad_end_names_the_key(end, match):
+    from dataloader.config import parse_config
+
+    with pytest.raises(dl.ConfigError, match=match):
+        parse_config(config(end))
+
+
+def test_a_config_without_end_keeps_the_short_last_batch():
+    from dataloader.config import parse_config
+
+    loader = parse_config(config(None)).build_loader()
+    assert [b["x"].tolist() for b in loader] == [[1, 3, 5, 7]]
+
+
+def test_worker_processes_give_the_same_padded_steps():
+    ops = [dl.MapTransform(as_dict), dl.FilterTransform(keep), dl.Batch(4)]
+    runs, _ = run_agreed(2, ops, lookahead=3)
+    group = Hosts(2)
+
+    def host(h):
+        it = loader(h, 2, ops, exchange=group.exchange(h), lookahead=3, worker_count=1).iterator()
+        try:
+            return outputs(it)
+        finally:
+            it.close()
+
+    assert group.run(host) == [outputs(r) for r in runs]

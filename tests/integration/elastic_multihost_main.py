@@ -1,0 +1,65 @@
+"""One JAX process of an elastic run (test_elastic_multihost.py): restore, step, save.
+
+The process reads its shard (``jax.process_index()`` of ``jax.process_count()``) of a
+pipeline of ``tests/dataloader/engine/elastic_cases.py``. With ``--restore`` it first
+reads every old process's state from that step of the Orbax checkpoint (the files
+``process_<i>-of-<n>.json`` the old processes wrote) and restores elastically; it then
+takes ``--steps`` steps (-1: to the end), saves with Orbax at step ``--save`` (if
+given), and writes the record ids it used to ``--out``.
+
+    python elastic_multihost_main.py --process-id 0 --processes 3 --port 12345 \\
+        --pipeline filter --ckpt DIR --restore 3 --steps 2 --save 5 --out p0.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import jax
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    for name in ("--process-id", "--processes", "--port", "--steps"):
+        parser.add_argument(name, type=int, required=True)
+    parser.add_argument("--restore", type=int, default=None)
+    parser.add_argument("--save", type=int, default=None)
+    parser.add_argument("--pipeline", required=True)
+    parser.add_argument("--ckpt", required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{args.port}", num_processes=args.processes,
+                               process_id=args.process_id, initialization_timeout=60)
+    import orbax.checkpoint as ocp
+
+    import dataloader as dl
+    from tests.dataloader.engine.elastic_cases import make_loader, record_ids
+
+    loader = make_loader(args.pipeline, jax.process_index(), jax.process_count())
+    if args.restore is None:
+        it = iter(loader)
+    else:
+        files = sorted((Path(args.ckpt) / str(args.restore) / "data").glob("process_*-of-*.json"))
+        it = dl.elastic_iterator(loader, [json.loads(f.read_text()) for f in files])
+    used: list[int] = []
+    taken = 0
+    while args.steps < 0 or taken < args.steps:
+        try:
+            used += record_ids(args.pipeline, next(it))
+        except StopIteration:
+            break
+        taken += 1
+    if args.save is not None:
+        with ocp.CheckpointManager(args.ckpt) as mngr:
+            mngr.save(args.save, args=ocp.args.Composite(data=dl.CheckpointSave(it)))
+            mngr.wait_until_finished()
+    with open(args.out, "w") as f:
+        json.dump({"ids": used, "state": it.get_state()}, f)
+    it.close()
+    jax.distributed.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,10 +1,13 @@
 """Element-wise calls (map, random map, filter, flat map, batch) at the iterator level.
 
 Chained after an iterator-level stage (packing, interleaving, a user's dataset, ...),
-``map``/``filter``/``batch`` cannot run on the engine, which computes positions; they
-run in the consumer's process on the ordered stream of the parent, through the stage
-iterators of :mod:`dataloader.engine.stages.elementwise` (which say how states and
-random generators work there).
+``map``/``filter``/``batch`` cannot run on the engine, which computes positions. Under
+``mp_prefetch`` (or ``GRANARY_WORKER_COUNT``) the element-wise calls run on the worker
+pool, unit by unit over the parent's ordered stream
+(:mod:`dataloader.dataset.transformations.pooled`); otherwise they run in the
+consumer's process, element by element, through the stage iterators of
+:mod:`dataloader.engine.stages.elementwise` (which say how states and random
+generators work there). A batch stays in the consumer's process on the ordered stream.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from dataloader.dataset.base import DatasetIterator, IterDataset
-from dataloader.dataset.context import inherited_options
+from dataloader.dataset.context import inherited_options, inherited_workers
 from dataloader.engine.stages.elementwise import BatchIterator, ElementwiseIterator
 from dataloader.engine.stats import FilterWatch
 from dataloader.operations import (
@@ -64,8 +67,16 @@ class ElementwiseIterDataset(IterDataset):
         self.ops = ops
         self.reshapes = any(op.reshapes for op in ops)
 
-    def __iter__(self) -> ElementwiseIterator:
-        return ElementwiseIterator(iter(self._parent), self.ops, watch=self._filter_watch())
+    def __iter__(self) -> DatasetIterator:
+        from dataloader.dataset.transformations.pooled import PooledElementwiseIterator, can_ship
+
+        found = inherited_workers()
+        parent = iter(self._parent)
+        if found is not None and can_ship(self.ops):
+            # Under mp_prefetch (0 workers included): unit by unit, on the pool.
+            options, init_fn = found
+            return PooledElementwiseIterator(parent, self.ops, options, init_fn, watch=self._filter_watch())
+        return ElementwiseIterator(parent, self.ops, watch=self._filter_watch())
 
     def _filter_watch(self) -> FilterWatch | None:
         """Grain's filter thresholds over this stage."""

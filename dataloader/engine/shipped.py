@@ -1,0 +1,326 @@
+"""Units whose inputs the parent ships: element-wise work after a stage that only iterates.
+
+A stage that has no random-access form (a packer, a window shuffle, a mix at the
+iterator level, a user's ``IterDataset``, a gzip TFRecord stream) can only be iterated,
+in order, in the training process. The element-wise operations chained after it still
+run on the worker pool: the parent iterates the stage (cheap), cuts its elements into
+units of ``unit_size`` consecutive elements (a size that does not depend on the worker
+count), and ships each unit's elements to the worker that computes it. So position
+``p`` of such a stream is its ``p``-th element, and a unit is computed by the very
+function that computes every unit (:func:`~dataloader.engine.compute.compute_unit`):
+the output, the random generators (keyed by ``p``), the errors and the crash recovery
+are those of any other unit.
+
+How the elements travel: the parent pickles a unit's elements once (protocol 5, numpy
+payloads out of band) into a ``memfd`` of its own, and notes ``(start, count, fd)`` in a
+small shared table (:class:`ShippedInputs`). A worker asked for positions ``[start,
+stop)`` looks the unit up in the table and maps the parent's ``memfd`` through
+``/proc/<parent>/fd/<fd>``, copy on write (so user code may write into the arrays it
+receives). Nothing has a name: when the parent ends, however it ends, the kernel frees
+the memory. The parent keeps a unit's elements until the consumer has taken its result,
+so a unit lost with a killed worker is sent again over the same elements.
+
+In the training process (``worker_count=0``) the same table hands out the elements
+themselves, without pickling.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import pickle
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from dataloader.engine.plan import ELEMENTS, Plan, Step
+from dataloader.engine.sizing import Units
+from dataloader.operations import Operation
+from dataloader.operations.transforms import resolve_seed
+from dataloader.samplers import ShardOptions
+
+# Units alive at once (in flight, buffered, being handed out) stay far below this; the
+# table is keyed by unit number modulo it.
+_SLOTS = 4096
+_ALIGN = 64
+_HEAD = 16  # two int64: number of buffers, length of the pickle header
+
+
+def _round_up(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+class ElementOrder:
+    """The sampler of a shipped stream: position ``p`` is the stream's element ``p``.
+
+    It follows the :class:`~dataloader.samplers.Sampler` protocol with an endless
+    stream (the upstream ends it) and no shuffle: the positions are the keys of the
+    random generators, as for the same operations run element by element.
+    """
+
+    num_records = 0
+    shuffle = False
+    seed = None
+    num_epochs = None
+    shard_options = ShardOptions(0, 1)
+    index_map_signature = "elements of an iterated stream"
+    num_positions = None
+
+    def record_keys(self, positions: Any) -> np.ndarray:
+        return np.asarray(positions, dtype=np.int64)
+
+    def global_positions(self, positions: Any) -> np.ndarray:
+        return np.asarray(positions, dtype=np.int64)
+
+    def with_shard_options(self, shard_options: ShardOptions) -> ElementOrder:
+        return self
+
+
+def write_elements(elements: list[Any]) -> tuple[int, int]:
+    """Pickles ``elements`` into a new ``memfd``; returns its descriptor and size.
+
+    Layout: the number of out-of-band buffers and the header's length (two int64), one
+    ``(offset, length)`` pair per buffer, the pickle header, then each buffer, aligned.
+    """
+    buffers: list[pickle.PickleBuffer] = []
+    header = pickle.dumps(elements, protocol=5, buffer_callback=buffers.append)
+    raws = [b.raw() for b in buffers]
+    table = np.empty((len(raws), 2), dtype=np.int64)
+    offset = _round_up(_HEAD + table.nbytes + len(header))
+    for i, raw in enumerate(raws):
+        table[i] = offset, raw.nbytes
+        offset = _round_up(offset + raw.nbytes)
+    size = max(offset, _ALIGN)
+    fd = os.memfd_create("granary-inputs", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, size)
+        with mmap.mmap(fd, size) as target:
+            target[0:_HEAD] = np.asarray([len(raws), len(header)], dtype=np.int64).tobytes()
+            at = _HEAD + table.nbytes
+            target[_HEAD:at] = table.tobytes()
+            target[at : at + len(header)] = header
+            for (start, n), raw in zip(table.tolist(), raws):
+                target[start : start + n] = raw.cast("B")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, size
+
+
+def read_elements(path: str) -> list[Any]:
+    """The elements :func:`write_elements` wrote, mapped copy on write from ``path``."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        mapped = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
+    finally:
+        os.close(fd)
+    base = np.frombuffer(mapped, dtype=np.uint8)
+    count, header_len = np.frombuffer(base[:_HEAD], dtype=np.int64).tolist()
+    at = _HEAD + 16 * count
+    table = np.frombuffer(base[_HEAD:at], dtype=np.int64).reshape(count, 2).tolist()
+    header = base[at : at + header_len].tobytes()
+    # The arrays view the mapping, which stays alive while one of them does.
+    return pickle.loads(header, buffers=[base[o : o + n] for o, n in table])
+
+
+class ShippedInputs:
+    """The data source of a shipped stream: the elements of the units alive.
+
+    In the parent, :meth:`put` adds a unit's elements (and ships them when
+    ``shared``), :meth:`drop` frees them. Pickled (for the workers) it keeps only the
+    parent's pid and the table's descriptor: a worker reads each unit from the parent's
+    shared memory.
+
+    Args:
+        unit_size: the grid of units (no unit crosses a multiple of it).
+        shared: ship units to other processes (worker pool), not only keep them here.
+    """
+
+    def __init__(self, unit_size: int, shared: bool) -> None:
+        self.unit_size = unit_size
+        self._local: dict[int, tuple[int, list[Any], int]] = {}  # key -> (start, elements, fd)
+        self._pid = os.getpid()
+        self._table_fd = -1
+        self._table: np.ndarray | None = None
+        self._mapped: Any = None
+        if shared:
+            self._table_fd = os.memfd_create("granary-input-table", os.MFD_CLOEXEC)
+            os.ftruncate(self._table_fd, _SLOTS * 3 * 8)
+            self._mapped = mmap.mmap(self._table_fd, _SLOTS * 3 * 8)
+            self._table = np.frombuffer(self._mapped, dtype=np.int64).reshape(_SLOTS, 3)
+            self._table[:] = -1
+
+    def __getstate__(self) -> dict[str, Any]:
+        if self._table_fd < 0:
+            raise TypeError("a ShippedInputs made with shared=False stays in its process")
+        return {"unit_size": self.unit_size, "pid": self._pid, "table_fd": self._table_fd}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.unit_size = state["unit_size"]
+        self._pid, self._table_fd = state["pid"], state["table_fd"]
+        self._local, self._table, self._mapped = {}, None, None
+
+    # -- the parent --------------------------------------------------------------------
+
+    def put(self, start: int, elements: list[Any]) -> None:
+        key = start // self.unit_size
+        if key in self._local:
+            raise AssertionError(f"unit at {start} is already stored")
+        fd = -1
+        if self._table is not None:
+            slot = key % _SLOTS
+            if self._table[slot, 0] >= 0 and self._table[slot, 0] // self.unit_size in self._local:
+                raise RuntimeError(f"more than {_SLOTS} units of shipped elements alive at once")
+            fd, _ = write_elements(elements)
+            self._table[slot] = start, len(elements), fd
+        self._local[key] = (start, elements, fd)
+
+    def drop(self, start: int) -> None:
+        entry = self._local.pop(start // self.unit_size, None)
+        if entry is not None and entry[2] >= 0:
+            os.close(entry[2])
+
+    def drop_all(self) -> None:
+        for _, _, fd in self._local.values():
+            if fd >= 0:
+                os.close(fd)
+        self._local.clear()
+
+    def close(self) -> None:
+        self.drop_all()
+        if self._table_fd >= 0 and self._mapped is not None:
+            self._table = None
+            self._mapped.close()
+            os.close(self._table_fd)
+            self._table_fd = -1
+
+    # -- the data source -----------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return 2**62  # an endless stream: the upstream ends it
+
+    def __getitem__(self, position: int) -> Any:
+        return self.__getitems__([position])[0]
+
+    def __getitems__(self, positions: Any) -> list[Any]:
+        positions = np.asarray(positions, dtype=np.int64)
+        if positions.size == 0:
+            return []
+        first, last = int(positions[0]), int(positions[-1])
+        key = first // self.unit_size
+        entry = self._local.get(key)
+        if entry is None and self._mapped is None and self._table_fd >= 0:
+            entry = self._fetch(key, first)
+        if entry is None:
+            raise LookupError(f"the elements of position {first} are no longer held (a stale unit)")
+        start, elements, _ = entry
+        if not start <= first <= last < start + len(elements):
+            raise LookupError(f"positions {first}..{last} are not in the unit at {start}")
+        if positions.size != last - first + 1:
+            return [elements[p - start] for p in positions.tolist()]
+        return elements[first - start : last - start + 1]
+
+    def _fetch(self, key: int, first: int) -> tuple[int, list[Any], int] | None:
+        """A worker: the unit's elements, read from the parent's shared memory."""
+        if self._table is None:
+            path = f"/proc/{self._pid}/fd/{self._table_fd}"
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                self._mapped_table = mmap.mmap(fd, _SLOTS * 3 * 8, prot=mmap.PROT_READ)
+            finally:
+                os.close(fd)
+            self._table = np.frombuffer(self._mapped_table, dtype=np.int64).reshape(_SLOTS, 3)
+        start, count, fd = self._table[key % _SLOTS].tolist()
+        if start < 0 or start // self.unit_size != key:
+            return None
+        elements = read_elements(f"/proc/{self._pid}/fd/{fd}")
+        if len(elements) != count:
+            return None  # the slot was reused while it was read: a stale unit
+        return start, elements, -1
+
+    def __repr__(self) -> str:
+        return f"ShippedInputs(unit_size={self.unit_size})"
+
+
+class Feeder:
+    """Reads the upstream iterator unit by unit, storing each unit's elements (and the
+    upstream's state before them) as the executor asks for the unit's range.
+
+    ``error``: the exception the upstream raised, at position ``error_at`` (the units
+    end before it; the consumer raises it once the elements before it are out).
+    """
+
+    def __init__(self, upstream: Any, inputs: ShippedInputs) -> None:
+        self.upstream = upstream
+        self.inputs = inputs
+        self.states: dict[int, Any] = {}  # unit start -> upstream state before it
+        self.error: BaseException | None = None
+        self._restore: list[Any] = []  # the upstream state to go back to, once
+
+    def restore(self, state: Any) -> None:
+        """Puts the upstream at ``state`` when the next stream of ranges is read: in the
+        thread that reads it (a pool reads ahead in a thread of its own, under its lock)."""
+        self._restore = [state]
+
+    def ranges(self, position: int) -> Iterator[tuple[int, int]]:
+        """The unit ranges from ``position`` on, reading the upstream as they are asked for.
+
+        Called by the executor's ``reset`` (under the pool's lock): the restore asked for
+        is bound here, to this stream, never to one the pool was still reading.
+        """
+        restore = self._restore[:1]
+        self._restore = []
+        return self._read(position, restore)
+
+    def _read(self, position: int, restore: list[Any]) -> Iterator[tuple[int, int]]:
+        step, start = self.inputs.unit_size, position
+        # Nothing of the previous stream is kept: its units will not be asked for again.
+        self.inputs.drop_all()
+        self.states.clear()
+        self.error = None
+        if restore:
+            self.upstream.set_state(restore[0])
+        while True:
+            before = self.upstream.get_state()
+            want = (start // step + 1) * step - start
+            elements: list[Any] = []
+            try:
+                for _ in range(want):
+                    elements.append(next(self.upstream))
+            except StopIteration:
+                want = -1
+            except Exception as exc:  # handed to the consumer at its place
+                self.error, want = exc, -1
+            if elements:
+                self.states[start] = before
+                self.inputs.put(start, elements)
+                yield start, start + len(elements)
+            if want < 0:
+                return
+            start += len(elements)
+
+
+class FedPlan(Plan):
+    """A plan whose units come from a :class:`Feeder` (the parent's copy; the workers
+    get the plain :class:`Plan` with the same source, steps and grid)."""
+
+    feeder: Any = None
+
+    def units(self, position: int) -> Units:
+        return Units(self.feeder.ranges(position))
+
+
+def shipped_plans(ops: tuple[Operation, ...], inputs: ShippedInputs, feeder: Feeder) -> tuple[Plan, Plan]:
+    """The parent's plan and the workers' plan for ``ops`` over shipped elements.
+
+    The steps are those of the element-by-element stage (operation ``i`` is stream
+    ``i``, seeded by its own ``rng_seed`` or the one ``random_map`` gave it), so the
+    random generators and the output are the same either way.
+    """
+    steps = tuple(Step(op, i, resolve_seed(op, None)) for i, op in enumerate(ops))
+    plan = Plan(inputs, ElementOrder(), steps, None, (), ELEMENTS, inputs.unit_size)
+    fed = FedPlan(inputs, ElementOrder(), steps, None, (), ELEMENTS, inputs.unit_size)
+    object.__setattr__(fed, "feeder", feeder)
+    return fed, plan

@@ -1,0 +1,48 @@
+"""Shipped units: a unit's elements written to a memfd and read back through
+``/proc/<pid>/fd``, and the table a worker finds them by."""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import numpy as np
+import pytest
+
+from dataloader.engine.shipped import ShippedInputs, read_elements, write_elements
+
+
+def test_elements_come_back_equal_and_writable():
+    elements = [{"x": np.arange(i * 100, dtype=np.int32), "s": b"k%d" % i} for i in range(5)]
+    fd, size = write_elements(elements)
+    try:
+        back = read_elements(f"/proc/{os.getpid()}/fd/{fd}")
+    finally:
+        os.close(fd)
+    assert size % 64 == 0
+    assert [e["s"] for e in back] == [e["s"] for e in elements]
+    for a, b in zip(back, elements):
+        np.testing.assert_array_equal(a["x"], b["x"])
+    back[4]["x"][0] = -1  # copy on write: a map may change what it receives
+    assert elements[4]["x"][0] == 0
+
+
+def test_a_worker_copy_reads_units_from_the_table():
+    inputs = ShippedInputs(4, shared=True)
+    try:
+        inputs.put(4, ["a", "b", "c", "d"])
+        inputs.put(8, ["e"])
+        worker = pickle.loads(pickle.dumps(inputs))  # what a worker unpickles
+        assert worker.__getitems__(np.arange(5, 8)) == ["b", "c", "d"]
+        assert worker.__getitems__(np.arange(8, 9)) == ["e"]
+        assert inputs.__getitems__(np.arange(4, 6)) == ["a", "b"]
+        inputs.drop(4)
+        with pytest.raises(LookupError, match="position 5"):
+            inputs.__getitems__(np.arange(5, 6))
+    finally:
+        inputs.close()
+
+
+def test_units_kept_in_process_do_not_pickle():
+    with pytest.raises(TypeError, match="stays in its process"):
+        pickle.dumps(ShippedInputs(4, shared=False))

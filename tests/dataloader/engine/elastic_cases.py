@@ -7,6 +7,8 @@ exactly once. Functions live at module level so worker processes can import them
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,6 +24,10 @@ def keep(x: int) -> bool:
     return x % 3 != 0
 
 
+def keep_id(x: int) -> bool:
+    return (x // 10) % 3 != 0
+
+
 def fan_out(x: int) -> list[int]:
     return [x * 10 + k for k in range(x % 4)]  # 0 to 3 outputs a record
 
@@ -34,7 +40,33 @@ def as_tokens(x: int) -> dict[str, np.ndarray]:
     return {"tokens": np.full(1 + x % 7, x + 1, dtype=np.int64)}
 
 
-def _source_and_sampler(mixture: bool, window: bool) -> tuple[Any, Any, list[Any]]:
+_PARQUET: list[str] = []
+
+
+def parquet_path() -> str:
+    """A Parquet file of the ids 0..N-1 (column ``id``, row groups of 10), made once."""
+    if not _PARQUET:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        path = os.path.join(tempfile.mkdtemp(prefix="granary_elastic_"), "ids.parquet")
+        pq.write_table(pa.table({"id": np.arange(N, dtype=np.int64)}), path, row_group_size=10)
+        _PARQUET.append(path)
+    return _PARQUET[0]
+
+
+def parquet_id(row: dict[str, Any]) -> int:
+    return int(row["id"]) * 10
+
+
+def _source_and_sampler(mixture: bool, window: bool, parquet: bool = False) -> tuple[Any, Any, list[Any]]:
+    if parquet:
+        from dataloader.dataset.streams.lowering import stream_form
+
+        form = stream_form(dl.experimental.ParquetIterDataset(parquet_path()))
+        assert form is not None
+        compiled = form.dataset._compiled
+        return compiled.source, compiled.sampler, [*compiled.operations, dl.MapTransform(parquet_id)]
     if mixture:
         ds = dl.MapDataset.mix([dl.MapDataset.range(0, 60), dl.MapDataset.range(60, N)], [2, 1])
         compiled = ds._compiled
@@ -61,6 +93,7 @@ PIPELINES: dict[str, tuple[Callable[[], list[Any]], str]] = {
     "flat map": (lambda: [dl.FlatMapTransform(fan_out, max_fan_out=3), dl.Batch(4)], "batch"),
     "flat map, unbatched": (lambda: [dl.FlatMapTransform(fan_out, max_fan_out=3)], "element"),
     "mixture": (lambda: [dl.FilterTransform(keep), dl.MapTransform(times_ten), dl.Batch(4)], "batch"),
+    "Parquet stream": (lambda: [dl.FilterTransform(keep_id), dl.Batch(4)], "batch"),
     "window shuffle": (lambda: [dl.FilterTransform(keep), dl.MapTransform(times_ten), dl.Batch(4)], "batch"),
     "first-fit": (lambda: [dl.FilterTransform(keep), dl.MapTransform(as_tokens), _pack("first_fit")], "row"),
     "best-fit": (lambda: [dl.FilterTransform(keep), dl.MapTransform(as_tokens), _pack("best_fit")], "row"),
@@ -76,7 +109,7 @@ PIPELINES: dict[str, tuple[Callable[[], list[Any]], str]] = {
 
 def make_loader(name: str, shard: int, count: int, workers: int = 0) -> dl.DataLoader:
     """The pipeline ``name`` as host ``shard`` of ``count``."""
-    source, sampler, head = _source_and_sampler(name == "mixture", name == "window shuffle")
+    source, sampler, head = _source_and_sampler(name == "mixture", name == "window shuffle", name == "Parquet stream")
     ops, _ = PIPELINES[name]
     return dl.DataLoader(source, sampler, [*head, *ops()], worker_count=workers,
                          shard_options=dl.ShardOptions(shard, count))

@@ -1,0 +1,50 @@
+"""Records lost and repeated across a change of host count, for every kind of pipeline.
+
+For each pipeline (plain batch, filter, flat map, mixture, Parquet stream, first-fit,
+best-fit and concat-then-split packing, window shuffle) and each change of host count
+(1->2, 2->3, 3->1), hosts are simulated in one process (a loader per
+``ShardOptions(h, H)``): every host takes some steps, every state is saved, the new
+hosts restore with ``dl.elastic_iterator(loader, states)`` and run to the end of the
+one-epoch stream. The record ids used over the whole run are compared with one
+uninterrupted run: the table prints how many were lost and how many repeated (both
+must be 0), over several save steps (the sums over all of them).
+
+    python benchmarks/elastic_table.py [--steps 1,2,3,5] [--workers 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROWS = ["plain", "filter", "flat map", "mixture", "Parquet stream", "first-fit", "best-fit",
+        "concat-then-split", "window shuffle"]
+CHANGES = {"1->2": (1, 2), "2->3": (2, 3), "3->1": (3, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", default="1,2,3,5", help="save steps to try, comma-separated")
+    parser.add_argument("--workers", type=int, default=0)
+    args = parser.parse_args()
+    sys.path.insert(0, ROOT)
+    from tests.dataloader.engine.elastic_cases import lost_and_repeated
+
+    steps = [int(s) for s in args.steps.split(",")]
+    print(f"| pipeline | {' | '.join(CHANGES)} |")
+    print(f"|---|{'---|' * len(CHANGES)}")
+    for name in ROWS:
+        cells = []
+        for old, new in CHANGES.values():
+            lost = repeated = 0
+            for k in steps:
+                got = lost_and_repeated(name, [(old, k), (new, None)], args.workers)
+                lost, repeated = lost + got[0], repeated + got[1]
+            cells.append(f"{lost} lost / {repeated} repeated")
+        print(f"| {name} | {' | '.join(cells)} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

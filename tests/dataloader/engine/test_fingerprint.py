@@ -265,3 +265,6 @@ def test_digests_tell_kinds_and_contents_apart():
     assert fingerprint.digest({"a": np.arange(3)}) == fingerprint.digest({"a": np.arange(3)})
     assert fingerprint.digest(np.arange(3, dtype=np.int32)) != fingerprint.digest(np.arange(3))
     assert fingerprint.digest({"b", "a"}) == fingerprint.digest({"a", "b"})
+    days = np.array(["2020-01-01", "2020-01-02"], dtype="M8[D]")  # no buffer format: by its bytes
+    assert fingerprint.digest(days) != fingerprint.digest(days[::-1].copy())
+    assert fingerprint.digest(np.arange(6).reshape(2, 3).T) == fingerprint.digest(np.arange(6).reshape(2, 3).T.copy())

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import gc
 import itertools
 
 import numpy as np
@@ -46,6 +47,7 @@ def no_leaks():
     """Replaces the folder's check: Ray keeps idle worker processes of its own under the
     cluster's raylets, so what must be gone after a test is our actors' processes."""
     yield
+    gc.collect()  # executors dropped by the test kill the actors they kept
     assert wait_until(lambda: not _actor_processes(), timeout=30), _actor_processes()
 
 
@@ -188,12 +190,18 @@ def test_actors_added_and_removed_mid_epoch_change_no_batch(cluster):
     it.close()
 
 
-def test_closing_the_iterator_ends_its_actors(cluster):
+def test_a_closed_stream_lends_its_actors_to_the_next_and_close_ends_them(cluster):
     ex = dl.RayExecutor(num_workers=2)
     it = iter(loader(PIPELINES["batch"], executor=ex))
     next(it)
     handles = ex.actors()
     it.close()
+    assert ex.actors() == []
+    again = iter(loader(PIPELINES["batch"], executor=ex))
+    assert [flat(x) for x in again] == run(loader(PIPELINES["batch"]))
+    assert sorted(map(str, ex.actors())) == sorted(map(str, handles))  # no new actor started
+    again.close()
+    ex.close()
     for handle in handles:
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(handle.ready.remote(), timeout=60)

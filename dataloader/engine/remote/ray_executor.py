@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import logging
 import os
 import socket
@@ -181,6 +182,10 @@ class RayExecutor:
         self._ray = _import_ray()
         self._connect(dict(init_kwargs or {}))
         self._actor_class = self._ray.remote(_UnitActor)
+        # Actors of finished streams, kept for the next stream of the same plan (its
+        # first batch then costs no actor start-up): (plan digest, handle).
+        self._parked: list[tuple[bytes, Any]] = []
+        self._finalizer = weakref.finalize(self, _kill_parked, self._ray, self._parked)
 
     def _connect(self, init_kwargs: dict[str, Any]) -> None:
         ray, address = self._ray, self.address
@@ -210,6 +215,28 @@ class RayExecutor:
         """Sets the number of actors; running streams start or retire actors at their
         next ``next()`` (a retiring actor first answers the units it holds)."""
         self.num_workers = _count("num_workers", num_workers, 1)
+
+    def close(self) -> None:
+        """Kills the actors kept between streams (also done when the executor is
+        garbage collected or Ray shuts down); running streams keep theirs."""
+        self._finalizer()
+        self._finalizer = weakref.finalize(self, _kill_parked, self._ray, self._parked)
+
+    def __enter__(self) -> RayExecutor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _park(self, digest: bytes, handle: Any) -> None:
+        self._parked.append((digest, handle))
+
+    def _unpark(self, digest: bytes) -> Any:
+        for i, (d, handle) in enumerate(self._parked):
+            if d == digest:
+                del self._parked[i]
+                return handle
+        return None
 
     def actors(self) -> list[Any]:
         """The live actor handles of every running stream (to watch them, or to kill one
@@ -243,6 +270,11 @@ class _Actor:
     retiring: bool = False
 
 
+def _kill_parked(ray: Any, parked: list[tuple[bytes, Any]]) -> None:
+    _kill_all(ray, [handle for _, handle in parked])
+    parked.clear()
+
+
 def _kill_all(ray: Any, handles: list[Any]) -> None:
     if not handles or not ray.is_initialized():
         return  # Ray shut down took the actors along (and ray.kill would start a new Ray)
@@ -257,7 +289,8 @@ class RayUnits:
 
     def __init__(self, spec: RayExecutor, plan: Plan, plan_bytes: bytes, position: int) -> None:
         self._spec, self._plan, self._ray = spec, plan, spec._ray
-        self._plan_ref = self._ray.put(plan_bytes)
+        self._plan_bytes, self._plan_ref = plan_bytes, None
+        self._digest = hashlib.sha256(plan_bytes).digest()
         self._window = Window(0, spec.units_per_worker)
         self.actors: dict[int, _Actor] = {}
         self._pings: dict[Any, int] = {}  # ready() call -> actor key
@@ -308,8 +341,16 @@ class RayUnits:
             self._wait(_POLL_S)
 
     def close(self) -> None:
-        """Kills the actors (``ray.kill`` returns at once) and drops what they hold."""
+        """Ends the stream: its actors go back to the :class:`RayExecutor` for the next
+        stream of the same plan (what they still compute is dropped), those retiring
+        are killed (``ray.kill`` returns at once)."""
+        if self._closed:
+            return
         self._closed = True
+        for actor in self.actors.values():
+            if not actor.retiring and self._ray.is_initialized():
+                self._spec._park(self._digest, actor.handle)
+                self._handles.remove(actor.handle)
         self._finalizer()
         self.actors.clear()
         self._pings.clear()
@@ -321,9 +362,13 @@ class RayUnits:
         spec = self._spec
         key = self._next_index
         self._next_index += 1
-        handle = self._spec._actor_class.options(
-            num_cpus=spec.num_cpus_per_worker, resources=spec.resources, max_restarts=0,
-        ).remote(self._plan_ref)
+        handle = spec._unpark(self._digest)
+        if handle is None:
+            if self._plan_ref is None:  # in the object store once, for every actor
+                self._plan_ref = self._ray.put(self._plan_bytes)
+            handle = spec._actor_class.options(
+                num_cpus=spec.num_cpus_per_worker, resources=spec.resources, max_restarts=0,
+            ).remote(self._plan_ref)
         self._handles.append(handle)
         self.actors[key] = _Actor(handle, key)
         self._pings[handle.ready.remote()] = key

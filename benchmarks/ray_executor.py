@@ -1,0 +1,174 @@
+"""Units on Ray actors beside the in-process path, the local pool and Ray Data.
+
+The same decode on every row: ``--records`` PNG images (``--side`` pixels square, RGB
+noise, made here with Pillow), each decoded and normalised to float32, in batches of
+``--batch``. Rows:
+
+* ``in-process``: ``worker_count=0``;
+* ``pool-2``: the local pool, 2 worker processes;
+* ``ray-2``: :class:`dataloader.RayExecutor`, 2 actors on a Ray started on this machine;
+* ``ray-data``: Ray Data's own pipeline, ``ray.data.from_items(...).map_batches(decode,
+  batch_size=B).iter_batches(batch_size=B)``, on the same Ray.
+
+Each row runs in a fresh interpreter and iterates the whole data set twice (two
+iterators); it reports records/s (from ``iter()`` to the last batch), the time to the
+first batch, the parent's CPU seconds per batch (``time.process_time()`` of the
+training process, every thread of it, over the iteration: what feeding costs the
+trainer), and whether the two runs gave the same batches in the same order (a digest
+of every batch). Starting Ray itself (``ray.init``) is reported apart, as ``start_s``.
+
+Needs Ray, Ray Data (pandas) and Pillow: ``benchmarks/.venv/bin/pip install ray pandas``
+(Ray is not among the peers ``setup_env.sh`` installs).
+
+    benchmarks/.venv/bin/python benchmarks/ray_executor.py
+    benchmarks/.venv/bin/python benchmarks/ray_executor.py --records 4000 --side 96
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks.* by name
+
+ROWS = ("in-process", "pool-2", "ray-2", "ray-data")
+
+
+def make_records(n: int, side: int) -> list[bytes]:
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    out = []
+    for _ in range(n):
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8)).save(buf, "PNG")
+        out.append(buf.getvalue())
+    return out
+
+
+def decode(record: bytes) -> np.ndarray:
+    """PNG bytes -> HxWx3 float32 in [0, 1]: the work every row does per record."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(record)) as image:
+        return np.asarray(image, dtype=np.float32) / 255.0
+
+
+def decode_batch(batch: dict) -> dict:
+    """Ray Data's form of :func:`decode`: a batch of records in, a batch of images out."""
+    return {"image": np.stack([decode(r) for r in batch["record"]])}
+
+
+def digest(batches_seen: list[np.ndarray]) -> str:
+    h = hashlib.sha256()
+    for b in batches_seen:
+        h.update(np.ascontiguousarray(b).tobytes())
+    return h.hexdigest()[:16]
+
+
+def one_pass(make_iter, n_records: int) -> dict:
+    """Iterates once; the figures of this pass."""
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    it = make_iter()
+    hashes, first, batches, records = hashlib.sha256(), None, 0, 0
+    for b in it:
+        if first is None:
+            first = time.perf_counter() - t0
+        hashes.update(np.ascontiguousarray(b).tobytes())
+        batches += 1
+        records += len(b)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    close = getattr(it, "close", None)
+    if close is not None:
+        close()
+    assert records == n_records, (records, n_records)
+    return {"records_per_s": records / wall, "first_batch_s": first, "parent_cpu_per_batch_ms":
+            1e3 * cpu / batches, "batches": batches, "digest": hashes.hexdigest()[:16]}
+
+
+def measure(row: str, n: int, side: int, batch: int) -> dict:
+    import dataloader as dl
+
+    records = make_records(n, side)
+    start_s = 0.0
+    if row.startswith("ray"):
+        import ray
+
+        t = time.perf_counter()
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 object_store_memory=256 * 2**20)
+        start_s = time.perf_counter() - t
+
+    def loader(**kw):
+        return dl.DataLoader(dl.InMemoryDataSource(records), dl.IndexSampler(n, num_epochs=1),
+                             [dl.MapTransform(decode), dl.Batch(batch)], **kw)
+
+    if row == "in-process":
+        make = lambda: iter(loader())  # noqa: E731
+    elif row == "pool-2":
+        make = lambda: iter(loader(worker_count=2))  # noqa: E731
+    elif row == "ray-2":
+        executor = dl.RayExecutor(num_workers=2)
+        make = lambda: iter(loader(executor=executor))  # noqa: E731
+    else:
+        import ray
+
+        def make():
+            ds = ray.data.from_items([{"record": r} for r in records])
+            ds = ds.map_batches(decode_batch, batch_size=batch)
+            return (b["image"] for b in ds.iter_batches(batch_size=batch, batch_format="numpy"))
+
+    passes = [one_pass(make, n) for _ in range(2)]
+    if row.startswith("ray"):
+        import ray
+
+        ray.shutdown()
+    return {"ok": True, "row": row, "start_s": start_s, "passes": passes,
+            "identical": passes[0]["digest"] == passes[1]["digest"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=2000)
+    parser.add_argument("--side", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--rows", default=",".join(ROWS))
+    parser.add_argument("--measure", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.measure:
+        request = json.loads(args.measure)
+        print(json.dumps(measure(request["row"], request["records"], request["side"], request["batch"])))
+        return
+    from benchmarks.bench_env import run_row
+
+    header = (f"{'row':<11} {'start s':>7} {'rec/s 1':>8} {'rec/s 2':>8} {'1st batch s':>11} "
+              f"{'parent CPU ms/batch':>19} {'same output':>11}")
+    print(f"{args.records} PNG records {args.side}x{args.side}x3, batches of {args.batch}")
+    print(header)
+    results = []
+    for row in args.rows.split(","):
+        request = {"row": row, "records": args.records, "side": args.side, "batch": args.batch}
+        r = run_row(__file__, request, timeout=900)
+        r.setdefault("row", row)
+        results.append(r)
+        if not r.get("ok"):
+            print(f"{row:<11} failed: {r.get('reason')}")
+            continue
+        p1, p2 = r["passes"]
+        print(f"{row:<11} {r['start_s']:>7.2f} {p1['records_per_s']:>8.0f} {p2['records_per_s']:>8.0f} "
+              f"{p1['first_batch_s']:>5.2f}/{p2['first_batch_s']:<5.2f} "
+              f"{p1['parent_cpu_per_batch_ms']:>9.2f}/{p2['parent_cpu_per_batch_ms']:<9.2f} "
+              f"{'yes' if r['identical'] else 'NO':>11}")
+    digests = {r["row"]: r["passes"][0]["digest"] for r in results if r.get("ok")}
+    print("digests of the first pass:", json.dumps(digests))
+
+
+if __name__ == "__main__":
+    main()

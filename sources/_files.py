@@ -8,6 +8,9 @@ list itself is kept, so a caller decides how files are concatenated.
 An existing path is taken literally even if it contains glob characters, so a
 file really named ``data[1].parquet`` can be read.
 
+A URL (``s3://bucket/train-*.parquet``, any fsspec URL) is listed through its store
+(:func:`.remote.urls.expand_urls`): a glob is one listing, its matches sorted.
+
 Handles (:class:`PerProcessHandles`) are opened lazily and never pickled or shared
 across a fork.
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -23,6 +27,7 @@ from typing import Any
 PathArg = str | os.PathLike | Sequence[str | os.PathLike]
 
 _GLOB_CHARS = frozenset("*?[")
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 
 
 def expand_paths(paths: PathArg, *, what: str, example_glob: str) -> list[str]:
@@ -62,7 +67,13 @@ def expand_paths(paths: PathArg, *, what: str, example_glob: str) -> list[str]:
                 f"each path must be a str or os.PathLike, got {type(item).__name__} "
                 f"{item!r} in paths"
             )
-        files.extend(_expand_one(os.fspath(item), what, example_glob))
+        path = os.fspath(item)
+        if _URL.match(path):
+            from .remote.urls import expand_urls
+
+            files.extend(url for url, _ in expand_urls([path], what=what, example_glob=example_glob))
+        else:
+            files.extend(_expand_one(path, what, example_glob))
     return files
 
 

@@ -23,13 +23,14 @@ import pyarrow.parquet as pq
 from ._files import PathArg, PerProcessHandles, expand_paths, format_paths
 from ._indexing import PartIndex, as_index_array, check_index
 from ._parquet_rows import DecodedRowGroup
+from .remote.urls import is_url, parquet_file
 
 
 def _read_metadata(path: str) -> pq.FileMetaData:
     try:
-        return pq.read_metadata(path)
+        return parquet_file(path).metadata
     except pa.ArrowInvalid as error:
-        if os.path.getsize(path) == 0:
+        if not is_url(path) and os.path.getsize(path) == 0:
             raise ValueError(
                 f"Parquet file {path!r} is empty (0 bytes); remove it from paths"
             ) from None
@@ -168,7 +169,7 @@ class ParquetDataSource(PerProcessHandles):
             file_index = self._group_file[group]
             handle = self._files[file_index]
             if handle is None:
-                handle = pq.ParquetFile(self._paths[file_index])
+                handle = parquet_file(self._paths[file_index])
                 self._files[file_index] = handle
             table = handle.read_row_group(self._group_local[group], columns=list(self._columns))
             decoded = DecodedRowGroup(table)

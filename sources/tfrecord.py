@@ -119,8 +119,16 @@ class TFRecordReader:
     def __init__(self, path: str | os.PathLike, offset: int = 0) -> None:
         self.path = os.fspath(path)
         self._crc32c = _crc32c()
-        self._file: Any = open(self.path, "rb", buffering=_BUFFER_BYTES)  # noqa: SIM115 - closed by close()
-        self.size: int | None = os.fstat(self._file.fileno()).st_size
+        self._file: Any
+        self.size: int | None
+        if "://" in self.path:  # a URL: through fsspec (sources.remote.urls)
+            from .remote.urls import open_path
+
+            self._file = open_path(self.path)
+            self.size = getattr(self._file, "size", None)
+        else:
+            self._file = open(self.path, "rb", buffering=_BUFFER_BYTES)  # noqa: SIM115 - closed by close()
+            self.size = os.fstat(self._file.fileno()).st_size
         if self.path.lower().endswith(".gz"):
             self._file = gzip.GzipFile(fileobj=self._file, mode="rb")  # closes with the raw file below
             self.size = None

@@ -24,9 +24,16 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from dataloader.beam.plan import contiguous_plans, local_outputs, refusal
-from dataloader.beam.record_files import RECORD_FORMATS, RecordFormat, for_file, input_format
+from dataloader.beam.record_files import (
+    RECORD_FORMATS,
+    RecordFormat,
+    for_file,
+    input_format,
+    open_local,
+)
 from dataloader.engine.stats.progress import Progress
 from dataloader.errors import ConvertError
 from dataloader.options import check_int
@@ -45,6 +52,15 @@ def _record_format(path: str, fmt: str | None) -> RecordFormat:
             "install it with pip install 'granary[beam]'"
         ) from None
     return for_file(TFRECORD, path)
+
+
+def _opener(path: str) -> Any:
+    """How to open ``path``: the formats' local opener, or fsspec for a URL."""
+    if "://" not in path:
+        return open_local
+    from dataloader.sources.remote.urls import open_path
+
+    return open_path
 
 
 def convert(
@@ -71,14 +87,16 @@ def convert(
     old = local_outputs(output_prefix)
     if old and not overwrite:
         raise ConvertError(refusal(old))
-    counts = [f.count(path) for f, path in zip(formats, files, strict=True)]
+    openers = [_opener(path) for path in files]
+    counts = [f.count(path, o) for f, path, o in zip(formats, files, openers, strict=True)]
     plans = contiguous_plans(output_prefix, counts, num_shards)
     os.makedirs(os.path.dirname(os.path.abspath(output_prefix)), exist_ok=True)
     paths = [plan.path for plan in plans]
     temps = [os.path.join(os.path.dirname(os.path.abspath(p)), f".{os.path.basename(p)}.{os.getpid()}.part")
              for p in paths]
     # One pass over the inputs (a file cut between shards is not read again from its start).
-    stream = (record for f, path in zip(formats, files, strict=True) for record in f.read(path))
+    stream = (record for f, path, o in zip(formats, files, openers, strict=True)
+              for record in f.read(path, o))
     bar = Progress(f"writing {num_shards} shard(s)", total=sum(counts)) if progress else None
     try:
         for plan, temp in zip(plans, temps, strict=True):

@@ -240,3 +240,15 @@ def gave_up(error: BaseException, url: str, retries: int) -> OSError:
         f"{error}); the store is unreachable, dropping connections or throttling: check "
         "the network and endpoint, or read with fewer workers"
     )
+
+
+def parquet_file(path: str | os.PathLike, **read_kwargs: Any) -> Any:
+    """``pyarrow.parquet.ParquetFile`` for a local path or a URL (through fsspec, unless
+    ``read_kwargs`` brings its own ``filesystem``)."""
+    import pyarrow.parquet as pq
+
+    path = os.fspath(path)
+    if is_url(path) and read_kwargs.get("filesystem") is None:
+        fs, inner = pyarrow_filesystem(path)
+        return pq.ParquetFile(inner, **{**read_kwargs, "filesystem": fs})
+    return pq.ParquetFile(path, **read_kwargs)

@@ -232,3 +232,29 @@ def test_open_path_takes_urls_and_paths(tmp_path):
     assert is_url("memory://granary-test/a.txt") and not is_url(str(tmp_path))
     with open_path("memory://granary-test/a.txt") as f:
         assert f.read() == b"hello"
+
+
+def test_streams_sources_and_convert_take_urls(store, proxy, tmp_path, monkeypatch):
+    """Parquet and TFRecord from s3://, credentials and endpoint found the way the
+    store's client finds them (here the environment), as on a training host."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dataloader.cli.convert import convert
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    pq.write_table(pa.table({"id": [1, 2, 3]}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"id": [4, 5]}), tmp_path / "b.parquet")
+    dl.write_tfrecord(tmp_path / "r.tfrecord", [b"x", b"yy"])
+    make_bucket(store["endpoint"], {f"t/{n}": str(tmp_path / n)
+                                    for n in ("a.parquet", "b.parquet", "r.tfrecord")})
+    rows = list(dl.experimental.ParquetIterDataset(f"s3://{BUCKET}/t/*.parquet"))
+    assert sorted(int(r["id"]) for r in rows) == [1, 2, 3, 4, 5]
+    source = dl.ParquetDataSource(f"s3://{BUCKET}/t/*.parquet")
+    assert len(source) == 5 and int(source[3]["id"]) == 4
+    assert list(dl.experimental.TFRecordIterDataset(f"s3://{BUCKET}/t/r.tfrecord")) == [b"x", b"yy"]
+    out = convert([f"s3://{BUCKET}/t/*.parquet"], str(tmp_path / "out" / "rows"), progress=False)
+    assert len(ArrayRecordDataSource(out)) == 5

@@ -34,10 +34,11 @@ _CHUNK_ROWS = 1024
 
 def _open(path: str, read_kwargs: dict[str, Any]) -> Any:
     import pyarrow as pa
-    import pyarrow.parquet as pq
+
+    from dataloader.sources.remote.urls import parquet_file  # a path or a URL
 
     try:
-        return pq.ParquetFile(path, **read_kwargs)
+        return parquet_file(path, **read_kwargs)
     except (pa.ArrowInvalid, OSError) as error:
         if isinstance(error, FileNotFoundError):
             raise
@@ -54,7 +55,7 @@ _FOOTERS_KEPT = 65536
 def _footer(path: str, read_kwargs: dict[str, Any]) -> tuple[list[str], tuple[int, ...]]:
     """The column names and the rows of each row group of ``path``."""
     key = None
-    if not read_kwargs:  # local files only: another file system has no cheap stat here
+    if not read_kwargs and "://" not in path:  # local files only: no cheap stat elsewhere
         info = os.stat(path)
         key = (path, info.st_size, info.st_mtime_ns)
         if key in _FOOTERS:

@@ -32,9 +32,9 @@ from dataloader.sources._files import PerProcessHandles
 
 
 def _open(path: str, read_kwargs: dict[str, Any]) -> Any:
-    import pyarrow.parquet as pq
+    from dataloader.sources.remote.urls import parquet_file  # a path or a URL
 
-    return pq.ParquetFile(path, **read_kwargs)
+    return parquet_file(path, **read_kwargs)
 
 
 class ParquetStreamSource(PerProcessHandles):

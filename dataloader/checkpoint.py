@@ -184,6 +184,7 @@ def _restore_from(path: epath.Path, iterator: Any) -> Any:
         if grain_state.is_grain_state(state) and "last_seen_indices" in state:
             current = iterator.get_state()
             if isinstance(current, dict) and "made_for" in current:
+                current.pop("fingerprint", None)  # the restoring iterator's last step, not Grain's
                 state = grain_state.from_grain(state, current)
         iterator.set_state(state)
     except StateMismatchError as error:

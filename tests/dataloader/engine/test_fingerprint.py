@@ -268,3 +268,39 @@ def test_digests_tell_kinds_and_contents_apart():
     days = np.array(["2020-01-01", "2020-01-02"], dtype="M8[D]")  # no buffer format: by its bytes
     assert fingerprint.digest(days) != fingerprint.digest(days[::-1].copy())
     assert fingerprint.digest(np.arange(6).reshape(2, 3).T) == fingerprint.digest(np.arange(6).reshape(2, 3).T.copy())
+
+
+def test_a_grain_state_restored_into_an_iterator_that_has_run_carries_no_fingerprint(tmp_path):
+    """A Grain state has none; the restoring iterator's own must not come along."""
+    pytest.importorskip("orbax.checkpoint")
+    from tests.dataloader.test_checkpoint import grain_dataloader_state, grain_sampler, loader_30
+
+    (tmp_path / "process_0-of-1.json").write_text(grain_dataloader_state([9], grain_sampler(False, None)))
+    running = iter(loader_30(False, None))
+    for _ in range(4):
+        next(running)
+    assert "fingerprint" in running.get_state()
+    it = dl.PyGrainCheckpointHandler().restore(tmp_path, args=dl.PyGrainCheckpointRestore(running))
+    assert "fingerprint" not in it.get_state() and it.get_state()["position"] == 10
+    running2 = iter(loader_30(False, None))
+    next(running2)
+    running2.set_state(json.loads(grain_dataloader_state([9], grain_sampler(False, None))))
+    assert "fingerprint" not in running2.get_state()
+
+
+def test_an_orbax_restore_over_a_rewritten_file_is_refused_naming_the_file_and_record(tmp_path):
+    pytest.importorskip("orbax.checkpoint")
+    from tests.dataloader.test_checkpoint import manager, restore, save
+
+    path = tmp_path / "data"
+    write_records(path, 40)
+    it = iter(file_loader(path))
+    for _ in range(3):
+        next(it)
+    record = fingerprint.record_keys(file_loader(path).plan, it.get_state()["fingerprint"])[0]
+    with manager(tmp_path / "ckpt", asynchronous=False) as mngr:
+        save(mngr, 3, it)
+        mngr.wait_until_finished()
+        write_records(path, 40, changed=int(record))
+        with pytest.raises(StateMismatchError, match=rf"process_0-of-1.json: .*source bytes of record {record} "):
+            restore(mngr, 3, iter(file_loader(path)))

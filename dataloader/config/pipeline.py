@@ -25,6 +25,8 @@ the returned :class:`PipelineConfig` builds the loader::
       unit_timeout_s: null           # a unit stuck this long is an error (null: never)
       read_options: {num_threads: 0, prefetch_buffer_size: 2}
       end: null                      # pad (or {lookahead: 8, mask_key: mask}): finite data ends on one step on every host
+      ray: null                      # or {address: auto, num_workers: 8, resources: {data: 1}}:
+                                     # units on Ray actors (dl.RayExecutor; worker_count 0)
     device:                          # the device queue (device_prefetch)
       enabled: false
       cpu_buffer_size: 2
@@ -121,6 +123,17 @@ class LoaderConfig:
     stall_warning_s: float | None = DEFAULT_STALL_WARNING_S
     unit_timeout_s: float | None = None
     end: PadEnd | None = None
+    # ``ray:``: keyword arguments of dl.RayExecutor (checked), or None: no Ray.
+    ray: dict[str, Any] | None = None
+
+    def executor(self) -> Any:
+        """The :class:`~dataloader.RayExecutor` that ``ray:`` asks for (joins the
+        cluster now), or None."""
+        if self.ray is None:
+            return None
+        from dataloader.engine.remote.ray_executor import RayExecutor  # imports Ray
+
+        return RayExecutor(**self.ray)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,6 +196,7 @@ class PipelineConfig:
             stall_warning_s=self.loader.stall_warning_s,
             unit_timeout_s=self.loader.unit_timeout_s,
             end=self.loader.end,
+            executor=self.loader.executor(),
         )
 
     def build_iterator(self, loader: DataLoader | None = None, state: Any = None) -> Any:
@@ -290,7 +304,7 @@ def _loader(section: Any) -> LoaderConfig:
         where,
         section,
         ("worker_count", "auto_workers", "worker_buffer_size", "warm_start", "stall_warning_s",
-         "unit_timeout_s", "read_options", "end"),
+         "unit_timeout_s", "read_options", "end", "ray"),
     )
     workers = _worker_count(where, section)
     buffer = check.integer(f"{where}.worker_buffer_size", section.get("worker_buffer_size", 2), low=1)
@@ -316,7 +330,35 @@ def _loader(section: Any) -> LoaderConfig:
         read_options = ReadOptions(**read)
     except ValueError as error:
         raise check.fail(f"{where}.read_options", str(error)) from None
-    return LoaderConfig(workers, buffer, warm, read_options, stall, timeout, _end(f"{where}.end", section.get("end")))
+    ray = _ray(f"{where}.ray", section.get("ray"))
+    if ray is not None and workers:
+        raise check.fail(f"{where}.ray", "computes the units: set loader.worker_count to 0 with it")
+    return LoaderConfig(
+        workers, buffer, warm, read_options, stall, timeout, _end(f"{where}.end", section.get("end")), ray
+    )
+
+
+def _ray(where: str, value: Any) -> dict[str, Any] | None:
+    """``ray:``: null, or a mapping of :class:`~dataloader.RayExecutor` arguments
+    (checked here; the cluster is joined when the loader is built)."""
+    if value is None:
+        return None
+    section = check.mapping(where, value)
+    check.known_keys(where, section, ("address", "num_workers", "num_cpus_per_worker",
+                                      "resources", "units_per_worker", "start_timeout_s"))
+    if section.get("address") is not None:
+        check.string(f"{where}.address", section["address"])
+    for key in ("num_workers", "units_per_worker"):
+        if key in section:
+            check.integer(f"{where}.{key}", section[key], low=1)
+    if "num_cpus_per_worker" in section:
+        check.number(f"{where}.num_cpus_per_worker", section["num_cpus_per_worker"])
+    if "start_timeout_s" in section:
+        check.number(f"{where}.start_timeout_s", section["start_timeout_s"], positive=True)
+    resources = check.mapping(f"{where}.resources", section.get("resources"))
+    for name, amount in resources.items():
+        check.number(f"{where}.resources.{name}", amount)
+    return section
 
 
 def _end(where: str, value: Any) -> PadEnd | None:

@@ -275,3 +275,35 @@ def test_the_training_process_computes_no_unit(cluster):
     it.close()
     assert workers
     assert "main" not in workers, workers
+
+
+def test_a_config_with_a_ray_section_runs_on_actors(cluster):
+    from dataloader.config import parse_config
+
+    config = parse_config({
+        "source": {"kind": "dataloader.sources.RangeDataSource", "options": {"start": N}},
+        "sampler": {"shuffle": True, "seed": 7, "num_epochs": 1},
+        "operations": [{"batch": 8}],
+        "loader": {"ray": {"num_workers": 2, "units_per_worker": 1}},
+    })
+    loader_ = config.build_loader()
+    it = iter(loader_)
+    got = [b.tolist() for b in it]
+    assert "main" not in it.stats()["workers"]
+    it.close()
+    want = [b.tolist() for b in parse_config({**config.data, "loader": {}}).build_loader()]
+    assert got == want
+
+
+@pytest.mark.parametrize(("section", "match"), [
+    ({"ray": {"num_workers": 0}}, r"loader\.ray\.num_workers: expected an integer >= 1, got 0"),
+    ({"ray": {"adress": "auto"}}, r"loader\.ray\.adress: unknown key"),
+    ({"worker_count": 2, "ray": {}}, r"loader\.ray: computes the units: set loader\.worker_count to 0"),
+])
+def test_a_bad_ray_section_is_named(section, match):
+    from dataloader.config import parse_config
+    from dataloader.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=match):
+        parse_config({"source": {"kind": "dataloader.sources.RangeDataSource", "options": {"start": 4}},
+                      "loader": section})

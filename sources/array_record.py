@@ -272,6 +272,8 @@ class ArrayRecordDataSource(PerProcessHandles):
                 f"paths uses several stores ({', '.join(sorted(protocols))}); make one source "
                 "per store and mix them"
             )
+        if isinstance(options, Mapping):  # from a YAML config's options
+            options = _remote.RemoteOptions(**options)
         options = options or _remote.RemoteOptions()
         if storage_options is not None:
             options = dataclasses.replace(options, storage_options=storage_options)

@@ -73,7 +73,9 @@ class RemoteOptions:
         cache_dir: Where the sparse local files go (default: the temp dir's
             ``granary-remote``); put it on a local disk that can punch holes.
         cache_bytes: The most bytes of fetched chunks kept per process (index bytes
-            aside); older chunks are evicted first.
+            aside); least recently used chunks are evicted first. Sources with the
+            same ``cache_dir`` and ``cache_bytes`` in a process share one budget, so a
+            mixture of many sources stays within it.
         whole_file_bytes: Download a file whole when it is at most this big; None
             decides by the measured rule (module docstring), 0 never.
         index_cache: A path or URL of a JSON file holding the listing and the chunk
@@ -296,7 +298,7 @@ class RemoteFiles:
         self._url_of = dict(zip(self._paths, (f.url for f in files), strict=True))
         self._sparse: list[SparseFile | None] = [None] * len(files)
         self._readers: list[Any] = [None] * len(files)
-        self._budget = Budget(options.cache_bytes)
+        self._budget = _shared_budget(options.directory(), options.cache_bytes)
         self._lock = threading.RLock()
         self._prefetcher: concurrent.futures.ThreadPoolExecutor | None = None
         self._pending: list[concurrent.futures.Future[None]] = []
@@ -309,8 +311,7 @@ class RemoteFiles:
     def hold(self, files: np.ndarray, positions: np.ndarray) -> Iterator[None]:
         """Makes the chunks of these records present and pinned while the block runs."""
         with self._lock:
-            keys = self._fetch(files, positions)
-            self._budget.pin(keys)
+            keys = self._fetch(files, positions, keep_pinned=True)
         try:
             yield
         finally:
@@ -336,9 +337,24 @@ class RemoteFiles:
 
     def _prefetch(self, files: np.ndarray, positions: np.ndarray) -> None:
         with contextlib.suppress(Exception), self._lock:  # A real read retries and reports.
-            self._fetch(files, positions)
+            self._fetch(files, positions, keep_pinned=False)
 
-    def _fetch(self, files: np.ndarray, positions: np.ndarray) -> list[tuple[SparseFile, int]]:
+    def _fetch(
+        self, files: np.ndarray, positions: np.ndarray, *, keep_pinned: bool
+    ) -> list[tuple[SparseFile, int]]:
+        """Fetches the missing chunks of these records; their keys stay pinned if asked.
+
+        The budget's lock is held throughout: the budget may be shared with other
+        sources, whose evictions must not touch a chunk between the check that it is
+        present and its pinning.
+        """
+        with self._budget.lock:
+            keys = self._fetch_locked(files, positions)
+            if not keep_pinned:
+                self._budget.unpin(keys)
+            return keys
+
+    def _fetch_locked(self, files: np.ndarray, positions: np.ndarray) -> list[tuple[SparseFile, int]]:
         keys: list[tuple[SparseFile, int]] = []
         owners: list[int] = []
         paths: list[str] = []
@@ -349,7 +365,9 @@ class RemoteFiles:
             sparse = self._sparse_file(f)
             index = self._files[f].index
             chunks = np.unique(index.chunks_of(positions[files == f]))
-            keys.extend((sparse, c) for c in chunks.tolist())
+            wanted = [(sparse, c) for c in chunks.tolist()]
+            self._budget.pin(wanted)  # From here on no eviction can take them.
+            keys.extend(wanted)
             present = np.frombuffer(sparse.present, dtype=np.uint8)
             if not present.any() and self._whole(index.size):
                 missing = np.arange(index.num_chunks)
@@ -378,11 +396,7 @@ class RemoteFiles:
                         self._budget.add(sparse, c, sparse.offsets[c + 1] - sparse.offsets[c])
         for sparse, c in keys:
             self._budget.touch(sparse, c)
-        self._budget.pin(keys)
-        try:
-            self._budget.make_room()
-        finally:
-            self._budget.unpin(keys)
+        self._budget.make_room()
         return keys
 
     def _whole(self, size: int) -> bool:
@@ -439,9 +453,24 @@ class RemoteFiles:
                 self._readers[i] = None
         for i, sparse in enumerate(self._sparse):
             if sparse is not None:
-                self._budget.forget(sparse)
+                with self._budget.lock:
+                    self._budget.forget(sparse)
                 sparse.close()
                 self._sparse[i] = None
+
+
+_BUDGETS: dict[str, Budget] = {}
+_BUDGETS_LOCK = threading.Lock()
+
+
+def _shared_budget(directory: str, limit: int) -> Budget:
+    """The budget of ``directory`` in this process (a fork starts afresh)."""
+    key = f"{os.getpid()}:{os.path.abspath(directory)}:{limit}"
+    with _BUDGETS_LOCK:
+        budget = _BUDGETS.get(key)
+        if budget is None:
+            budget = _BUDGETS[key] = Budget(limit)
+        return budget
 
 
 def _coalesce(offsets: np.ndarray, chunks: np.ndarray) -> list[tuple[int, int]]:

@@ -134,6 +134,19 @@ def test_cache_budget_is_kept_and_evicted_chunks_are_fetched_again(store, proxy)
         assert source.remote_stats["requests"] > first  # evicted, so fetched again
 
 
+def test_sources_of_a_mixture_share_one_budget(store, proxy):
+    budget = 40 << 10
+    local = ArrayRecordDataSource(store["local"])
+    with _source(store, proxy, cache_bytes=budget) as one, _source(store, proxy, cache_bytes=budget) as two:
+        assert one._fetch_state()._budget is two._fetch_state()._budget
+        order = np.random.default_rng(2).permutation(len(local))
+        for start in range(0, 400, 8):
+            batch = order[start : start + 8]
+            assert one.__getitems__(batch) == local.__getitems__(batch)
+            assert two.__getitems__(batch[::-1]) == local.__getitems__(batch[::-1])
+            assert two.remote_stats["cached_bytes"] <= budget
+
+
 def test_small_files_are_downloaded_whole_when_the_rule_says_so(store, proxy):
     with _source(store, proxy, whole_file_bytes=1 << 30) as source:
         source.__getitems__([3, 600])

@@ -13,10 +13,21 @@ continues at its local position ``n / H'``).
 What it accepts: a ``MapDataset``, or a ``MapDataset...to_iter_dataset()`` with maps and
 random maps chained on it, unbatched, unsharded and without a filter or flat map (the
 batch and the sharding are the iterator's, and a filter would make global batches
-depend on the shard count). Grain's ``IterDataset`` path (interleaved sources, its
-``get_shard_states``) is not provided: other ``IterDataset`` s are refused.
-``global_batch_size`` may change across a restore as long as ``H'`` divides ``n``
-(always so when it stays the same).
+depend on the shard count). ``global_batch_size`` may change across a restore as long
+as ``H'`` divides ``n`` (always so when it stays the same).
+
+The ``IterDataset`` path, Grain's ``get_shard_states``/``set_shard_states``: a stream on
+the engine with filters or flat maps (``ds.to_iter_dataset().filter(...)``, a Parquet
+stream's ``map``/``filter``/...), or a first-fit, best-fit or concat-then-split packer
+over one, unbatched and unsharded. Each shard yields ``global_batch_size / H`` elements
+(or rows) per step, the last batch short (Grain's IterDataset path keeps it too). Its
+states differ by shard, so the restore needs them all: ``get_shard_states()`` is this
+shard's ``{shard_index: state}``; gather every shard's (e.g. every process's file of the
+checkpoint) and hand their union to ``set_shard_states`` on each shard of the new shard
+count, which reads what the old shards left unread, each record exactly once
+(:func:`dataloader.elastic_iterator`, README "Elastic restore"). ``get_state`` and
+``set_state`` restore on the same shard count. Grain keys its shard states by the files
+of an interleave instead; such states are not read.
 """
 
 from __future__ import annotations
@@ -87,10 +98,15 @@ class ElasticIterator(DatasetIterator):
         self._shard_options = shard_options
         if read_options is not None and not isinstance(read_options, ReadOptions):
             raise TypeError(f"ElasticIterator read_options must be a ReadOptions, got {read_options!r}")
+        self._iterator: DatasetIterator | None = None
+        # The IterDataset path: a loader whose states restore from every shard's.
+        self._loader = _shard_state_loader(ds, shard_options, read_options, multiprocessing_options,
+                                           self._global // count)
+        if self._loader is not None:
+            return
         self._ds = _elastic_stream(ds, shard_options, read_options or ReadOptions(), self._global // count)
         if multiprocessing_options is not None:
             self._ds = self._ds.mp_prefetch(multiprocessing_options)
-        self._iterator: DatasetIterator | None = None
 
     @property
     def shard_options(self) -> ShardOptions:
@@ -99,8 +115,20 @@ class ElasticIterator(DatasetIterator):
     @property
     def _inner(self) -> DatasetIterator:
         if self._iterator is None:
-            self._iterator = iter(self._ds)
+            self._iterator = iter(self._loader) if self._loader is not None else iter(self._ds)
         return self._iterator
+
+    def _restart(self, states: Any) -> None:
+        from dataloader.engine.elastic import head_state
+        from dataloader.iterator import elastic_iterator
+
+        assert self._loader is not None
+        if self._iterator is not None:
+            self._iterator.close()
+        if isinstance(states, dict) and head_state(states)[0].get("elastic") is None:
+            self._iterator = self._loader.iterator(states)
+        else:
+            self._iterator = elastic_iterator(self._loader, states)
 
     def __next__(self) -> Any:
         return next(self._inner)
@@ -110,6 +138,8 @@ class ElasticIterator(DatasetIterator):
         self._inner.start_prefetch()
 
     def get_state(self) -> dict[str, Any]:
+        if self._loader is not None:  # the IterDataset path: this shard's own state
+            return self._inner.get_state()
         state = self._inner.get_state()
         made_for = {k: v for k, v in state["made_for"].items() if k not in _PER_SHARD}
         return {_KEY: int(state["position"]) * self._shard_options.shard_count, "made_for": made_for}
@@ -124,6 +154,9 @@ class ElasticIterator(DatasetIterator):
             StateMismatchError: the state is of another pipeline, or the shard count
                 does not divide its ``global_next_index``.
         """
+        if self._loader is not None:
+            self._restart(state)
+            return
         state = expect_state(state, (_KEY,), "ElasticIterator")
         n, count = int(state[_KEY]), self._shard_options.shard_count
         if n < 0 or n % count:
@@ -138,17 +171,39 @@ class ElasticIterator(DatasetIterator):
         made_for.update({k: current["made_for"][k] for k in _PER_SHARD})
         inner.set_state({**current, "position": n // count, "sub_index": 0, "skip": 0, "made_for": made_for})
 
-    def get_shard_states(self) -> Any:
-        raise NotImplementedError(
-            "get_shard_states is Grain's API for IterDataset-based ElasticIterators, which "
-            "granary does not provide; use get_state(), which any shard count restores"
-        )
+    def get_shard_states(self) -> dict[int, Any]:
+        """This shard's state, keyed by its shard index (the IterDataset path).
+
+        Gather every shard's dict (their union) for :meth:`set_shard_states`.
+
+        Raises:
+            NotImplementedError: on the ``MapDataset`` path, as in Grain (its
+                ``get_state()`` already restores every shard).
+        """
+        if self._loader is None:
+            raise NotImplementedError(
+                "get_shard_states is for IterDataset-based ElasticIterators (as in Grain); "
+                "this one reads a MapDataset, whose get_state() any shard count restores"
+            )
+        return {self._shard_options.shard_index: self._inner.get_state()}
 
     def set_shard_states(self, shard_states: Any) -> None:
-        raise NotImplementedError(
-            "set_shard_states is Grain's API for IterDataset-based ElasticIterators, which "
-            "granary does not provide; use set_state()"
-        )
+        """Continues from every old shard's state (a dict ``{shard_index: state}``, the
+        union of their :meth:`get_shard_states`, or a list), on this shard count: this
+        shard reads its share of what the old shards left unread.
+
+        Raises:
+            NotImplementedError: on the ``MapDataset`` path, as in Grain.
+            StateMismatchError: not one state per old shard of one step, or states of
+                another pipeline.
+        """
+        if self._loader is None:
+            raise NotImplementedError(
+                "set_shard_states is for IterDataset-based ElasticIterators (as in Grain); "
+                "this one reads a MapDataset: use set_state()"
+            )
+        states = list(shard_states.values()) if isinstance(shard_states, dict) else list(shard_states)
+        self._restart(states)
 
     def close(self) -> None:
         if self._iterator is not None:
@@ -156,7 +211,50 @@ class ElasticIterator(DatasetIterator):
         super().close()
 
     def __repr__(self) -> str:
-        return f"ElasticIterator({self._ds!r}, global_batch_size={self._global})"
+        inner = self._loader if self._loader is not None else self._ds
+        return f"ElasticIterator({inner!r}, global_batch_size={self._global})"
+
+
+def _shard_state_loader(ds: Any, shard_options: ShardOptions, read_options: ReadOptions | None,
+                        mp: MultiprocessingOptions | None, batch: int) -> Any:
+    """The loader of the IterDataset path (see the module docstring), or None when ``ds``
+    takes the ``MapDataset`` path."""
+    from dataloader.dataset.iter_dataset import LoaderIterDataset
+    from dataloader.dataset.transformations.packing import PackIterDataset
+    from dataloader.loader import DataLoader
+    from dataloader.operations import Batch
+
+    packers: list[Any] = []
+    stream = ds
+    while isinstance(stream, PackIterDataset):
+        packers.insert(0, stream.packer)
+        stream = stream._parent
+    if type(stream) is not LoaderIterDataset or not (packers or stream._reshaped() or stream._parent._filtered):
+        if packers:
+            raise ValueError(
+                f"ElasticIterator packs a stream on the engine (MapDataset...to_iter_dataset() "
+                f"and its map/filter/flat_map), got {stream!r} under the packer"
+            )
+        return None
+    if stream._is_batched():
+        raise ValueError(f"ElasticIterator batches the stream itself; pass it unbatched, got {stream!r}")
+    if stream._shard_options is not None or stream._mp is not None:
+        raise ValueError(
+            f"ElasticIterator shards and prefetches the stream itself; pass it unsharded "
+            f"and without mp_prefetch, got {stream!r}"
+        )
+    changes: dict[str, Any] = {"shard_options": shard_options}
+    if read_options is not None:
+        changes["read_options"] = read_options
+    if mp is not None:
+        changes["multiprocessing"] = mp
+    base = stream._with(**changes).loader
+    plan = base.plan
+    return DataLoader(
+        plan.source, plan.sampler, [*(s.op for s in plan.pre), *packers, Batch(batch)],
+        worker_count=base.worker_count, worker_buffer_size=base.worker_buffer_size,
+        read_options=base.read_options, worker_init_fn=base.worker_init_fn, options=base.options,
+    )
 
 
 def _elastic_stream(ds: Any, shard_options: ShardOptions, read_options: ReadOptions, batch: int) -> Any:

@@ -1,0 +1,107 @@
+"""``ElasticIterator``'s IterDataset path: ``get_shard_states`` / ``set_shard_states``.
+
+Streams with a filter, a flat map or a packer, on 2 shards, then 3, then 1: every
+record exactly once over the whole run.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import dataloader as dl
+from dataloader.dataset.experimental.elastic import ElasticIterator
+
+N = 61
+
+
+def keep(x: int) -> bool:
+    return x % 3 != 0
+
+
+def fan_out(x: int) -> list[int]:
+    return [x * 10 + k for k in range(x % 3)]
+
+
+def tokens(x: int) -> dict[str, np.ndarray]:
+    return {"tokens": np.full(1 + x % 5, x + 1, dtype=np.int64)}
+
+
+def stream():
+    return dl.MapDataset.range(N).seed(1).shuffle().to_iter_dataset()
+
+
+CASES = {
+    "filter": (lambda: stream().filter(keep), [x for x in range(N) if keep(x)]),
+    "flat map": (lambda: stream().flat_map(fan_out), sorted(y for x in range(N) for y in fan_out(x))),
+    "first-fit": (
+        lambda: dl.experimental.FirstFitPackIterDataset(
+            stream().filter(keep).map(tokens), length_struct={"tokens": 8}, num_packing_bins=2),
+        [x for x in range(N) if keep(x)],
+    ),
+}
+
+
+def ids(name: str, batch) -> list[int]:
+    if name != "first-fit":
+        return np.asarray(batch).reshape(-1).tolist()
+    out = []
+    for row, seg in zip(batch["tokens"], batch["tokens_segment_ids"]):
+        out += [int(row[seg == s][0]) - 1 for s in np.unique(seg[seg > 0])]
+    return out
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_shard_states_restore_on_other_shard_counts_with_every_record_once(name):
+    make, want = CASES[name]
+    used: list[int] = []
+    shard_states: dict[int, dict] = {}
+    for count, steps in [(2, 2), (3, 1), (1, None)]:
+        its = [ElasticIterator(make(), 6, dl.ShardOptions(h, count)) for h in range(count)]
+        for it in its:
+            if shard_states:
+                it.set_shard_states(shard_states)
+            taken = 0
+            while steps is None or taken < steps:
+                try:
+                    used += ids(name, next(it))
+                except StopIteration:
+                    break
+                taken += 1
+        shard_states = {}
+        for it in its:
+            shard_states.update(json.loads(json.dumps(it.get_shard_states())))
+        assert sorted(map(int, shard_states)) == list(range(count))  # JSON keys are strings
+    assert sorted(used) == want
+
+
+def test_each_shard_yields_its_share_of_the_global_batch():
+    its = [ElasticIterator(CASES["filter"][0](), 6, dl.ShardOptions(h, 3)) for h in range(3)]
+    assert [len(next(it)) for it in its] == [2, 2, 2]
+
+
+def test_get_state_restores_the_same_shard_count():
+    it = ElasticIterator(CASES["flat map"][0](), 4, dl.ShardOptions(1, 2))
+    next(it)
+    state = it.get_state()
+    rest = [b.tolist() for b in it]
+    again = ElasticIterator(CASES["flat map"][0](), 4, dl.ShardOptions(1, 2))
+    again.set_state(state)
+    assert [b.tolist() for b in again] == rest
+
+
+def test_set_shard_states_needs_every_old_shard():
+    its = [ElasticIterator(CASES["filter"][0](), 6, dl.ShardOptions(h, 2)) for h in range(2)]
+    new = ElasticIterator(CASES["filter"][0](), 6, dl.ShardOptions(0, 3))
+    with pytest.raises(dl.StateMismatchError, match=r"one state from each of the old hosts, got shards \[1\]"):
+        new.set_shard_states(its[1].get_shard_states())
+
+
+def test_a_packer_over_another_stream_is_refused():
+    ds = dl.experimental.FirstFitPackIterDataset(
+        dl.experimental.WindowShuffleIterDataset(stream().map(tokens), window_size=4, seed=0),
+        length_struct={"tokens": 8}, num_packing_bins=2)
+    with pytest.raises(ValueError, match="packs a stream on the engine"):
+        ElasticIterator(ds, 4, dl.ShardOptions(0, 2))

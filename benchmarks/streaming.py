@@ -24,6 +24,16 @@ the same output for every count) and packs in the training process; Grain gives 
 worker a slice of the stream.
 
     python3 benchmarks/streaming.py --pipeline tokenize --repeat 3
+
+``--pipeline gzip`` measures element-wise work after a stage that can only be iterated:
+the same documents as 4 gzip TFRecord files (no offsets to read from: a gzip file is
+read from its start), interleaved -> parse + tokenize -> first-fit packing -> batches
+of 8, tokens/s at 0, 1 and 2 workers. granary's parent reads the records in order and
+ships them, 64 at a time, to the workers, which parse and tokenize (the same output for
+every count); Grain (which reads no gzip TFRecord: a small reader of its own here) gives
+each worker a slice of the files.
+
+    python3 benchmarks/streaming.py --pipeline gzip --repeat 3
 """
 
 from __future__ import annotations
@@ -226,6 +236,100 @@ def tokenize_table(paths: list[str], tokenizer: str, seq_len: int, grain: Any) -
     return rows
 
 
+def write_gzip_records(paths: list[str]) -> list[str]:
+    """The documents of ``paths`` as gzip TFRecord files, one record a document."""
+    import gzip
+
+    import pyarrow.parquet as pq
+
+    import dataloader as dl
+
+    out = []
+    for path in paths:
+        target = Path(path).with_suffix(".tfrecord.gz")
+        if not target.exists():
+            plain = Path(path).with_suffix(".tfrecord")
+            texts = pq.read_table(path, columns=["text"]).column("text").to_pylist()
+            dl.write_tfrecord(plain, [t.encode() for t in texts])
+            target.write_bytes(gzip.compress(plain.read_bytes(), compresslevel=6))
+            plain.unlink()
+        out.append(str(target))
+    return out
+
+
+class TokenizeRecord(Tokenize):
+    """A TFRecord's bytes (a document's text) -> ``{"tokens"}``."""
+
+    def __call__(self, record: Any) -> dict[str, Any]:  # type: ignore[override]
+        return super().__call__({"text": bytes(record).decode()})
+
+
+def grain_gzip_records(grain: Any) -> Any:
+    """A Grain ``IterDataset`` of one gzip TFRecord file (Grain reads none): records in
+    order, the state is how many were read (a restore reads up to there again)."""
+    import gzip
+    import struct
+
+    class Records(grain.DatasetIterator):
+        def __init__(self, path: str) -> None:
+            super().__init__()
+            self._path, self._file, self._count = path, gzip.open(path, "rb"), 0  # noqa: SIM115  (an iterator holds it open)
+
+        def __next__(self) -> bytes:
+            header = self._file.read(12)
+            if len(header) < 12:
+                raise StopIteration
+            (length,) = struct.unpack("<Q", header[:8])
+            data = self._file.read(length)
+            self._file.read(4)
+            self._count += 1
+            return data
+
+        def get_state(self) -> dict[str, int]:
+            return {"count": self._count}
+
+        def set_state(self, state: dict[str, int]) -> None:
+            self._file, self._count = gzip.open(self._path, "rb"), 0  # noqa: SIM115
+            for _ in range(state["count"]):
+                next(self)
+
+    class GzipRecords(grain.IterDataset):
+        def __init__(self, path: str) -> None:
+            super().__init__()
+            self.path = path
+
+        def __iter__(self) -> Records:
+            return Records(self.path)
+
+    return GzipRecords
+
+
+def gzip_table(paths: list[str], tokenizer: str, seq_len: int, grain: Any) -> dict[str, Callable[[], Iterator[Any]]]:
+    """gzip TFRecords -> parse + tokenize -> first-fit packing -> batch, at 0, 1, 2 workers."""
+    import dataloader as dl
+
+    rows: dict[str, Callable[[], Iterator[Any]]] = {}
+    length = {"tokens": seq_len}
+    for workers in (0, 1, 2):
+        def granary(workers: int = workers) -> Iterator[Any]:
+            files = dl.MapDataset.source(paths).map(dl.experimental.TFRecordIterDataset)
+            ds = dl.experimental.InterleaveIterDataset(files, cycle_length=len(paths)).map(TokenizeRecord(tokenizer))
+            ds = dl.experimental.FirstFitPackIterDataset(ds, length_struct=length, num_packing_bins=8)
+            return iter(ds.batch(8).mp_prefetch(dl.MultiprocessingOptions(num_workers=workers)))
+
+        rows[f"granary, {workers} workers"] = granary
+        if grain is not None:
+            def grain_row(workers: int = workers) -> Iterator[Any]:
+                ge = grain.experimental
+                files = grain.MapDataset.source(paths).map(grain_gzip_records(grain))
+                ds = ge.InterleaveIterDataset(files, cycle_length=len(paths)).map(TokenizeRecord(tokenizer))
+                ds = ge.FirstFitPackIterDataset(ds, length_struct=length, num_packing_bins=8)
+                return iter(ds.batch(8).mp_prefetch(grain.MultiprocessingOptions(num_workers=workers)))
+
+            rows[f"Grain, {workers} workers"] = grain_row
+    return rows
+
+
 def measure_tokens(make: Callable[[], Iterator[Any]], seconds: float) -> tuple[float, int]:
     """(tokens/s, tokens timed) after the first batch; a token is a non-padding position."""
     it = make()
@@ -259,8 +363,18 @@ def run_rows(
 
 def main_tokenize(args: argparse.Namespace, grain: Any) -> int:
     paths, tokenizer = write_documents(args.docs)
-    rows = tokenize_table(paths, tokenizer, args.seq_len, grain)
-    print(f"{len(paths)} Parquet files of {args.docs:,} documents -> BPE tokenizer -> first-fit packing "
+    if args.pipeline == "gzip":
+        paths = write_gzip_records(paths)
+        rows = gzip_table(paths, tokenizer, args.seq_len, grain)
+        if grain is not None:
+            from absl import flags
+
+            if not flags.FLAGS.is_parsed():  # Grain's worker processes read its flags
+                flags.FLAGS.mark_as_parsed()
+    else:
+        rows = tokenize_table(paths, tokenizer, args.seq_len, grain)
+    kind = "gzip TFRecord files (interleaved)" if args.pipeline == "gzip" else "Parquet files"
+    print(f"{len(paths)} {kind} of {args.docs:,} documents -> BPE tokenizer -> first-fit packing "
           f"({args.seq_len} tokens) -> batches of 8; median of {args.repeat}, at most {args.seconds:g} s a run"
           + ("" if grain else "; Grain not installed") + "\n")
     medians, results = run_rows(rows, measure_tokens, args)
@@ -282,8 +396,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--only", default="", help="comma-separated words a row's name must contain one of")
     parser.add_argument("--no-venv", action="store_true", help="run here, without Grain unless it is installed")
-    parser.add_argument("--pipeline", choices=("rows", "tokenize"), default="rows",
-                        help="rows: readers side by side; tokenize: a text pipeline at 0, 1, 2 workers")
+    parser.add_argument("--pipeline", choices=("rows", "tokenize", "gzip"), default="rows",
+                        help="rows: readers side by side; tokenize: a text pipeline at 0, 1, 2 workers; "
+                             "gzip: the same on gzip TFRecords (tokenizer after an iterated stage)")
     parser.add_argument("--docs", type=int, default=8000, help="--pipeline tokenize: documents in all")
     parser.add_argument("--seq-len", type=int, default=2048, help="--pipeline tokenize: tokens per packed row")
     args = parser.parse_args(argv)
@@ -293,7 +408,7 @@ def main(argv: list[str]) -> int:
         import grain  # imported before timing (it imports JAX)
     except ImportError:
         grain = None
-    if args.pipeline == "tokenize":
+    if args.pipeline in ("tokenize", "gzip"):
         return main_tokenize(args, grain)
 
     parquet, tfrecord = write_data(args.files, args.rows, args.row_group)

@@ -36,14 +36,21 @@ Two kinds of ``IterDataset`` run here, and they compose freely:
   (:mod:`dataloader.dataset.streams.lowering`). A stream iterated alone reads in order
   in this process, with its file-and-row state.
 * **Iterator-level**: everything else (packing, interleaving, window shuffles, thread
-  prefetch, user-defined datasets, TFRecord streams, and element-wise calls chained
-  after one of those). Such a stage runs in the consumer's process on the ordered
-  stream of its parents, so its output never depends on the number of workers; its
-  state nests its parents' states (``{"parent": ..., ...}``), as Grain's do.
+  prefetch, user-defined datasets, gzip or remote TFRecord streams, mixes of those).
+  Such a stage runs in the consumer's process on the ordered stream of its parents, so
+  its output never depends on the number of workers; its state nests its parents'
+  states (``{"parent": ..., ...}``), as Grain's do.
+* **Element-wise calls after an iterator-level stage** (``map``/``random_map``/
+  ``filter``/``flat_map``): under ``mp_prefetch`` (or ``GRANARY_WORKER_COUNT``) they
+  run in the worker processes, on units of 64 consecutive elements that the consumer's
+  process reads from the stage and ships through shared memory
+  (:mod:`dataloader.dataset.transformations.pooled`); without workers, element by
+  element in the consumer's process. A ``batch`` after them stacks in the consumer.
 
 ``mp_prefetch`` on a pipeline with iterator-level stages gives the worker processes to
-its engine-backed parts (including a Parquet stream and the calls chained on it) and
-computes the iterator-level stages ahead in a thread.
+its engine-backed parts (including a Parquet stream and the calls chained on it) and to
+the element-wise calls after iterator-level stages, and computes the iterator-level
+stages ahead in a thread. Output and states are the same for every worker count.
 """
 
 from __future__ import annotations
@@ -188,9 +195,10 @@ class IterDataset(Generic[T], abc.ABC):
     ) -> IterDataset[T]:
         """Computes the stream with worker processes (default: one per CPU).
 
-        The engine-backed part of the pipeline runs in ``options.num_workers`` processes;
-        iterator-level stages above it run ahead in a thread of this process. The output
-        is the same for every number of workers, and so is every state.
+        The engine-backed part of the pipeline, and the element-wise calls chained after
+        iterator-level stages, run in ``options.num_workers`` processes; iterator-level
+        stages run ahead in a thread of this process. The output is the same for every
+        number of workers, and so is every state.
         ``sequential_slice`` is accepted for Grain's signature: the output does not
         depend on how work is split, so there is nothing to choose.
         """

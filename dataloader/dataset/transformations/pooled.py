@@ -33,7 +33,12 @@ from dataloader.engine.shipped import Feeder, ShippedInputs, shipped_plans
 from dataloader.engine.stages.base import DatasetIterator, expect_state
 from dataloader.errors import PipelineError
 from dataloader.operations import Operation
-from dataloader.options import MultiprocessingOptions, ReadOptions, check_worker_count
+from dataloader.options import (
+    DEFAULT_STALL_WARNING_S,
+    MultiprocessingOptions,
+    ReadOptions,
+    check_worker_count,
+)
 
 # Elements of the iterated stage per unit: a fixed grid, whatever the worker count.
 UNIT_SIZE = 64
@@ -96,6 +101,7 @@ class PooledElementwiseIterator(DatasetIterator):
             self._executor = PoolExecutor(
                 plan, plan_bytes, 0, worker_count=count,
                 buffer_size=options.per_worker_buffer_size, init_fn=init_fn,
+                stall_warning_s=DEFAULT_STALL_WARNING_S,  # as a DataLoader's pool
             )
 
     def __next__(self) -> Any:

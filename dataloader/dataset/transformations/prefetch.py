@@ -7,8 +7,10 @@ element handed out, whatever is buffered, and ``set_state`` drops the buffer.
 
 :class:`MultiprocessPrefetchIterDataset` is ``mp_prefetch`` on a pipeline that has
 iterator-level stages: the engine-backed datasets it reads from get the worker
-processes (they compute positions, in any process, with identical output), and the
-iterator-level stages above them run ahead in a thread of this process.
+processes (they compute positions, in any process, with identical output), and so do
+the element-wise calls after an iterator-level stage (units of its elements shipped to
+the workers, :mod:`dataloader.dataset.transformations.pooled`); the iterator-level
+stages run ahead in a thread of this process.
 """
 
 from __future__ import annotations

@@ -216,3 +216,26 @@ def test_an_error_in_the_iterated_stage_comes_after_the_elements_before_it():
             next(it)
         it.close()
         assert out == list(range(100))
+
+
+def test_an_endless_file_list_feeds_the_workers(tmp_path):
+    """A file list repeated without a count has no random-access form; the map after its
+    interleave runs on the workers all the same, with the same output and states."""
+    paths = []
+    for f in range(3):
+        paths.append(str(tmp_path / f"part-{f}.tfrecord"))
+        dl.write_tfrecord(paths[-1], [b"%d-%03d" % (f, r) for r in range(20 + f)])
+    files = MD.source(paths).repeat().map(dl.experimental.TFRecordIterDataset)
+    ds = dl.experimental.InterleaveIterDataset(files, cycle_length=2).map(lambda b: bytes(b).upper())
+    assert type(ds).__name__ == "ElementwiseIterDataset"  # not lowered onto the engine
+    reference = iter(on_workers(ds, 0))
+    expected = take(reference, 200)
+    state = json.dumps(reference.get_state())
+    after = take(reference, 30)
+    reference.close()
+    with iter(on_workers(ds, 2)) as it:
+        assert take(it, 200) == expected
+        assert json.dumps(it.get_state()) == state
+    with iter(on_workers(ds, 1)) as it:
+        it.set_state(json.loads(state))
+        assert take(it, 30) == after

@@ -195,6 +195,16 @@ def next_layout(layout: Layout, count: int, read: Sequence[tuple[int, Used]], en
         for q, sub, used in outputs:
             g = int(layout.at(np.array([h + count * int(q)]))[0])
             partial[g, int(sub)] = _merge(partial[g, int(sub)], used) if (g, int(sub)) in partial else used
+    # Leftovers that reach up to the frontier without a gap join it: after a plain batch
+    # (every host at the same position) nothing is left over, and host j of H' reads
+    # frontier + j + H'*p, the same global batches as before the change.
+    ends = np.sort(np.concatenate([s + d * np.arange(c, dtype=np.int64) for s, d, c in extra]) if extra else [])
+    k = 0
+    while k < len(ends) and ends[len(ends) - 1 - k] == frontier - 1 - k:
+        k += 1
+    if k:
+        frontier -= k
+        extra = [[s, d, min(c, max(0, -(-(frontier - s) // d)))] for s, d, c in extra]
     return Layout(frontier, extra, [(g, sub, used) for (g, sub), used in partial.items()])
 
 

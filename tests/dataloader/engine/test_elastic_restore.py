@@ -102,13 +102,14 @@ def test_elastic_restore_refuses_another_pipeline():
 
 def test_the_layout_after_a_filter_is_a_few_progressions():
     """Two hosts that stopped at local positions 5 and 8: host 0's positions 5 to 8
-    (global 10, 12, 14, 16) are left over, and everything from global 17 on is unread."""
+    (global 10, 12, 14, 16) are unread, and everything from global 17 on: the
+    leftovers are 10, 12, 14, and the frontier is 16 (16 and 17 and on, no gap)."""
     layout = next_layout(Layout(), 2, [(5, []), (8, [])], None)
-    assert layout.describe() == {"frontier": 17, "extra": [[10, 2, 4]], "partial": []}
+    assert layout.describe() == {"frontier": 16, "extra": [[10, 2, 3]], "partial": []}
     sampler = ElasticSampler(dl.IndexSampler(40, num_epochs=1), layout, dl.ShardOptions(1, 3))
     # U = 10, 12, 14, 16, 17, 18, ...: host 1 of 3 reads U[1], U[4], U[7], ...
     assert sampler.global_positions(np.arange(4)).tolist() == [12, 17, 20, 23]
-    assert sampler.num_positions == 9  # U has 4 + (40 - 17) = 27 positions: 1, 4, ..., 25
+    assert sampler.num_positions == 9  # U has 3 + (40 - 16) = 27 positions: 1, 4, ..., 25
 
 
 def test_layouts_stay_small_along_a_chain_of_restores():
@@ -119,6 +120,16 @@ def test_layouts_stay_small_along_a_chain_of_restores():
         layout = next_layout(layout, count, read, None)
         assert len(layout.extra) <= count
         count = new_count
+
+
+def test_hosts_at_the_same_position_leave_no_leftovers():
+    """A plain batch: every host used its first 5 positions, so the unread part is
+    everything from global position 15 on, and the new hosts read the same global
+    batches as the loader's single-state restore (position p*H/H')."""
+    layout = next_layout(Layout(), 3, [(5, []), (5, []), (5, [])], None)
+    assert layout.describe() == {"frontier": 15, "extra": [], "partial": []}
+    sampler = ElasticSampler(dl.IndexSampler(60, num_epochs=1), layout, dl.ShardOptions(1, 2))
+    assert sampler.global_positions(np.arange(3)).tolist() == [16, 18, 20]
 
 
 def test_a_begun_flat_map_position_hands_out_only_its_unused_outputs():

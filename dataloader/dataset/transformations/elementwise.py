@@ -76,7 +76,7 @@ class ElementwiseIterDataset(IterDataset):
             # Under mp_prefetch (0 workers included): unit by unit, on the pool.
             options, init_fn = found
             return PooledElementwiseIterator(parent, self.ops, options, init_fn, watch=self._filter_watch())
-        return ElementwiseIterator(parent, self.ops, watch=self._filter_watch())
+        return _StateReadingIterator(parent, self.ops, watch=self._filter_watch())
 
     def _filter_watch(self) -> FilterWatch | None:
         """Grain's filter thresholds over this stage."""
@@ -84,6 +84,24 @@ class ElementwiseIterDataset(IterDataset):
 
     def __repr__(self) -> str:
         return f"{self._parent!r}" + "".join(f".apply({op.name})" for op in self.ops)
+
+
+class _StateReadingIterator(ElementwiseIterator):
+    """The element-by-element stage, which also continues from a state of the pooled
+    one (same keys; there ``skip`` counts outputs of the unit that starts at element
+    ``index``, so it may run past that element's outputs): it restores the element's
+    state and hands out ``skip`` outputs again. For its own states (``skip`` within one
+    element) that is what the stage does anyway, so a state saves and restores alike
+    with and without worker processes."""
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        skip = int(state["skip"]) if isinstance(state, dict) and "skip" in state else 0
+        super().set_state({**state, "skip": 0} if skip else state)
+        for _ in range(skip):
+            try:
+                ElementwiseIterator.__next__(self)
+            except StopIteration:
+                break
 
 
 class BatchIterDataset(IterDataset):

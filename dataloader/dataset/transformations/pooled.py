@@ -14,7 +14,9 @@ keys the random generators as it does element by element
 of the current unit, "index": that unit's first element, "skip": how many of the
 unit's outputs were handed out}``. A restore replays at most one unit of the stage.
 A state of the element-by-element stage (same keys: ``skip`` counts outputs of element
-``index``, the first of the unit) restores here too.
+``index``, the first of the unit) restores here too, and the element-by-element stage
+reads these (:mod:`dataloader.dataset.transformations.elementwise`): a checkpoint moves
+between runs with and without worker processes.
 
 An error in user code arrives at its element's place, naming the operation; the
 iterator then raises it again on every ``next()`` (restore a state to go on). A unit

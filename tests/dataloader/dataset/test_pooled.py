@@ -239,3 +239,12 @@ def test_an_endless_file_list_feeds_the_workers(tmp_path):
     with iter(on_workers(ds, 1)) as it:
         it.set_state(json.loads(state))
         assert take(it, 30) == after
+
+
+def test_a_state_of_the_pool_restores_without_workers():
+    ds = own_then_map_batch()
+    reference, states = run(on_workers(ds, 2))
+    for k in (0, 3, 17, len(reference) - 1):  # 17 batches: the middle of a unit of 64
+        it = iter(ds)  # element by element, in this process
+        it.set_state(json.loads(states[k]))
+        assert_streams_equal(take(it, 5), reference[k : k + 5])

@@ -12,8 +12,8 @@ never read an index again. The head and index bytes are kept in ``cache_dir`` fo
 workers' sparse files, so they do not fetch them either.
 
 Fetching. One ``__getitems__`` call (a whole work unit) fetches every missing chunk of
-its records at once: ranges of neighbouring chunks are coalesced (gaps under
-:data:`COALESCE_GAP` are fetched too, since a byte costs less than a request), and all
+its records at once: ranges of neighbouring chunks are coalesced (gaps smaller than what
+the link moves in one request's latency are fetched too, see :data:`COALESCE_GAP`), and all
 ranges of all files go out in one concurrent ``cat_ranges`` call (fsspec bounds its
 concurrency). :meth:`RemoteFiles.prefetch` fetches the chunks of records to come in a
 background thread, so a caller that knows the sampler's next positions hides the
@@ -47,7 +47,10 @@ from .cache import Budget, SparseFile
 from .chunk_index import BLOCK, ChunkIndex, NotAnIndexError, parse, tail_start
 
 COALESCE_GAP = 64 << 10
-"""Neighbouring ranges closer than this many bytes are fetched as one."""
+"""Neighbouring ranges closer than this many bytes are always fetched as one; closer
+than the bytes the link moves in one request's latency (``latency * bandwidth``, up to
+:data:`MAX_RANGE` and an eighth of the cache) too: fetching the gap costs less than
+another request."""
 
 MAX_RANGE = 16 << 20
 """The largest single ranged request (a whole-file download is cut in such parts)."""
@@ -302,6 +305,8 @@ class RemoteFiles:
         self._lock = threading.RLock()
         self._prefetcher: concurrent.futures.ThreadPoolExecutor | None = None
         self._pending: list[concurrent.futures.Future[None]] = []
+        # Chunks being fetched, by file: chunk -> the event set when its fetch ends.
+        self._inflight: dict[int, dict[int, threading.Event]] = {}
         self.requests = 0
         self.bytes_fetched = 0
 
@@ -310,8 +315,7 @@ class RemoteFiles:
     @contextlib.contextmanager
     def hold(self, files: np.ndarray, positions: np.ndarray) -> Iterator[None]:
         """Makes the chunks of these records present and pinned while the block runs."""
-        with self._lock:
-            keys = self._fetch(files, positions, keep_pinned=True)
+        keys = self._fetch(files, positions, keep_pinned=True)
         try:
             yield
         finally:
@@ -336,7 +340,7 @@ class RemoteFiles:
             self._pending.append(self._prefetcher.submit(self._prefetch, files, positions))
 
     def _prefetch(self, files: np.ndarray, positions: np.ndarray) -> None:
-        with contextlib.suppress(Exception), self._lock:  # A real read retries and reports.
+        with contextlib.suppress(Exception):  # A real read retries and reports.
             self._fetch(files, positions, keep_pinned=False)
 
     def _fetch(
@@ -344,60 +348,94 @@ class RemoteFiles:
     ) -> list[tuple[SparseFile, int]]:
         """Fetches the missing chunks of these records; their keys stay pinned if asked.
 
-        The budget's lock is held throughout: the budget may be shared with other
-        sources, whose evictions must not touch a chunk between the check that it is
-        present and its pinning.
+        Planning and bookkeeping happen under the locks (this process's, then the
+        budget's, which other sources may share: a chunk is pinned before it is found
+        present, so no eviction takes it in between); the requests do not, so a
+        prefetch and a read fetch at the same time. A chunk another call is fetching is
+        waited for, not fetched twice.
         """
-        with self._budget.lock:
-            keys = self._fetch_locked(files, positions)
-            if not keep_pinned:
-                self._budget.unpin(keys)
-            return keys
-
-    def _fetch_locked(self, files: np.ndarray, positions: np.ndarray) -> list[tuple[SparseFile, int]]:
         keys: list[tuple[SparseFile, int]] = []
-        owners: list[int] = []
-        paths: list[str] = []
-        starts: list[int] = []
-        ends: list[int] = []
-        spans: list[tuple[SparseFile, int, int]] = []  # (file, first chunk, last chunk + 1)
+        try:
+            while True:
+                with self._lock, self._budget.lock:
+                    plan, waits = self._plan(files, positions, keys)
+                if plan is not None:
+                    self._run(plan)
+                for event in waits:
+                    event.wait()
+                if plan is None and not waits:
+                    break
+        except BaseException:
+            self._budget.unpin(keys)
+            raise
+        if not keep_pinned:
+            self._budget.unpin(keys)
+        return keys
+
+    def _plan(
+        self, files: np.ndarray, positions: np.ndarray, keys: list[tuple[SparseFile, int]]
+    ) -> tuple[_Plan | None, list[threading.Event]]:
+        """The ranges to fetch now and the fetches of others to wait for (pins on the first call)."""
+        plan = _Plan()
+        waits: list[threading.Event] = []
+        pin = not keys
         for f in np.unique(files).tolist():
             sparse = self._sparse_file(f)
             index = self._files[f].index
             chunks = np.unique(index.chunks_of(positions[files == f]))
-            wanted = [(sparse, c) for c in chunks.tolist()]
-            self._budget.pin(wanted)  # From here on no eviction can take them.
-            keys.extend(wanted)
+            if pin:
+                wanted = [(sparse, c) for c in chunks.tolist()]
+                self._budget.pin(wanted)  # From here on no eviction can take them.
+                keys.extend(wanted)
+            for c in chunks.tolist():
+                self._budget.touch(sparse, c)
             present = np.frombuffer(sparse.present, dtype=np.uint8)
-            if not present.any() and self._whole(index.size):
-                missing = np.arange(index.num_chunks)
-            else:
-                missing = chunks[present[chunks] == 0]
-            for first, last in _coalesce(index.offsets, missing):
+            if not present.any() and not self._inflight.get(f) and self._whole(index.size):
+                chunks = np.arange(index.num_chunks)
+            absent = chunks[present[chunks] == 0]
+            flying = self._inflight.setdefault(f, {})
+            waits.extend({id(flying[c]): flying[c] for c in absent.tolist() if c in flying}.values())
+            missing = np.array([c for c in absent.tolist() if c not in flying], dtype=np.int64)
+            for first, last in _coalesce(index.offsets, missing, flying, self._gap()):
+                event = threading.Event()
+                for c in range(first, last):
+                    flying[c] = event
                 for start in range(int(index.offsets[first]), int(index.offsets[last]), MAX_RANGE):
-                    owners.append(f)
-                    paths.append(self._paths[f])
-                    starts.append(start)
-                    ends.append(min(start + MAX_RANGE, int(index.offsets[last])))
-                spans.append((sparse, first, last))
-        if paths:
+                    plan.ranges.append((f, start, min(start + MAX_RANGE, int(index.offsets[last]))))
+                plan.spans.append((f, first, last, event))
+        return (plan if plan.spans else None), waits
+
+    def _run(self, plan: _Plan) -> None:
+        """Fetches a plan's ranges (no lock held) and files them."""
+        data: list[bytes] | None = None
+        try:
             began = time.perf_counter()
             data = urls.fetch_ranges(
-                self._fs, self._url_of, paths, starts, ends, retries=self._options.retries
+                self._fs, self._url_of, [self._paths[f] for f, _, _ in plan.ranges],
+                [start for _, start, _ in plan.ranges], [end for _, _, end in plan.ranges],
+                retries=self._options.retries,
             )
-            self._measure(sum(len(d) for d in data), time.perf_counter() - began)
-            self.requests += len(paths)
-            for f, start, piece in zip(owners, starts, data, strict=True):
-                self._sparse_file(f).write(start, piece)
-            for sparse, first, last in spans:
-                for c in range(first, last):
-                    if not sparse.present[c]:
-                        sparse.present[c] = 1
-                        self._budget.add(sparse, c, sparse.offsets[c + 1] - sparse.offsets[c])
-        for sparse, c in keys:
-            self._budget.touch(sparse, c)
-        self._budget.make_room()
-        return keys
+            elapsed = time.perf_counter() - began
+        finally:
+            with self._lock, self._budget.lock:
+                if data is not None:
+                    self._measure(sum(len(d) for d in data), elapsed)
+                    self.requests += len(plan.ranges)
+                    for (f, start, _), piece in zip(plan.ranges, data, strict=True):
+                        self._sparse_file(f).write(start, piece)
+                for f, first, last, event in plan.spans:
+                    sparse = self._sparse_file(f)
+                    for c in range(first, last):
+                        self._inflight[f].pop(c, None)
+                        if data is not None and not sparse.present[c]:
+                            sparse.present[c] = 1
+                            self._budget.add(sparse, c, sparse.offsets[c + 1] - sparse.offsets[c])
+                    event.set()  # A failed fetch wakes its waiters too: they try themselves.
+                self._budget.make_room()
+
+    def _gap(self) -> int:
+        by_link = int(self._link.latency_s * self._link.bandwidth)
+        return max(COALESCE_GAP, min(by_link, MAX_RANGE, self._options.cache_bytes // 8))
 
     def _whole(self, size: int) -> bool:
         if size > self._options.cache_bytes // 4:
@@ -473,11 +511,27 @@ def _shared_budget(directory: str, limit: int) -> Budget:
         return budget
 
 
-def _coalesce(offsets: np.ndarray, chunks: np.ndarray) -> list[tuple[int, int]]:
-    """Runs ``[first, last)`` of chunks to fetch, neighbours closer than COALESCE_GAP joined."""
+@dataclasses.dataclass
+class _Plan:
+    """What one call fetches: ranges ``(file, start, end)``, and the chunk runs they fill."""
+
+    ranges: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)
+    spans: list[tuple[int, int, int, threading.Event]] = dataclasses.field(default_factory=list)
+
+
+def _coalesce(
+    offsets: np.ndarray, chunks: np.ndarray, flying: Mapping[int, Any], gap: int
+) -> list[tuple[int, int]]:
+    """Runs ``[first, last)`` of chunks to fetch, neighbours closer than ``gap`` bytes
+    joined (never across a chunk another call is fetching)."""
     runs: list[tuple[int, int]] = []
     for c in np.sort(chunks).tolist():
-        if runs and offsets[c] - offsets[runs[-1][1]] < COALESCE_GAP:
+        if (
+            runs
+            and offsets[c] - offsets[runs[-1][1]] < gap
+            and offsets[c + 1] - offsets[runs[-1][0]] <= MAX_RANGE
+            and not any(g in flying for g in range(runs[-1][1], c))
+        ):
             runs[-1] = (runs[-1][0], c + 1)
         else:
             runs.append((c, c + 1))

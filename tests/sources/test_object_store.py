@@ -158,6 +158,18 @@ def test_small_files_are_downloaded_whole_when_the_rule_says_so(store, proxy):
         assert source.remote_stats["bytes_fetched"] < 4096
 
 
+def test_prefetched_records_are_read_without_a_request(store, proxy):
+    local = ArrayRecordDataSource(store["local"])
+    with _source(store, proxy) as source:
+        coming = [7, 300, 650, 1000]
+        source.prefetch(coming)
+        for pending in source._fetch_state()._pending:
+            pending.result()
+        before = proxy.requests
+        assert source.__getitems__(coming) == local.__getitems__(coming)
+        assert proxy.requests == before
+
+
 def test_dropped_connections_are_retried(store, proxy):
     local = ArrayRecordDataSource(store["local"])
     with _source(store, proxy) as source:

@@ -37,20 +37,30 @@ class KeyValueExchange:
         timeout_s: how long to wait for another host's answer before raising.
         poll_s: the wait is cut in slices of this many seconds, so that :meth:`close`
             (another thread) ends it promptly.
+        client, process_index, process_count: the store's client (``key_value_set``,
+            ``blocking_key_value_get``, ``key_value_delete``) and this process's place;
+            None: JAX's (``jax.distributed``). For tests.
+        name: the keys' prefix, the same on every host; None: numbered in the order
+            this process makes exchanges (the same order on every host of an SPMD program).
     """
 
-    def __init__(self, *, timeout_s: float = 600.0, poll_s: float = 0.5) -> None:
-        import jax
-        from jax._src import distributed
+    def __init__(self, *, timeout_s: float = 600.0, poll_s: float = 0.5, client: Any = None,
+                 process_index: int | None = None, process_count: int | None = None,
+                 name: str | None = None) -> None:
+        if client is None:
+            import jax
+            from jax._src import distributed
 
-        self._client: Any = distributed.global_state.client
-        self._index, self._count = jax.process_index(), jax.process_count()
+            client = distributed.global_state.client
+            process_index, process_count = jax.process_index(), jax.process_count()
+        self._client: Any = client
+        self._index, self._count = int(process_index or 0), int(process_count or 1)
         if self._client is None and self._count > 1:
             raise RuntimeError(
                 "JAX's distributed runtime has no client; call jax.distributed.initialize() "
                 "before making the iterator"
             )
-        self._name = f"granary/end/{next(_iterators)}"
+        self._name = name if name is not None else f"granary/end/{next(_iterators)}"
         self._generation = 0
         self._round = 0
         self._timeout_s, self._poll_ms = timeout_s, max(1, int(poll_s * 1000))

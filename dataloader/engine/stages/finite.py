@@ -223,6 +223,9 @@ class EndTogether(DatasetIterator[dict[str, Any]]):
         self._exchange = exchange
         self._spec: dict[str, Any] | None = spec_of(end.example) if end.example is not None else None
         self._reads_ahead = steps is None and exchange is not None
+        # It may be closed from another thread (the device feed's close) where its parent
+        # may: the exchange's wait then ends too (an optional close() of the exchange).
+        self._closes_from_any_thread = getattr(parent, "_closes_from_any_thread", False)
         self._reset(self._parent_state() if self._reads_ahead else None, 0)
 
     def _parent_state(self) -> dict[str, Any] | None:
@@ -316,6 +319,13 @@ class EndTogether(DatasetIterator[dict[str, Any]]):
         if self._spec is not None:
             state[SPEC] = self._spec
         return state
+
+    def close(self) -> None:
+        """Closes the parent and ends a wait for the other hosts; idempotent."""
+        close = getattr(self._exchange, "close", None)
+        if close is not None:
+            close()
+        super().close()
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Continues with the step after ``state`` (every host restores at the same step)."""

@@ -28,6 +28,9 @@ How the hosts agree on the number of steps:
   JAX's key-value store: :mod:`dataloader.device.ends`); the engine never imports JAX.
 
 With one host, or an infinite stream, nothing is exchanged: batches only gain the mask.
+A ``DataLoader`` counts hosts by its sampler's shard count; hosts that split the data
+some other way (a source of their own each) use
+:func:`~dataloader.device.ends.end_together`, which asks JAX for the process count.
 
 **State.** The state is the parent's state of the last real batch handed out, plus
 ``end_padded`` (padding batches handed out since) and ``end_spec`` (the batch's leaves'

@@ -109,3 +109,23 @@ def test_other_errors_of_the_store_pass_through():
 
     with pytest.raises(RuntimeError, match="UNAVAILABLE"):
         exchanges(Broken(), 2)[0](np.array([1, 0]))
+
+
+def test_end_together_pads_any_iterator_of_one_process():
+    import dataloader as dl
+
+    batches = iter([{"x": np.arange(4)}, {"x": np.arange(2)}])
+    out = list(dl.end_together(batches, batch_size=4))
+    assert [b["x"].tolist() for b in out] == [[0, 1, 2, 3], [0, 1, 0, 0]]
+    assert [b["mask"].tolist() for b in out] == [[True] * 4, [True, True, False, False]]
+
+
+def test_end_together_computes_the_steps_from_a_plain_batch_s_sampler():
+    import dataloader as dl
+
+    sampler = dl.IndexSampler(9, dl.ShardOptions(1, 2), num_epochs=1)  # 4 of 9: 1 batch of 4
+    batches = iter([{"x": np.arange(4)}])
+    out = list(dl.end_together(batches, batch_size=4, sampler=sampler))
+    assert [b["mask"].tolist() for b in out] == [[True] * 4, [False] * 4]  # host 0 has 2 batches
+    with pytest.raises(ValueError, match='end_together needs end="pad"'):
+        dl.end_together(iter([]), batch_size=4, end=None)

@@ -29,6 +29,7 @@ import hashlib
 import logging
 import os
 import socket
+import threading
 import time
 import weakref
 from collections.abc import Iterator, Mapping
@@ -298,6 +299,9 @@ class RayUnits:
         self._next_index = 0
         self._start_failures: list[str] = []
         self._closed = False
+        # next() runs in the consumer's thread (a device feed's too); close() may come
+        # from any other and waits for the next() in progress (a poll: 0.25 s at most).
+        self._lock = threading.RLock()
         self._waiting_since: float | None = None  # when no actor was ready any more
         self._handles: list[Any] = []
         # Actors die with the stream, also when it is dropped without close().
@@ -311,6 +315,10 @@ class RayUnits:
     def reset(self, position: int) -> None:
         """Starts again at ``position``; the actors stay, answers about the old stream
         are dropped when they come."""
+        with self._lock:
+            self._reset(position)
+
+    def _reset(self, position: int) -> None:
         self._window.reset(self._plan.units(position))
         if self._closed:
             self._closed = False
@@ -319,6 +327,10 @@ class RayUnits:
         self._scale()
 
     def __next__(self) -> UnitResult:
+        with self._lock:
+            return self._next_locked()
+
+    def _next_locked(self) -> UnitResult:
         window = self._window
         while True:
             if self._closed:
@@ -346,7 +358,11 @@ class RayUnits:
         are killed (``ray.kill`` returns at once)."""
         if self._closed:
             return
-        self._closed = True
+        self._closed = True  # first, unlocked: a next() waiting in another thread stops
+        with self._lock:
+            self._release()
+
+    def _release(self) -> None:
         for actor in self.actors.values():
             if not actor.retiring and self._ray.is_initialized():
                 self._spec._park(self._digest, actor.handle)

@@ -24,10 +24,13 @@ so a preempted save leaves no half-written state behind.
 
 Elastic restore. Restoring process ``i`` of ``n`` reads ``process_<i>-of-<n>.json``.
 When the checkpoint was written by another number of processes and that file does not
-exist, it reads ``process_0-of-<m>.json`` instead: all processes save at the same
-global batch, so process 0's state holds the position every process needs, and the
-loader maps it onto its own shard (see :mod:`dataloader.engine.state`: plain ``Batch``, same
-global batch size). A state that does not fit the loader is refused with
+exist, a loader's iterator (one that declares ``restores_from_every_shard``) is given
+every old process's state, and reads its share of what they left unread, for every
+pipeline (:mod:`dataloader.engine.elastic`); another iterator reads
+``process_0-of-<m>.json`` instead: all processes save at the same global batch, so
+process 0's state holds the position every process needs, and the loader maps it onto
+its own shard (see :mod:`dataloader.engine.state`: plain ``Batch``, same global batch
+size). A state that does not fit the loader is refused with
 :class:`~dataloader.StateMismatchError`, whose message names the file and every
 difference.
 
@@ -192,6 +195,38 @@ def _restore_from(path: epath.Path, iterator: Any) -> Any:
     return iterator
 
 
+def _every_shard(directory: epath.Path, iterator: Any, index: int, count: int) -> list[dict[str, Any]] | None:
+    """Every old process's state, when the checkpoint was written by another number of
+    processes and ``iterator`` restores from them all; else None (the one-file rule)."""
+    if iterator is None or not getattr(iterator, "restores_from_every_shard", False):
+        return None
+    directory = epath.Path(directory)
+    if (directory / state_filename(index, count)).exists():
+        return None
+    found = _existing_states(directory)
+    counts = {c for _, c in found}
+    if len(counts) != 1:
+        return None
+    (old,) = counts
+    if old == count or any((k, old) not in found for k in range(old)):
+        return None
+    states = [_read_state_file(found[k, old]) for k in range(old)]
+    return None if any(grain_state.is_grain_state(s) for s in states) else states
+
+
+def _restore_item(directory: Any, iterator: Any, index: int, count: int) -> Any:
+    """Restores ``iterator`` from this process's file, or from every old process's
+    (:func:`_every_shard`); returns what :func:`_restore_from` returns."""
+    states = _every_shard(epath.Path(directory), iterator, index, count)
+    if states is None:
+        return _restore_from(find_state_file(epath.Path(directory), index, count), iterator)
+    try:
+        iterator.set_state(states)
+    except StateMismatchError as error:
+        raise StateMismatchError(f"{directory} (the states of all {len(states)} processes): {error}") from error
+    return iterator
+
+
 def _process() -> tuple[int, int]:
     return jax.process_index(), jax.process_count()
 
@@ -244,8 +279,7 @@ def v1_load(iterator: Any, directory: Any) -> Coroutine[Any, Any, None]:
     index, count = _process()
 
     async def read() -> None:
-        path = await asyncio.to_thread(find_state_file, epath.Path(directory), index, count)
-        await asyncio.to_thread(_restore_from, path, iterator)
+        await asyncio.to_thread(_restore_item, directory, iterator, index, count)
 
     return read()
 
@@ -284,8 +318,7 @@ class IteratorCheckpointHandler(ocp.handlers.AsyncCheckpointHandler):
             FileNotFoundError: the checkpoint holds no state for this process.
             ValueError: its state file is damaged (the message names it and what to do).
         """
-        path = find_state_file(epath.Path(directory), jax.process_index(), jax.process_count())
-        return _restore_from(path, None if args is None else args.item)
+        return _restore_item(directory, None if args is None else args.item, *_process())
 
     def metadata(self, directory: epath.Path) -> list[str]:
         """The names of the state files of a saved checkpoint item."""
@@ -397,10 +430,9 @@ class PyGrainCheckpointHandler(ocp.CheckpointHandler):
         """
         item = _item(item, args, "restore")
         try:
-            path = find_state_file(epath.Path(directory), jax.process_index(), jax.process_count())
+            restored = _restore_item(directory, item, *_process())
         except FileNotFoundError as error:
             raise ValueError(str(error)) from None
-        restored = _restore_from(path, item)
         start = getattr(item, "start_prefetch", None)
         if item is not None and callable(start):
             start()

@@ -74,7 +74,8 @@ class DataLoaderIterator(DatasetIterator[Any]):
         engine: the loader's :class:`LoaderEngine`; or, as Grain's signature has it, the
             ``DataLoader`` itself, whose engine value is taken (the loader is not kept).
         state: a state from ``get_state`` to start from (or one of Grain's, converted
-            as :meth:`set_state` converts it); None: the beginning.
+            as :meth:`set_state` converts it), or every old host's states for an
+            elastic restore (see :meth:`set_state`); None: the beginning.
 
     Example:
         >>> it = iter(loader)                       # doctest: +SKIP
@@ -93,7 +94,7 @@ class DataLoaderIterator(DatasetIterator[Any]):
         super().__init__()
         if not isinstance(engine, LoaderEngine):
             engine = _engine_of(engine)
-        self._engine = engine
+        self._engine = self._home = engine  # home: the plain sharding, before any elastic restore
         self._plan = engine.plan
         self._executor: Executor | None = None
         self._assembler: Any = None
@@ -107,6 +108,8 @@ class DataLoaderIterator(DatasetIterator[Any]):
         self._restored: dict[str, Any] | None = None
         self._log: Any = None
         cursor = Cursor(0)
+        if state is not None:
+            state = self._relayout(state)
         if state is not None:
             # Grain's states are converted as set_state converts them, against this
             # iterator's state at the beginning (there is no assembler yet to ask).
@@ -193,6 +196,11 @@ class DataLoaderIterator(DatasetIterator[Any]):
     def set_state(self, state: Any) -> None:
         """Continues from ``state`` (a dict from ``get_state``, or its JSON text).
 
+        Given a list of every old host's states (of one step, on another host count,
+        this loader built as one host of the new count), it reads this host's share of
+        what they left unread: each record of the stream exactly once across the change,
+        for every pipeline (README "Elastic restore", :mod:`dataloader.engine.elastic`).
+
         Raises:
             StateMismatchError: the state was made for another data set, seed, sharding
                 or pipeline; the message names each difference. Or its fingerprint
@@ -205,9 +213,30 @@ class DataLoaderIterator(DatasetIterator[Any]):
         granary continues it exactly, and refused saying why otherwise
         (:mod:`dataloader.engine.grain_state`).
         """
-        self._restart(self._resolve(self._from_grain(state)))
+        state = self._relayout(state)
+        self._restart(self._resolve(self._from_grain(state)) if state is not None else Cursor(0))
         self._resume = None
         self._closed = False
+
+    # An Orbax restore on another process count hands set_state every old process's
+    # state (dataloader.checkpoint).
+    restores_from_every_shard = True
+
+    def _relayout(self, state: Any) -> Any:
+        """Moves onto the layout an elastic restore calls for (``state``: every old host's
+        states, or a state an elastic restore made; :mod:`dataloader.engine.elastic`)
+        and returns the state to resolve there (None: the layout's start)."""
+        from dataloader.engine import elastic
+
+        engine, state = elastic.engine_for(self._home, self._engine, state)
+        if engine is not self._engine:
+            if self._executor is not None:
+                self._executor.close()
+                self._executor = None
+            self._engine, self._plan = engine, engine.plan
+        if state is None:
+            self._step, self._restored = None, None  # steps since the stream's start: unknown
+        return state
 
     # Set by the dataset that to_iter_dataset() made (None: a DataLoader's, judged by its
     # sampler): whether the stream reads Grain's order, and positions per index of
@@ -328,28 +357,8 @@ def elastic_iterator(loader: Any, states: Any) -> DatasetIterator:
             restore made, to go on with it on the same host count.
 
     Returns:
-        A new iterator; its states record the layout (see
-        :mod:`dataloader.engine.elastic`) and restore through this function again.
+        ``loader.iterator(states)``, which takes such states too (and an Orbax restore
+        on another process count hands them to ``set_state``); its states record the
+        layout (see :mod:`dataloader.engine.elastic`) and restore the same way again.
     """
-    from dataloader.engine import elastic
-    from dataloader.engine.stages.tail import TailIterator
-    from dataloader.engine.state import made_for
-
-    engine = _engine_of(loader)
-    tail = getattr(loader, "_tail", [])
-    if isinstance(states, (str, bytes)) or isinstance(states, Mapping):
-        head, _ = elastic.head_state(states)
-        layout = elastic.Layout.from_state(head.get("elastic"))
-        sampler = elastic.ElasticSampler(getattr(engine.plan.sampler, "base", engine.plan.sampler),
-                                         layout, engine.plan.sampler.shard_options)
-        start: Any = states
-    else:
-        sampler = elastic.elastic_sampler(engine.plan.sampler, list(states), made_for(engine.plan))
-        start = None
-    engine = elastic.with_sampler(engine, sampler)
-    if not tail:
-        return DataLoaderIterator(engine, start)
-    it = TailIterator(DataLoaderIterator(engine), tail, sampler.seed)
-    if start is not None:
-        it.set_state(start)
-    return it
+    return loader.iterator(states)

@@ -440,3 +440,48 @@ def with_sampler(engine: Any, sampler: ElasticSampler) -> Any:
         # without the executor that drops the outputs used before the change.
         changes["verify_on_restore"] = False
     return dataclasses.replace(engine, **changes)
+
+
+def engine_for(home: Any, current: Any, state: Any) -> tuple[Any, Any]:
+    """The engine a state calls for, and the state to resolve on it (None: its start).
+
+    ``home`` is the loader's own engine (the plain sharding), ``current`` the one the
+    iterator runs now. ``state`` is a state (the plain sharding, or a layout an elastic
+    restore made: that layout), or a list of every old host's states (a new layout).
+    A list whose hosts all stopped at one batch boundary of a plain ``Batch`` keeps the
+    loader's single-state restore (the same global batches; ``drop_remainder`` sharding
+    too).
+    """
+    from dataloader.engine.state import made_for, resolve_state
+
+    if isinstance(state, (list, tuple)):
+        states = list(state)
+        if not all(isinstance(s, (dict, str, bytes, bytearray)) for s in states):
+            raise StateMismatchError(
+                f"expected a state dict from get_state(), got list {str(states)[:200]}; for an "
+                f"elastic restore, pass a list of every old host's state dicts"
+            )
+        heads = [head_state(s) for s in states]
+        positions = {(h["position"], h["sub_index"], h["skip"], json.dumps(h.get("elastic"))) for h, _ in heads}
+        if len(positions) == 1 and not any(used for _, used in heads) and heads[0][0].get("elastic") is None \
+                and home.plan.layout == "batch" and heads[0][0] is states[0]:
+            try:
+                resolve_state(home.plan, states[0])
+                return home, states[0]
+            except StateMismatchError:
+                pass  # another global batch size, or not at a global batch boundary
+        sampler = elastic_sampler(home.plan.sampler, states, made_for(home.plan))
+        return with_sampler(home, sampler), None
+    if isinstance(state, (str, bytes, bytearray)):
+        try:
+            state = json.loads(state)
+        except ValueError:
+            return home, state  # resolve_state says what is wrong with it
+    layout = state.get("elastic") if isinstance(state, dict) else None
+    if layout is None:
+        return home, state
+    now = getattr(current.plan.sampler, "layout", None)
+    if now is not None and now.describe() == layout:
+        return current, state
+    sampler = ElasticSampler(home.plan.sampler, Layout.from_state(layout), home.plan.sampler.shard_options)
+    return with_sampler(home, sampler), state

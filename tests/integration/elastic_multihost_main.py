@@ -2,8 +2,8 @@
 
 The process reads its shard (``jax.process_index()`` of ``jax.process_count()``) of a
 pipeline of ``tests/dataloader/engine/elastic_cases.py``. With ``--restore`` it first
-reads every old process's state from that step of the Orbax checkpoint (the files
-``process_<i>-of-<n>.json`` the old processes wrote) and restores elastically; it then
+restores that step of the Orbax checkpoint (``dl.CheckpointRestore``: written by another
+number of processes, it hands the iterator every old process's state); it then
 takes ``--steps`` steps (-1: to the end), saves with Orbax at step ``--save`` (if
 given), and writes the record ids it used to ``--out``.
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 import jax
 
@@ -38,11 +37,12 @@ def main() -> None:
     from tests.dataloader.engine.elastic_cases import make_loader, record_ids
 
     loader = make_loader(args.pipeline, jax.process_index(), jax.process_count())
-    if args.restore is None:
-        it = iter(loader)
-    else:
-        files = sorted((Path(args.ckpt) / str(args.restore) / "data").glob("process_*-of-*.json"))
-        it = dl.elastic_iterator(loader, [json.loads(f.read_text()) for f in files])
+    it = iter(loader)
+    if args.restore is not None:
+        # On another process count, the restore hands the iterator every old process's
+        # state (their files in this step of the checkpoint).
+        with ocp.CheckpointManager(args.ckpt) as mngr:
+            mngr.restore(args.restore, args=ocp.args.Composite(data=dl.CheckpointRestore(it)))
     used: list[int] = []
     taken = 0
     while args.steps < 0 or taken < args.steps:

@@ -79,20 +79,25 @@ class TailIterator(DatasetIterator):
     _stats_name = None  # stats(): it only passes its stages' outputs on
 
     def __init__(self, head: DatasetIterator, tail: Sequence[Any], seed: int | None) -> None:
+        self._tail, self._seed = tuple(tail), seed
+        super().__init__(self._stages(head))
+        self._head = head
+        self._operations = [_name(op) for op in tail]
+
+    def _stages(self, head: DatasetIterator) -> DatasetIterator:
+        """Fresh stages of the tail over ``head``."""
         top = head
         group: list[Any] = []
-        for op in tail:
+        for op in self._tail:
             if _runs(op) in (STREAM, GROUP):
                 if group:
-                    top, group = ElementwiseIterator(top, tuple(group), seed), []
+                    top, group = ElementwiseIterator(top, tuple(group), self._seed), []
                 top = stream_stage(top, op) if _runs(op) == STREAM else BatchIterator(top, op)
             else:
                 group.append(op)
         if group:
-            top = ElementwiseIterator(top, tuple(group), seed)
-        super().__init__(top)
-        self._head = head
-        self._operations = [_name(op) for op in tail]
+            top = ElementwiseIterator(top, tuple(group), self._seed)
+        return top
 
     @property
     def head(self) -> DatasetIterator:
@@ -105,7 +110,19 @@ class TailIterator(DatasetIterator):
     def get_state(self) -> dict[str, Any]:
         return {"stages": self._parent.get_state(), "stage_operations": self._operations}
 
+    # An Orbax restore on another process count hands set_state every old process's
+    # state (dataloader.checkpoint).
+    restores_from_every_shard = True
+
     def set_state(self, state: Any) -> None:
+        """Continues from ``state``; given every old host's states (a list), restores
+        elastically: the engine reads its share of what they left unread (the records
+        of the old packers' open bins included) and the stages start empty."""
+        if isinstance(state, (list, tuple)):
+            head: Any = self._head  # the engine's iterator, which takes a list of states
+            head.set_state(list(state))
+            self._parents = (self._stages(self._head),)
+            return
         if isinstance(state, (str, bytes)):
             import json
 

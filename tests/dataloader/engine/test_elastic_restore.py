@@ -77,14 +77,35 @@ def test_a_restored_state_goes_on_on_the_same_host_count():
     assert [record_ids("flat map", out) for out in again] == rest
 
 
-def test_a_state_after_an_elastic_restore_is_refused_by_a_plain_loader():
+def test_a_plain_loaders_iterator_takes_every_hosts_states_and_elastic_states():
     its = [iter(make_loader("filter", h, 2)) for h in range(2)]
     for it in its:
         next(it)
-    it = elastic_iterator(make_loader("filter", 0, 3), [i.get_state() for i in its])
-    next(it)
-    with pytest.raises(StateMismatchError, match="elastic_iterator"):
-        make_loader("filter", 0, 3).iterator(it.get_state())
+    states = [i.get_state() for i in its]
+    via_function = elastic_iterator(make_loader("filter", 0, 3), states)
+    plain = make_loader("filter", 0, 3).iterator(states)
+    next(via_function), next(plain)
+    state = plain.get_state()
+    assert state == via_function.get_state() and "elastic" in state
+    rest = [record_ids("filter", b) for b in plain]
+    again = iter(make_loader("filter", 0, 3))
+    again.set_state(state)
+    assert [record_ids("filter", b) for b in again] == rest
+
+
+def test_every_hosts_states_at_one_batch_boundary_restore_the_same_global_batches():
+    """A plain batch, global batch 12 on 2 and on 3 hosts: the new hosts' step k is the
+    old run's global batch k (as sets), as with the single-state restore."""
+    def loader(h, count):
+        return dl.DataLoader(dl.RangeDataSource(60), dl.IndexSampler(60, shuffle=True, seed=2, num_epochs=1),
+                             [dl.Batch(12 // count)], shard_options=dl.ShardOptions(h, count))
+
+    old = [iter(loader(h, 2)) for h in range(2)]
+    for it in old:
+        next(it)
+    new = [loader(h, 3).iterator([it.get_state() for it in old]) for h in range(3)]
+    steps = [sorted(x for it in new for x in next(it).tolist()) for _ in range(2)]
+    assert steps == [sorted(x for it in old for x in next(it).tolist()) for _ in range(2)]
 
 
 def test_elastic_restore_needs_every_old_hosts_state():

@@ -263,8 +263,8 @@ def resolve_state(plan: Plan, state: Any) -> Cursor:
         raise StateMismatchError(
             f"this state was saved after an elastic restore (layout {str(state.get('elastic'))[:120]}), "
             f"and this loader reads {'another layout' if _elastic_layout(plan) else 'the plain sharding'}; "
-            f"restore it with dl.elastic_iterator(loader, state), or on a new host count with "
-            f"dl.elastic_iterator(loader, [every host's state])"
+            f"restore it with loader.iterator(state) (a loader's iterator moves onto the state's "
+            f"layout), or on a new host count with loader.iterator([every host's state])"
         )
     position, sub, skip = state["position"], state["sub_index"], state["skip"]
     same_sharding = (saved["shard_count"], saved["batch_size"]) == (now["shard_count"], now["batch_size"])

@@ -113,6 +113,12 @@ class ElasticIterator(DatasetIterator):
         return self._shard_options
 
     @property
+    def restores_from_every_shard(self) -> bool:
+        """On the IterDataset path, an Orbax restore on another process count hands
+        :meth:`set_state` every old process's state (``dataloader.checkpoint``)."""
+        return self._loader is not None
+
+    @property
     def _inner(self) -> DatasetIterator:
         if self._iterator is None:
             self._iterator = iter(self._loader) if self._loader is not None else iter(self._ds)
@@ -154,7 +160,7 @@ class ElasticIterator(DatasetIterator):
             StateMismatchError: the state is of another pipeline, or the shard count
                 does not divide its ``global_next_index``.
         """
-        if self._loader is not None:
+        if self._loader is not None:  # this shard's state, or every old shard's (a list)
             self._restart(state)
             return
         state = expect_state(state, (_KEY,), "ElasticIterator")

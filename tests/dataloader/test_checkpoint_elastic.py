@@ -1,0 +1,69 @@
+"""An Orbax restore on another process count hands a loader's iterator every old
+process's file, so any pipeline restores elastically (here without a JAX cluster: the
+restore of one process is called with its index and count)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import dataloader as dl
+from dataloader import checkpoint
+from dataloader.dataset.experimental.elastic import ElasticIterator
+from tests.dataloader.engine.elastic_cases import make_loader, record_ids, reference
+
+
+def _write(directory, states):
+    for i, state in enumerate(states):
+        (directory / checkpoint.state_filename(i, len(states))).write_text(json.dumps(state))
+
+
+@pytest.mark.parametrize("name", ["filter", "first-fit", "concat-then-split"])
+def test_a_new_process_count_restores_from_every_process_file(tmp_path, name):
+    old = [iter(make_loader(name, h, 2)) for h in range(2)]
+    used = [i for it in old for _ in range(3) for i in record_ids(name, next(it))]
+    _write(tmp_path, [it.get_state() for it in old])
+    for h in range(3):
+        it = iter(make_loader(name, h, 3))
+        assert checkpoint._restore_item(tmp_path, it, h, 3) is it
+        used += [i for out in it for i in record_ids(name, out)]
+    assert sorted(used) == reference(name)
+
+
+def test_the_same_process_count_restores_from_its_own_file(tmp_path):
+    old = [iter(make_loader("filter", h, 2)) for h in range(2)]
+    for it in old:
+        next(it)
+    _write(tmp_path, [it.get_state() for it in old])
+    it = iter(make_loader("filter", 1, 2))
+    checkpoint._restore_item(tmp_path, it, 1, 2)
+    assert [record_ids("filter", b) for b in it] == [record_ids("filter", b) for b in old[1]]
+
+
+def test_an_iterator_that_does_not_take_every_state_reads_process_0(tmp_path):
+    ds = dl.MapDataset.range(24).seed(0).shuffle()
+    old = [ElasticIterator(ds, 6, dl.ShardOptions(h, 2)) for h in range(2)]
+    for it in old:
+        next(it)
+    _write(tmp_path, [it.get_state() for it in old])
+    new = ElasticIterator(ds, 6, dl.ShardOptions(0, 3))
+    assert not getattr(new, "restores_from_every_shard", False)
+    checkpoint._restore_item(tmp_path, new, 0, 3)
+    assert new.get_state()["global_next_index"] == 6
+
+
+def test_elastic_iterators_iterdataset_path_restores_from_every_file(tmp_path):
+    def make(h, count):
+        stream = dl.MapDataset.range(40).seed(0).shuffle().to_iter_dataset().filter(lambda x: x % 4 != 0)
+        return ElasticIterator(stream, 6, dl.ShardOptions(h, count))
+
+    old = [make(h, 2) for h in range(2)]
+    used = [x for it in old for x in np.asarray(next(it)).tolist()]
+    _write(tmp_path, [it.get_state() for it in old])
+    for h in range(3):
+        it = make(h, 3)
+        checkpoint._restore_item(tmp_path, it, h, 3)
+        used += [x for b in it for x in np.asarray(b).tolist()]
+    assert sorted(used) == [x for x in range(40) if x % 4 != 0]

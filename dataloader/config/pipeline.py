@@ -344,13 +344,15 @@ def _ray(where: str, value: Any) -> dict[str, Any] | None:
     if value is None:
         return None
     section = check.mapping(where, value)
-    check.known_keys(where, section, ("address", "num_workers", "num_cpus_per_worker",
+    check.known_keys(where, section, ("address", "num_workers", "local_workers", "num_cpus_per_worker",
                                       "resources", "units_per_worker", "start_timeout_s"))
     if section.get("address") is not None:
         check.string(f"{where}.address", section["address"])
-    for key in ("num_workers", "units_per_worker"):
+    for key, low in (("num_workers", 0), ("local_workers", 0), ("units_per_worker", 1)):
         if key in section:
-            check.integer(f"{where}.{key}", section[key], low=1)
+            check.integer(f"{where}.{key}", section[key], low=low)
+    if section.get("num_workers", 2) + section.get("local_workers", 0) < 1:
+        raise check.fail(f"{where}.num_workers", "expected at least one actor (num_workers >= 1)")
     if "num_cpus_per_worker" in section:
         check.number(f"{where}.num_cpus_per_worker", section["num_cpus_per_worker"])
     if "start_timeout_s" in section:

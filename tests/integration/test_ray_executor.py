@@ -1,4 +1,4 @@
-"""RayExecutor on a real Ray cluster started here: a head with no CPU and one worker node
+"""RayExecutor on a real Ray cluster started here: a head with one CPU and one worker node
 (more nodes added and removed by the fault drills). Every test compares every batch with
 ``worker_count=0``; one cluster serves the whole module."""
 
@@ -30,9 +30,9 @@ def cluster():
     system = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 300,
               "health_check_failure_threshold": 3}
     c = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 0, "object_store_memory": STORE, "include_dashboard": False,
+        "num_cpus": 1, "object_store_memory": STORE, "include_dashboard": False,
         "_system_config": system})
-    c.add_node(num_cpus=2, object_store_memory=STORE)
+    c.add_node(num_cpus=2, resources={"remote_cpu": 2}, object_store_memory=STORE)
     ray.init(address=c.address, log_to_driver=False)
     pids = [p.process.pid for node in c.list_all_nodes() for ps in node.all_processes.values() for p in ps]
     yield c
@@ -242,7 +242,8 @@ def test_an_unreachable_cluster_fails_at_construction(cluster):
 
 
 @pytest.mark.parametrize(("kw", "match"), [
-    ({"num_workers": 0}, r"num_workers must be an integer >= 1, got 0"),
+    ({"num_workers": -1}, r"num_workers must be an integer >= 0, got -1"),
+    ({"num_workers": 0}, r"needs at least one actor: num_workers and local_workers are both 0"),
     ({"resources": {"gpu_node": -1}}, r"resources must map .* 'gpu_node': -1"),
     ({"start_timeout_s": 0}, r"start_timeout_s must be a positive number"),
 ])
@@ -303,7 +304,8 @@ def test_a_config_with_a_ray_section_runs_on_actors(cluster):
 
 
 @pytest.mark.parametrize(("section", "match"), [
-    ({"ray": {"num_workers": 0}}, r"loader\.ray\.num_workers: expected an integer >= 1, got 0"),
+    ({"ray": {"num_workers": 0}}, r"loader\.ray\.num_workers: expected at least one actor"),
+    ({"ray": {"local_workers": -1}}, r"loader\.ray\.local_workers: expected an integer >= 0, got -1"),
     ({"ray": {"adress": "auto"}}, r"loader\.ray\.adress: unknown key"),
     ({"worker_count": 2, "ray": {}}, r"loader\.ray: computes the units: set loader\.worker_count to 0"),
 ])
@@ -325,4 +327,19 @@ def test_the_device_feed_reads_a_ray_loader_as_any_other(cluster):
     state = feed.get_state()
     feed.close()  # from this thread while the feed's thread may wait on the actors
     got += run(loader(ops).iterator(state))
+    assert got == run(loader(ops))
+
+
+def test_local_and_remote_actors_together_give_the_same_batches(cluster):
+    ops = PIPELINES["regroup"]
+    ex = dl.RayExecutor(num_workers=1, local_workers=1, resources={"remote_cpu": 1})
+    it = iter(loader(ops, executor=ex))
+    got = run(it, 3)
+    nodes = {ray.get(h.ready.remote())[2] for h in ex.actors()}
+    got += run(it)
+    it.close()
+    ex.close()
+    here = ray.get_runtime_context().get_node_id()
+    assert here in nodes
+    assert len(nodes) == 2  # one actor on this node, one on the node with remote_cpu
     assert got == run(loader(ops))

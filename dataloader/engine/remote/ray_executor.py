@@ -78,8 +78,11 @@ class _UnitActor:
 
         self._plan = cloudpickle.loads(plan_bytes)
 
-    def ready(self) -> tuple[str, int]:
-        return socket.gethostname(), os.getpid()
+    def ready(self) -> tuple[str, int, str]:
+        """Where the actor runs: host name, process id and Ray node id."""
+        import ray
+
+        return socket.gethostname(), os.getpid(), ray.get_runtime_context().get_node_id()
 
     def compute(self, start: int, stop: int) -> UnitResult | _Failed:
         # passthrough=(): nothing raised here is a Ctrl-C of the training process.
@@ -136,6 +139,10 @@ class RayExecutor:
             resources) fails after this many seconds, naming what it asked for.
         init_kwargs: more keyword arguments of ``ray.init`` (``runtime_env`` to ship
             code to the nodes, ``namespace``, ...), when this executor calls it.
+        local_workers: more actors, on this process's own node (the training host's
+            CPUs), beside the ``num_workers`` placed by ``resources``: a free actor
+            takes the next unit wherever it runs, so the remote ones take what the
+            local ones cannot keep up with.
 
     Raises:
         ConnectionError: no cluster answers at ``address`` (nothing is left running).
@@ -157,10 +164,17 @@ class RayExecutor:
         units_per_worker: int = 2,
         start_timeout_s: float = 120.0,
         init_kwargs: Mapping[str, Any] | None = None,
+        local_workers: int = 0,
     ) -> None:
         if address is not None and not isinstance(address, str):
             raise TypeError(f"RayExecutor address must be a string or None, got {address!r}")
-        self.num_workers = _count("num_workers", num_workers, 1)
+        self.num_workers = _count("num_workers", num_workers, 0)
+        self.local_workers = _count("local_workers", local_workers, 0)
+        if not self.num_workers + self.local_workers:
+            raise ValueError(
+                "RayExecutor needs at least one actor: num_workers and local_workers are "
+                "both 0; pass num_workers >= 1"
+            )
         self.units_per_worker = _count("units_per_worker", units_per_worker, 1)
         if isinstance(num_cpus_per_worker, bool) or not isinstance(num_cpus_per_worker, (int, float)) \
                 or num_cpus_per_worker < 0:
@@ -213,9 +227,10 @@ class RayExecutor:
             ) from exc
 
     def scale(self, num_workers: int) -> None:
-        """Sets the number of actors; running streams start or retire actors at their
-        next ``next()`` (a retiring actor first answers the units it holds)."""
-        self.num_workers = _count("num_workers", num_workers, 1)
+        """Sets the number of actors placed by ``resources``; running streams start or
+        retire actors at their next ``next()`` (a retiring actor first answers the units
+        it holds)."""
+        self.num_workers = _count("num_workers", num_workers, 0 if self.local_workers else 1)
 
     def close(self) -> None:
         """Kills the actors kept between streams (also done when the executor is
@@ -269,6 +284,7 @@ class _Actor:
     index: int
     ready: bool = False
     retiring: bool = False
+    local: bool = False
 
 
 def _kill_parked(ray: Any, parked: list[tuple[bytes, Any]]) -> None:
@@ -365,7 +381,7 @@ class RayUnits:
     def _release(self) -> None:
         for actor in self.actors.values():
             if not actor.retiring and self._ray.is_initialized():
-                self._spec._park(self._digest, actor.handle)
+                self._spec._park(self._digest + bytes([actor.local]), actor.handle)
                 self._handles.remove(actor.handle)
         self._finalizer()
         self.actors.clear()
@@ -374,19 +390,25 @@ class RayUnits:
 
     # -- actors ---------------------------------------------------------------------
 
-    def _start_actor(self) -> None:
+    def _start_actor(self, local: bool) -> None:
         spec = self._spec
         key = self._next_index
         self._next_index += 1
-        handle = spec._unpark(self._digest)
+        handle = spec._unpark(self._digest + bytes([local]))
         if handle is None:
             if self._plan_ref is None:  # in the object store once, for every actor
                 self._plan_ref = self._ray.put(self._plan_bytes)
-            handle = spec._actor_class.options(
-                num_cpus=spec.num_cpus_per_worker, resources=spec.resources, max_restarts=0,
-            ).remote(self._plan_ref)
+            options: dict[str, Any] = {"num_cpus": spec.num_cpus_per_worker, "max_restarts": 0}
+            if local:  # on this node, whatever resources the remote ones ask for
+                from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+                node = self._ray.get_runtime_context().get_node_id()
+                options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
+            else:
+                options["resources"] = spec.resources
+            handle = spec._actor_class.options(**options).remote(self._plan_ref)
         self._handles.append(handle)
-        self.actors[key] = _Actor(handle, key)
+        self.actors[key] = _Actor(handle, key, local=local)
         self._pings[handle.ready.remote()] = key
         self._window.add_worker(key)
 
@@ -394,11 +416,12 @@ class RayUnits:
         """Starts or retires actors to ``spec.num_workers``; fits the window to the ready ones."""
         if self._closed:
             return
-        serving = sorted(k for k, a in self.actors.items() if not a.retiring)
-        for _ in range(self._spec.num_workers - len(serving)):
-            self._start_actor()
-        for key in serving[self._spec.num_workers:]:
-            self.actors[key].retiring = True
+        for local, wanted in ((True, self._spec.local_workers), (False, self._spec.num_workers)):
+            serving = sorted(k for k, a in self.actors.items() if not a.retiring and a.local == local)
+            for _ in range(wanted - len(serving)):
+                self._start_actor(local)
+            for key in serving[wanted:]:
+                self.actors[key].retiring = True
         for key, actor in list(self.actors.items()):
             if actor.retiring and not self._window.held(key):
                 self._drop(key)

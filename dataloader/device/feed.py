@@ -289,6 +289,13 @@ class DeviceIterator(DatasetIterator[Any]):
 
     _stats_exact = True  # its calls are a training step's: time every one, never sample
 
+    @property
+    def restores_from_every_shard(self) -> bool:
+        """The source takes every old process's states in ``set_state`` (a loader's
+        iterator: an elastic restore), so an Orbax restore on another process count
+        hands them over (``dataloader.checkpoint``)."""
+        return bool(getattr(self._res.source, "restores_from_every_shard", False))
+
     def __init__(
         self,
         source: Any,

@@ -67,3 +67,15 @@ def test_elastic_iterators_iterdataset_path_restores_from_every_file(tmp_path):
         checkpoint._restore_item(tmp_path, it, h, 3)
         used += [x for b in it for x in np.asarray(b).tolist()]
     assert sorted(used) == [x for x in range(40) if x % 4 != 0]
+
+
+def test_the_device_feed_over_a_loader_restores_from_every_process_file(tmp_path):
+    old = [iter(make_loader("flat map", h, 2)) for h in range(2)]
+    used = [i for it in old for _ in range(2) for i in record_ids("flat map", next(it))]
+    _write(tmp_path, [it.get_state() for it in old])
+    for h in range(3):
+        with dl.device_prefetch(make_loader("flat map", h, 3).iterator()) as it:
+            assert it.restores_from_every_shard
+            checkpoint._restore_item(tmp_path, it, h, 3)
+            used += [i for b in it for i in record_ids("flat map", np.asarray(b))]
+    assert sorted(used) == reference("flat map")

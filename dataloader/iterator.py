@@ -213,10 +213,24 @@ class DataLoaderIterator(DatasetIterator[Any]):
         granary continues it exactly, and refused saying why otherwise
         (:mod:`dataloader.engine.grain_state`).
         """
-        state = self._relayout(state)
+        states, state = state, self._relayout(state)
+        if state is None and isinstance(states, (list, tuple)):
+            self._verify_share(states)
         self._restart(self._resolve(self._from_grain(state)) if state is not None else Cursor(0))
         self._resume = None
         self._closed = False
+
+    def _verify_share(self, states: list[Any] | tuple[Any, ...]) -> None:
+        """An elastic restore from every old host's states: new host ``j`` of ``H'`` checks
+        the fingerprints of old states ``j, j + H', ...``, so each is checked once across
+        the new hosts, about one batch per host (:func:`fingerprint.verify`)."""
+        if not self._engine.verify_on_restore:
+            return
+        shards = self._home.plan.sampler.shard_options
+        for old in list(states)[shards.shard_index :: shards.shard_count]:
+            fp = fingerprint.fingerprint_of(old)
+            if fp is not None:
+                fingerprint.verify(self._home.plan, fp)
 
     # An Orbax restore on another process count hands set_state every old process's
     # state (dataloader.checkpoint).

@@ -304,3 +304,30 @@ def test_an_orbax_restore_over_a_rewritten_file_is_refused_naming_the_file_and_r
         write_records(path, 40, changed=int(record))
         with pytest.raises(StateMismatchError, match=rf"process_0-of-1.json: .*source bytes of record {record} "):
             restore(mngr, 3, iter(file_loader(path)))
+
+
+def odd_last_digit(element: dict) -> bool:
+    return int(element["x"][6]) % 2 == 1  # the last digit of r000017
+
+
+def filtered_file_loader(path, shard):
+    sampler = dl.IndexSampler(40, dl.ShardOptions(*shard), shuffle=True, seed=3, num_epochs=1)
+    ops = [dl.MapTransform(decode), dl.FilterTransform(odd_last_digit), dl.Batch(2)]
+    return dl.DataLoader(FixedWidthFile(str(path)), sampler, ops)
+
+
+def test_an_elastic_restore_from_every_hosts_state_checks_each_old_state_on_one_new_host(tmp_path):
+    path = tmp_path / "data"
+    write_records(path, 40)
+    old = []
+    for h in range(2):
+        _, states = run(filtered_file_loader(path, (h, 2)), 2 + h)  # the hosts stopped apart
+        old.append(states[-1])
+    for j in range(3):  # unchanged data: every new host restores
+        iter(filtered_file_loader(path, (j, 3))).set_state(old)
+    # Old host 1's last record changes: new host 1 (of 3) checks old state 1 and refuses.
+    record = int(fingerprint.record_keys(filtered_file_loader(path, (0, 1)).plan, old[1]["fingerprint"])[-1])
+    write_records(path, 40, changed=record)
+    iter(filtered_file_loader(path, (0, 3))).set_state(old)  # checks old state 0 only
+    with pytest.raises(StateMismatchError, match=rf"source bytes of record {record} "):
+        iter(filtered_file_loader(path, (1, 3))).set_state(old)

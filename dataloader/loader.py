@@ -182,7 +182,7 @@ class DataLoader:
         self.worker_count = check_worker_count("worker_count", worker_count)
         if executor is not None and not callable(getattr(executor, "make_executor", None)):
             raise TypeError(
-                f"executor must have make_executor(plan, plan_bytes, position), such as "
+                f"executor must have make_executor(plan, plan_bytes, position, init_fn), such as "
                 f"dl.RayExecutor(...), got {executor!r}"
             )
         if executor is not None and self.worker_count:
@@ -220,7 +220,9 @@ class DataLoader:
         make_executor: Callable[[int], Executor]
         if executor is not None:
             self._plan_bytes = pickle_plan(self.plan)  # as for local workers: fails here
-            make_executor = functools.partial(executor.make_executor, self.plan, self._plan_bytes)
+            make_executor = functools.partial(
+                executor.make_executor, self.plan, self._plan_bytes, init_fn=self.worker_init_fn
+            )
         elif in_workers:
             # Pickled once, here, so an operation that cannot reach the workers fails now.
             self._plan_bytes = pickle_plan(self.plan)

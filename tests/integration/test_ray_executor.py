@@ -343,3 +343,37 @@ def test_local_and_remote_actors_together_give_the_same_batches(cluster):
     assert here in nodes
     assert len(nodes) == 2  # one actor on this node, one on the node with remote_cpu
     assert got == run(loader(ops))
+
+
+_INITIALISED: list[tuple[int, int]] = []
+
+
+def _init(index, count):
+    _INITIALISED.append((index, count))
+
+
+class Marked(dl.MapTransform):
+    def map(self, x):
+        return (x, _INITIALISED[0][1] if _INITIALISED else -1)
+
+
+def test_worker_init_fn_runs_once_in_each_actor(cluster):
+    ex = dl.RayExecutor(num_workers=2)
+    it = iter(dl.DataLoader(dl.RangeDataSource(N), dl.IndexSampler(N, num_epochs=1), [Marked()],
+                            worker_init_fn=_init, executor=ex))
+    got = list(it)
+    it.close()
+    assert got == [(i, 2) for i in range(N)]  # every unit computed after init(index, 2)
+    assert _INITIALISED == []  # and not in this process
+
+
+def _broken_init(index, count):
+    raise RuntimeError(f"no GPU driver on actor {index}")
+
+
+def test_a_failing_worker_init_fn_is_named(cluster):
+    ex = dl.RayExecutor(num_workers=1)
+    it = iter(loader(PIPELINES["batch"], worker_init_fn=_broken_init, executor=ex))
+    with pytest.raises(dl.WorkerError, match=r"(?s)3 Ray actors in a row could not start.*no GPU driver"):
+        next(it)
+    it.close()

@@ -35,6 +35,8 @@ import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import cloudpickle
+
 from dataloader.engine.compute import UnitResult, compute_unit
 from dataloader.engine.plan import Plan
 from dataloader.engine.pool.messages import error_payload, remote_error
@@ -73,10 +75,13 @@ class _Failed:
 class _UnitActor:
     """The body of one Ray actor: the plan, unpickled once, and units computed on demand."""
 
-    def __init__(self, plan_bytes: bytes) -> None:
+    def __init__(self, plan_bytes: bytes, init_fn: bytes, index: int, count: int) -> None:
         import cloudpickle
 
         self._plan = cloudpickle.loads(plan_bytes)
+        init = cloudpickle.loads(init_fn)
+        if init is not None:  # the loader's worker_init_fn, as in a pool's worker
+            init(index, count)
 
     def ready(self) -> tuple[str, int, str]:
         """Where the actor runs: host name, process id and Ray node id."""
@@ -259,9 +264,12 @@ class RayExecutor:
         in a fault drill: ``ray.kill(handle)`` loses no unit)."""
         return [a.handle for run in list(self._runs) for a in run.actors.values()]
 
-    def make_executor(self, plan: Plan, plan_bytes: bytes, position: int) -> RayUnits:
-        """A stream of the plan's units from ``position`` (what the loader calls)."""
-        run = RayUnits(self, plan, plan_bytes, position)
+    def make_executor(
+        self, plan: Plan, plan_bytes: bytes, position: int, init_fn: Any = None
+    ) -> RayUnits:
+        """A stream of the plan's units from ``position`` (what the loader calls);
+        ``init_fn(actor_index, actor_count)`` runs once in each actor."""
+        run = RayUnits(self, plan, plan_bytes, position, init_fn)
         self._runs.add(run)
         return run
 
@@ -304,10 +312,14 @@ class RayUnits:
     """Unit results in order, computed by Ray actors (an
     :class:`~dataloader.engine.executor.Executor`; see the module docstring)."""
 
-    def __init__(self, spec: RayExecutor, plan: Plan, plan_bytes: bytes, position: int) -> None:
+    def __init__(
+        self, spec: RayExecutor, plan: Plan, plan_bytes: bytes, position: int, init_fn: Any = None
+    ) -> None:
         self._spec, self._plan, self._ray = spec, plan, spec._ray
         self._plan_bytes, self._plan_ref = plan_bytes, None
-        self._digest = hashlib.sha256(plan_bytes).digest()
+        self._init_fn = cloudpickle.dumps(init_fn)
+        # Parked actors serve a stream with the same plan and the same init_fn only.
+        self._digest = hashlib.sha256(plan_bytes + self._init_fn).digest()
         self._window = Window(0, spec.units_per_worker)
         self.actors: dict[int, _Actor] = {}
         self._pings: dict[Any, int] = {}  # ready() call -> actor key
@@ -406,7 +418,8 @@ class RayUnits:
                 options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
             else:
                 options["resources"] = spec.resources
-            handle = spec._actor_class.options(**options).remote(self._plan_ref)
+            count = spec.num_workers + spec.local_workers
+            handle = spec._actor_class.options(**options).remote(self._plan_ref, self._init_fn, key, count)
         self._handles.append(handle)
         self.actors[key] = _Actor(handle, key, local=local)
         self._pings[handle.ready.remote()] = key

@@ -377,3 +377,22 @@ def test_a_failing_worker_init_fn_is_named(cluster):
     with pytest.raises(dl.WorkerError, match=r"(?s)3 Ray actors in a row could not start.*no GPU driver"):
         next(it)
     it.close()
+
+
+class Tokens(dl.MapTransform):
+    def map(self, x):
+        return {"tokens": np.arange(1 + x % 11, dtype=np.int32) + x}
+
+
+def test_a_packing_pipeline_and_its_states_match_in_process(cluster):
+    """The packer runs in this process on the units' elements, whoever computed them."""
+    ops = [Tokens(), dl.FirstFitPack({"tokens": 16}, num_packing_bins=3), dl.Batch(2)]
+    want = run(loader(ops))
+    ex = dl.RayExecutor(num_workers=2)
+    it = loader(ops, executor=ex).iterator()
+    got = run(it, 5)
+    state = it.get_state()
+    it.close()
+    got += run(loader(ops).iterator(state))
+    assert got == want
+    assert len(want) > 10

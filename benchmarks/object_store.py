@@ -1,7 +1,8 @@
 """ArrayRecord straight from an object store: granary's reader against per-record range
 requests (what a FUSE mount does) and local disk; start-up for many small files.
 
-Everything runs on this machine: moto's S3 server on 127.0.0.1, behind a proxy that adds
+Everything runs on this machine: moto's S3 server on 127.0.0.1 (a process of its own),
+behind a proxy that adds
 ``--latency-ms`` (default 20 ms) to every request, as a store in another zone would. The
 script writes its data itself (``--files`` files of ``--records`` records of ~1 KB
 random bytes, ``group_size:1``, in a temporary folder) and uploads it.
@@ -49,7 +50,7 @@ from tests.sources._object_store import (
     BUCKET,
     FaultProxy,
     make_bucket,
-    s3_server,
+    s3_server_process,
     storage_options,
 )
 
@@ -85,7 +86,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
 
-    with tempfile.TemporaryDirectory() as folder, s3_server() as endpoint, FaultProxy(endpoint) as proxy:
+    with tempfile.TemporaryDirectory() as folder, s3_server_process() as endpoint, FaultProxy(endpoint) as proxy:
         data = _write(folder, "train", args.files, args.records, args.record_bytes)
         make_bucket(endpoint, data)
         options = storage_options(proxy.url)

@@ -36,6 +36,34 @@ def s3_server() -> Iterator[str]:
         server.stop()
 
 
+@contextlib.contextmanager
+def s3_server_process() -> Iterator[str]:
+    """moto's S3 server in a process of its own (so that its work does not share this
+    process's GIL, as a real store's does not); yields its endpoint URL; stops it."""
+    import subprocess
+    import sys
+
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("moto's S3 server did not start") from None
+                time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
 def storage_options(endpoint: str, **more: Any) -> dict[str, Any]:
     """s3fs options for the local server: fixed credentials, no retries of s3fs's own
     (the reader's retries are what the tests look at)."""

@@ -56,7 +56,7 @@ def _actor_processes() -> list[int]:
     for pid in child_pids():
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if f.read().startswith(b"ray::_UnitActor"):
+                if f.read().startswith(b"ray::UnitActor"):
                     found.append(pid)
         except OSError:
             continue

@@ -10,7 +10,8 @@ node and every unit is what the training process would have computed. Results co
 back through Ray's object store: numpy buffers travel out of band and arrive as
 read-only views of the store, without a copy (as Ray Data hands its batches out).
 
-Scheduling is the local pool's :class:`~dataloader.engine.pool.window.Window`: at most
+Scheduling (:mod:`~dataloader.engine.remote.ray_units`) is the local pool's
+:class:`~dataloader.engine.pool.window.Window`: at most
 ``units_per_worker`` units in flight per actor, new units to the least loaded ready
 actor (dynamic balancing), results kept until the consumer reaches them and handed out
 in unit order, never more than ``num_workers * units_per_worker`` units ahead of it.
@@ -24,31 +25,14 @@ function of its range, none of this changes a batch or the state.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import hashlib
-import logging
-import os
 import socket
-import threading
-import time
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-import cloudpickle
-
-from dataloader.engine.compute import UnitResult, compute_unit
 from dataloader.engine.plan import Plan
-from dataloader.engine.pool.messages import error_payload, remote_error
-from dataloader.engine.pool.window import Outcome, Window
-from dataloader.engine.pool.workers import MAX_CRASHES
-from dataloader.errors import LoaderClosedError, WorkerCrashError, WorkerError
+from dataloader.engine.remote.ray_units import RayUnits, UnitActor, kill_actors
 
-logger = logging.getLogger("dataloader")
-
-# How long a next() waits on the cluster before it looks at the actors again (scaling,
-# start-up timeout, close()).
-_POLL_S = 0.25
 # A host:port that does not accept a TCP connection within this is reported unreachable
 # (ray.init itself retries for about a minute before it gives up).
 _CONNECT_TIMEOUT_S = 5.0
@@ -63,41 +47,6 @@ def _import_ray() -> Any:
             "pip install 'granary[ray]' (or pip install ray)"
         ) from exc
     return ray
-
-
-class _Failed:
-    """A unit whose computation raised: the error as :func:`error_payload` makes it."""
-
-    def __init__(self, payload: bytes) -> None:
-        self.payload = payload
-
-
-class _UnitActor:
-    """The body of one Ray actor: the plan, unpickled once, and units computed on demand."""
-
-    def __init__(self, plan_bytes: bytes, init_fn: bytes, index: int, count: int) -> None:
-        import cloudpickle
-
-        self._plan = cloudpickle.loads(plan_bytes)
-        init = cloudpickle.loads(init_fn)
-        if init is not None:  # the loader's worker_init_fn, as in a pool's worker
-            init(index, count)
-
-    def ready(self) -> tuple[str, int, str]:
-        """Where the actor runs: host name, process id and Ray node id."""
-        import ray
-
-        return socket.gethostname(), os.getpid(), ray.get_runtime_context().get_node_id()
-
-    def compute(self, start: int, stop: int) -> UnitResult | _Failed:
-        # passthrough=(): nothing raised here is a Ctrl-C of the training process.
-        try:
-            result = compute_unit(self._plan, start, stop, passthrough=())
-        except BaseException as exc:  # a SystemExit in user code too: the unit's error
-            return _Failed(error_payload(exc))
-        if result.error is not None:  # cut at a failing record: its error travels along
-            result.error = error_payload(result.error)
-        return result
 
 
 def _check_reachable(address: str) -> None:
@@ -201,7 +150,7 @@ class RayExecutor:
         self._runs: weakref.WeakSet[RayUnits] = weakref.WeakSet()
         self._ray = _import_ray()
         self._connect(dict(init_kwargs or {}))
-        self._actor_class = self._ray.remote(_UnitActor)
+        self._actor_class = self._ray.remote(UnitActor)
         # Actors of finished streams, kept for the next stream of the same plan (its
         # first batch then costs no actor start-up): (plan digest, handle).
         self._parked: list[tuple[bytes, Any]] = []
@@ -286,299 +235,6 @@ def _count(name: str, value: Any, low: int) -> int:
     return value
 
 
-@dataclasses.dataclass
-class _Actor:
-    handle: Any
-    index: int
-    ready: bool = False
-    retiring: bool = False
-    local: bool = False
-
-
 def _kill_parked(ray: Any, parked: list[tuple[bytes, Any]]) -> None:
-    _kill_all(ray, [handle for _, handle in parked])
+    kill_actors(ray, [handle for _, handle in parked])
     parked.clear()
-
-
-def _kill_all(ray: Any, handles: list[Any]) -> None:
-    if not handles or not ray.is_initialized():
-        return  # Ray shut down took the actors along (and ray.kill would start a new Ray)
-    for handle in handles:
-        with contextlib.suppress(Exception):
-            ray.kill(handle, no_restart=True)
-
-
-class RayUnits:
-    """Unit results in order, computed by Ray actors (an
-    :class:`~dataloader.engine.executor.Executor`; see the module docstring)."""
-
-    def __init__(
-        self, spec: RayExecutor, plan: Plan, plan_bytes: bytes, position: int, init_fn: Any = None
-    ) -> None:
-        self._spec, self._plan, self._ray = spec, plan, spec._ray
-        self._plan_bytes, self._plan_ref = plan_bytes, None
-        self._init_fn = cloudpickle.dumps(init_fn)
-        # Parked actors serve a stream with the same plan and the same init_fn only.
-        self._digest = hashlib.sha256(plan_bytes + self._init_fn).digest()
-        self._window = Window(0, spec.units_per_worker)
-        self.actors: dict[int, _Actor] = {}
-        self._pings: dict[Any, int] = {}  # ready() call -> actor key
-        self._refs: dict[Any, int] = {}  # compute() call -> actor key
-        self._next_index = 0
-        self._start_failures: list[str] = []
-        self._closed = False
-        # next() runs in the consumer's thread (a device feed's too); close() may come
-        # from any other and waits for the next() in progress (a poll: 0.25 s at most).
-        self._lock = threading.RLock()
-        self._waiting_since: float | None = None  # when no actor was ready any more
-        self._handles: list[Any] = []
-        # Actors die with the stream, also when it is dropped without close().
-        self._finalizer = weakref.finalize(self, _kill_all, self._ray, self._handles)
-        self._window.reset(plan.units(position))
-        self._scale()
-
-    def __iter__(self) -> Iterator[UnitResult]:
-        return self
-
-    def reset(self, position: int) -> None:
-        """Starts again at ``position``; the actors stay, answers about the old stream
-        are dropped when they come."""
-        with self._lock:
-            self._reset(position)
-
-    def _reset(self, position: int) -> None:
-        self._window.reset(self._plan.units(position))
-        if self._closed:
-            self._closed = False
-            self._handles = []
-            self._finalizer = weakref.finalize(self, _kill_all, self._ray, self._handles)
-        self._scale()
-
-    def __next__(self) -> UnitResult:
-        with self._lock:
-            return self._next_locked()
-
-    def _next_locked(self) -> UnitResult:
-        window = self._window
-        while True:
-            if self._closed:
-                raise LoaderClosedError(
-                    "the loader was closed while next() waited for Ray actors; this "
-                    "iterator is finished: make a new one (or set_state)"
-                )
-            self._scale()
-            outcome = window.take_head()
-            if outcome is not None:
-                if outcome.error is not None:
-                    raise outcome.error
-                self._wait(0)  # keep the actors fed while the consumer works
-                self._dispatch()
-                return outcome.value
-            if window.finished:
-                raise StopIteration
-            self._dispatch()
-            self._check_start()
-            self._wait(_POLL_S)
-
-    def close(self) -> None:
-        """Ends the stream: its actors go back to the :class:`RayExecutor` for the next
-        stream of the same plan (what they still compute is dropped), those retiring
-        are killed (``ray.kill`` returns at once)."""
-        if self._closed:
-            return
-        self._closed = True  # first, unlocked: a next() waiting in another thread stops
-        with self._lock:
-            self._release()
-
-    def _release(self) -> None:
-        for actor in self.actors.values():
-            if not actor.retiring and self._ray.is_initialized():
-                self._spec._park(self._digest + bytes([actor.local]), actor.handle)
-                self._handles.remove(actor.handle)
-        self._finalizer()
-        self.actors.clear()
-        self._pings.clear()
-        self._refs.clear()
-
-    # -- actors ---------------------------------------------------------------------
-
-    def _start_actor(self, local: bool) -> None:
-        spec = self._spec
-        key = self._next_index
-        self._next_index += 1
-        handle = spec._unpark(self._digest + bytes([local]))
-        if handle is None:
-            if self._plan_ref is None:  # in the object store once, for every actor
-                self._plan_ref = self._ray.put(self._plan_bytes)
-            options: dict[str, Any] = {"num_cpus": spec.num_cpus_per_worker, "max_restarts": 0}
-            if local:  # on this node, whatever resources the remote ones ask for
-                from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-                node = self._ray.get_runtime_context().get_node_id()
-                options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
-            else:
-                options["resources"] = spec.resources
-            count = spec.num_workers + spec.local_workers
-            handle = spec._actor_class.options(**options).remote(self._plan_ref, self._init_fn, key, count)
-        self._handles.append(handle)
-        self.actors[key] = _Actor(handle, key, local=local)
-        self._pings[handle.ready.remote()] = key
-        self._window.add_worker(key)
-
-    def _scale(self) -> None:
-        """Starts or retires actors to ``spec.num_workers``; fits the window to the ready ones."""
-        if self._closed:
-            return
-        for local, wanted in ((True, self._spec.local_workers), (False, self._spec.num_workers)):
-            serving = sorted(k for k, a in self.actors.items() if not a.retiring and a.local == local)
-            for _ in range(wanted - len(serving)):
-                self._start_actor(local)
-            for key in serving[wanted:]:
-                self.actors[key].retiring = True
-        for key, actor in list(self.actors.items()):
-            if actor.retiring and not self._window.held(key):
-                self._drop(key)
-        ready = sum(a.ready and not a.retiring for a in self.actors.values())
-        self._window.size = ready * self._spec.units_per_worker
-        if ready:
-            self._waiting_since = None
-        elif self._waiting_since is None:
-            self._waiting_since = time.monotonic()
-
-    def _drop(self, key: int) -> None:
-        """Kills an actor and forgets it (its units must have been handled)."""
-        actor = self.actors.pop(key)
-        _kill_all(self._ray, [actor.handle])
-        with contextlib.suppress(ValueError):
-            self._handles.remove(actor.handle)
-        with contextlib.suppress(KeyError):
-            self._window.remove_worker(key)
-        for ref in [r for r, k in self._pings.items() if k == key]:
-            del self._pings[ref]
-
-    def _died(self, key: int) -> None:
-        """An actor is lost: its units go out again first, another actor takes its place."""
-        if key not in self.actors:
-            return
-        index = self.actors[key].index
-        tokens, poisoned = self._window.worker_died(key, MAX_CRASHES)
-        for ref in tokens:
-            self._refs.pop(ref, None)
-        for unit in poisoned:
-            start, stop = self._window.range(unit)
-            self._window.finish(unit, Outcome(None, WorkerCrashError(
-                f"positions [{start}, {stop}) were being computed by {MAX_CRASHES} Ray actors "
-                f"that died (the last was actor {index}); a record there may crash its "
-                f"process (look at the actors' logs), or the nodes were lost"
-            )))
-        self._drop(key)
-        logger.warning("granary: Ray actor %d was lost; its units go to the other actors", index)
-        self._scale()
-
-    def _check_start(self) -> None:
-        """Fails a stream that has had no ready actor for ``start_timeout_s``."""
-        if self._waiting_since is None:
-            return
-        waited = time.monotonic() - self._waiting_since
-        if waited < self._spec.start_timeout_s:
-            return
-        spec = self._spec
-        try:
-            available = self._ray.available_resources()
-        except Exception:  # only for the message
-            available = "unknown"
-        self.close()
-        raise WorkerError(
-            f"no Ray actor became ready in {waited:.0f}s: each asks for "
-            f"{spec.num_cpus_per_worker} CPU and resources {spec.resources}, and the cluster "
-            f"has {available} available; add nodes with those resources, lower "
-            f"num_cpus_per_worker/resources, or raise start_timeout_s"
-        )
-
-    # -- dispatching and receiving --------------------------------------------------
-
-    def _dispatch(self) -> None:
-        window = self._window
-        ready = [k for k, a in self.actors.items() if a.ready and not a.retiring]
-        while ready and (key := window.pick_worker(ready)) is not None:
-            unit = window.next_unit()
-            if unit is None:
-                return
-            start, stop = window.range(unit)
-            ref = self.actors[key].handle.compute.remote(start, stop)
-            window.sent(key, unit, ref)
-            self._refs[ref] = key
-
-    def _wait(self, timeout: float) -> None:
-        """Takes in every answer ready within ``timeout`` seconds (0: those ready now)."""
-        ray = self._ray
-        waiting = [*self._pings, *self._refs]
-        if not waiting:
-            if timeout:
-                time.sleep(timeout)  # actors are being started or replaced
-            return
-        done, _ = ray.wait(waiting, num_returns=1, timeout=timeout)
-        if not done:
-            return
-        done, _ = ray.wait(waiting, num_returns=len(waiting), timeout=0)
-        finished = set(done)
-        for ref in [r for r in done if r in self._pings]:
-            self._pinged(ref)
-        for key in list(self.actors):
-            # An actor answers in the order it was sent units, and the window pops in
-            # that order: take this actor's answers from its oldest while they are in.
-            while key in self.actors:
-                entry = self._window.current(key)
-                if entry is None or entry.token not in finished:
-                    break
-                self._receive(key, entry)
-
-    def _pinged(self, ref: Any) -> None:
-        key = self._pings.pop(ref)
-        try:
-            self._ray.get(ref)
-        except self._ray.exceptions.RayError as exc:
-            self._start_failures.append(str(exc))
-            if len(self._start_failures) >= MAX_CRASHES:
-                self.close()
-                raise WorkerError(
-                    f"{MAX_CRASHES} Ray actors in a row could not start; the last said:\n"
-                    f"{self._start_failures[-1]}\n(the plan must unpickle on the nodes: "
-                    f"granary and the pipeline's modules must be importable there, e.g. "
-                    f"through init_kwargs={{'runtime_env': ...}})"
-                ) from None
-            self._died(key)
-            return
-        self._start_failures.clear()
-        if key in self.actors:
-            self.actors[key].ready = True
-            self._scale()
-
-    def _receive(self, key: int, entry: Any) -> None:
-        ray, window = self._ray, self._window
-        began = time.perf_counter()
-        try:
-            value = ray.get(entry.token)
-        except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError):
-            self._died(key)  # the actor, its node, or the node holding the result is gone
-            return
-        except ray.exceptions.RayError as exc:  # e.g. a result Ray could not serialize
-            value = _Failed(error_payload(WorkerError(
-                f"Ray could not return unit {entry.unit} from actor "
-                f"{self.actors[key].index}: {exc}"
-            )))
-        window.answered(key, entry.generation, entry.unit)
-        self._refs.pop(entry.token, None)
-        index = self.actors[key].index
-        if entry.generation != window.generation:
-            pass  # an answer about a stream before reset(): dropped
-        elif isinstance(value, _Failed):
-            window.finish(entry.unit, Outcome(None, remote_error(value.payload, index)))
-        else:
-            value.worker = index
-            value.timings["transport"] = time.perf_counter() - began
-            if value.error is not None:
-                value.error = remote_error(value.error, index)
-            window.finish(entry.unit, Outcome(value))
-        if self.actors[key].retiring and not window.held(key):
-            self._drop(key)

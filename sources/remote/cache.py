@@ -23,6 +23,7 @@ import ctypes.util
 import os
 import threading
 import warnings
+import weakref
 
 _FALLOC_FL_KEEP_SIZE = 0x01
 _FALLOC_FL_PUNCH_HOLE = 0x02
@@ -43,6 +44,13 @@ def _punch(fd: int, offset: int, length: int) -> bool:
     mode = _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE
     result = _libc.fallocate(fd, mode, ctypes.c_longlong(offset), ctypes.c_longlong(length))
     return result == 0
+
+
+def _remove(fd: int, path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 
 
 class Budget:
@@ -108,6 +116,8 @@ class SparseFile:
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         os.ftruncate(self._fd, size)
         self._warned = False
+        # A process that ends without close() (killed worker aside) still removes it.
+        self._finalizer = weakref.finalize(self, _remove, self._fd, path)
 
     def write(self, offset: int, data: bytes) -> None:
         view = memoryview(data)
@@ -138,10 +148,8 @@ class SparseFile:
 
     def close(self) -> None:
         if self._fd >= 0:
-            os.close(self._fd)
             self._fd = -1
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
+            self._finalizer()
 
     def __hash__(self) -> int:
         return id(self)

@@ -283,3 +283,21 @@ def test_streams_sources_and_convert_take_urls(store, proxy, tmp_path, monkeypat
     assert list(dl.experimental.TFRecordIterDataset(f"s3://{BUCKET}/t/r.tfrecord")) == [b"x", b"yy"]
     out = convert([f"s3://{BUCKET}/t/*.parquet"], str(tmp_path / "out" / "rows"), progress=False)
     assert len(ArrayRecordDataSource(out)) == 5
+
+
+def test_a_pipeline_config_takes_urls_and_remote_options(tmp_path):
+    import fsspec
+
+    from dataloader.config import parse_config
+
+    write_array_record(tmp_path / "q.array_record", [b"a", b"b", b"c"])
+    fsspec.filesystem("memory").put(str(tmp_path / "q.array_record"), "/granary-cfg/q.array_record")
+    config = parse_config({
+        "source": {"kind": "array_record", "paths": "memory://granary-cfg/*.array_record",
+                   "options": {"remote": {"cache_bytes": 1 << 20, "cache_dir": str(tmp_path)}}},
+        "sampler": {"shuffle": False},
+    })
+    with config.source.build() as source:
+        assert source.__getitems__([2, 0]) == [b"c", b"a"]
+    with pytest.raises(Exception, match="matches no object"):
+        parse_config({"source": {"kind": "array_record", "paths": "memory://granary-cfg/none-*"}})

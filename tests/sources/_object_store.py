@@ -5,6 +5,7 @@ the benchmark."""
 from __future__ import annotations
 
 import contextlib
+import re
 import socket
 import socketserver
 import threading
@@ -99,6 +100,7 @@ class FaultProxy:
         drop: How many coming requests to answer by closing the connection.
         status: When set (e.g. ``403``), every request gets this HTTP error.
         requests: Requests seen (each chunk of bytes from a client counts as one).
+        ranges: The ranged GETs seen, as (object path, first byte, last byte).
     """
 
     def __init__(self, target: str) -> None:
@@ -108,7 +110,7 @@ class FaultProxy:
         self.drop = 0
         self.status: int | None = None
         self.requests = 0
-        self.ranged = 0
+        self.ranges: list[tuple[str, int, int]] = []  # (object path, first byte, last byte)
         self._lock = threading.Lock()
         proxy = self
 
@@ -132,6 +134,12 @@ class FaultProxy:
         self._server.shutdown()
         self._server.server_close()
 
+    def _note_range(self, data: bytes) -> None:
+        match = _RANGE.match(data)
+        if match:
+            path = match.group(1).decode().split("?")[0]
+            self.ranges.append((path, int(match.group(2)), int(match.group(3))))
+
     def _serve(self, client: socket.socket) -> None:
         upstream = socket.create_connection(self.target)
         pump = threading.Thread(target=_pump, args=(upstream, client), daemon=True)
@@ -144,7 +152,7 @@ class FaultProxy:
                 if data[:4] in (b"GET ", b"PUT ", b"HEAD", b"POST", b"DELE"):
                     with self._lock:
                         self.requests += 1
-                        self.ranged += b"\r\nrange:" in data.lower()
+                        self._note_range(data)
                         drop, self.drop = self.drop > 0, max(self.drop - 1, 0)
                     if drop:
                         break
@@ -161,6 +169,9 @@ class FaultProxy:
                 with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
                 s.close()
+
+
+_RANGE = re.compile(rb"^GET (\S+) .*?\r\nrange: *bytes=(\d+)-(\d+)", re.S | re.I)
 
 
 def _pump(source: socket.socket, sink: socket.socket) -> None:

@@ -87,8 +87,13 @@ def test_two_workers_read_what_local_files_give(store, proxy):
     sampler = dl.IndexSampler(len(local), shuffle=True, seed=3, num_epochs=1)
     expected = list(dl.DataLoader(local, sampler, worker_count=0))
     with _source(store, proxy) as source:
+        seen = len(proxy.ranges)
         got = list(dl.DataLoader(source, sampler, worker_count=2))
     assert got == expected
+    # The workers read chunks only: no ranged read reaches a file's index at its end.
+    sizes = {f"/{BUCKET}/{os.path.basename(p)}": os.path.getsize(p) for p in store["local"]}
+    worker_ranges = proxy.ranges[seen:]
+    assert worker_ranges and all(last < sizes[path] - 1 for path, _, last in worker_ranges)
 
 
 def test_index_is_read_once_and_travels_to_workers(store, proxy, tmp_path):
@@ -168,6 +173,17 @@ def test_prefetched_records_are_read_without_a_request(store, proxy):
         before = proxy.requests
         assert source.__getitems__(coming) == local.__getitems__(coming)
         assert proxy.requests == before
+
+
+def test_a_chunk_missing_from_the_cache_is_an_error_never_a_wrong_record(store, proxy):
+    with _source(store, proxy) as source:
+        source.__getitems__([10])
+        fetcher = source._fetch_state()
+        sparse = fetcher._sparse[0]
+        chunk = int(source._remote_files[0].index.chunks_of(np.array([10]))[0])
+        sparse.drop(chunk)  # as if evicted behind the reader's back
+        with pytest.raises(RuntimeError, match=r"(?i)corrupt|hash|checksum"):
+            fetcher.reader(0).read(10, 11)
 
 
 def test_dropped_connections_are_retried(store, proxy):

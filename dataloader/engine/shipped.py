@@ -226,7 +226,14 @@ class ShippedInputs:
         """A worker: the unit's elements, read from the parent's shared memory."""
         if self._table is None:
             path = f"/proc/{self._pid}/fd/{self._table_fd}"
-            fd = os.open(path, os.O_RDONLY)
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError as exc:
+                raise OSError(
+                    f"a worker cannot open the training process's shared memory at {path} "
+                    f"({exc}); the elements after an iterated stage reach the workers through "
+                    f"/proc, which this system hides; use mp_prefetch(num_workers=0) for them"
+                ) from exc
             try:
                 self._mapped_table = mmap.mmap(fd, _SLOTS * 3 * 8, prot=mmap.PROT_READ)
             finally:

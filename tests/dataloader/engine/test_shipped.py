@@ -46,3 +46,15 @@ def test_a_worker_copy_reads_units_from_the_table():
 def test_units_kept_in_process_do_not_pickle():
     with pytest.raises(TypeError, match="stays in its process"):
         pickle.dumps(ShippedInputs(4, shared=False))
+
+
+def test_a_worker_that_cannot_reach_the_parent_says_what_to_do():
+    inputs = ShippedInputs(4, shared=True)
+    try:
+        inputs.put(0, ["a"])
+        worker = pickle.loads(pickle.dumps(inputs))
+        worker._pid = 2**22 + 7  # no such process: its /proc entry cannot be opened
+        with pytest.raises(OSError, match=r"cannot open .*/proc/.*num_workers=0"):
+            worker.__getitems__(np.arange(0, 1))
+    finally:
+        inputs.close()

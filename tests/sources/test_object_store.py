@@ -82,6 +82,8 @@ def test_shuffled_reads_equal_local_reads(store, proxy):
         assert source.remote_stats["requests"] > 0
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_two_workers_read_what_local_files_give(store, proxy):
     local = ArrayRecordDataSource(store["local"])
     sampler = dl.IndexSampler(len(local), shuffle=True, seed=3, num_epochs=1)

@@ -345,7 +345,8 @@ def _ray(where: str, value: Any) -> dict[str, Any] | None:
         return None
     section = check.mapping(where, value)
     check.known_keys(where, section, ("address", "num_workers", "local_workers", "num_cpus_per_worker",
-                                      "resources", "units_per_worker", "start_timeout_s"))
+                                      "resources", "units_per_worker", "start_timeout_s",
+                                      "stall_warning_s"))
     if section.get("address") is not None:
         check.string(f"{where}.address", section["address"])
     for key, low in (("num_workers", 0), ("local_workers", 0), ("units_per_worker", 1)):
@@ -355,8 +356,9 @@ def _ray(where: str, value: Any) -> dict[str, Any] | None:
         raise check.fail(f"{where}.num_workers", "expected at least one actor (num_workers >= 1)")
     if "num_cpus_per_worker" in section:
         check.number(f"{where}.num_cpus_per_worker", section["num_cpus_per_worker"])
-    if "start_timeout_s" in section:
-        check.number(f"{where}.start_timeout_s", section["start_timeout_s"], positive=True)
+    for key in ("start_timeout_s", "stall_warning_s"):
+        if section.get(key) is not None:
+            check.number(f"{where}.{key}", section[key], positive=True)
     resources = check.mapping(f"{where}.resources", section.get("resources"))
     for name, amount in resources.items():
         check.number(f"{where}.resources.{name}", amount)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import time
 
 import numpy as np
 import pytest
@@ -396,3 +397,23 @@ def test_a_packing_pipeline_and_its_states_match_in_process(cluster):
     got += run(loader(ops).iterator(state))
     assert got == want
     assert len(want) > 10
+
+
+class Slow(dl.MapTransform):
+    def map(self, x):
+        if x == 5:
+            time.sleep(1.0)  # ten times the warning's threshold below
+        return x
+
+
+def test_an_actor_stuck_on_a_unit_is_logged_naming_it(cluster, caplog):
+    ex = dl.RayExecutor(num_workers=1, stall_warning_s=0.1)
+    loader_ = dl.DataLoader(dl.RangeDataSource(8), dl.IndexSampler(8, num_epochs=1), [Slow(), dl.Batch(4)],
+                            executor=ex)
+    with caplog.at_level("WARNING", logger="dataloader"):
+        assert [b.tolist() for b in loader_] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    ex.close()
+    stalls = [r.getMessage() for r in caplog.records if "has computed unit" in r.getMessage()]
+    # Unit 1 for sure (unit 0 too if a loaded machine makes it slow), each once.
+    assert any("unit 1 (positions [4, 8), records [4, 5, 6, 7])" in m for m in stalls), stalls
+    assert len({m.split(" (")[0] for m in stalls}) == len(stalls), stalls

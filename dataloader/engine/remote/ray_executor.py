@@ -32,6 +32,7 @@ from typing import Any
 
 from dataloader.engine.plan import Plan
 from dataloader.engine.remote.ray_units import RayUnits, UnitActor, kill_actors
+from dataloader.options import DEFAULT_STALL_WARNING_S, check_seconds
 
 # A host:port that does not accept a TCP connection within this is reported unreachable
 # (ray.init itself retries for about a minute before it gives up).
@@ -97,6 +98,9 @@ class RayExecutor:
             CPUs), beside the ``num_workers`` placed by ``resources``: a free actor
             takes the next unit wherever it runs, so the remote ones take what the
             local ones cannot keep up with.
+        stall_warning_s: log a warning (logger ``"dataloader"``, once per unit) naming
+            the actor, the unit and its records when an actor has computed one unit
+            for this long (None: never).
 
     Raises:
         ConnectionError: no cluster answers at ``address`` (nothing is left running).
@@ -119,6 +123,7 @@ class RayExecutor:
         start_timeout_s: float = 120.0,
         init_kwargs: Mapping[str, Any] | None = None,
         local_workers: int = 0,
+        stall_warning_s: float | None = DEFAULT_STALL_WARNING_S,
     ) -> None:
         if address is not None and not isinstance(address, str):
             raise TypeError(f"RayExecutor address must be a string or None, got {address!r}")
@@ -146,6 +151,7 @@ class RayExecutor:
                 or start_timeout_s <= 0:
             raise ValueError(f"start_timeout_s must be a positive number of seconds, got {start_timeout_s!r}")
         self.start_timeout_s = float(start_timeout_s)
+        self.stall_warning_s = check_seconds("stall_warning_s", stall_warning_s)
         self.address = address
         self._runs: weakref.WeakSet[RayUnits] = weakref.WeakSet()
         self._ray = _import_ray()

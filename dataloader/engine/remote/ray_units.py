@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
-from dataloader.engine.compute import UnitResult, compute_unit
+from dataloader.engine.compute import UnitResult, compute_unit, unit_record_keys
 from dataloader.engine.plan import Plan
 from dataloader.engine.pool.messages import error_payload, remote_error
 from dataloader.engine.pool.window import Outcome, Window
@@ -119,6 +119,8 @@ class RayUnits:
         self._lock = threading.RLock()
         self._waiting_since: float | None = None  # when no actor was ready any more
         self._handles: list[Any] = []
+        self._began: dict[int, float] = {}  # actor key -> when it could start its oldest unit
+        self._warned: set[Any] = set()  # units already logged as stalled
         # Actors die with the stream, also when it is dropped without close().
         self._finalizer = weakref.finalize(self, kill_actors, self._ray, self._handles)
         self._window.reset(plan.units(position))
@@ -165,6 +167,7 @@ class RayUnits:
                 raise StopIteration
             self._dispatch()
             self._check_start()
+            self._check_stalls()
             self._wait(_POLL_S)
 
     def close(self) -> None:
@@ -293,8 +296,32 @@ class RayUnits:
                 return
             start, stop = window.range(unit)
             ref = self.actors[key].handle.compute.remote(start, stop)
+            if window.current(key) is None:
+                self._began[key] = time.monotonic()  # an idle actor starts on it now
             window.sent(key, unit, ref)
             self._refs[ref] = key
+
+    def _check_stalls(self) -> None:
+        """Logs, once per unit, an actor that has computed one unit for
+        ``stall_warning_s`` (its oldest unit, counted from when it could start it)."""
+        limit = self._spec.stall_warning_s
+        if limit is None:
+            return
+        now = time.monotonic()
+        for key, began in list(self._began.items()):
+            entry = self._window.current(key)
+            if entry is None or entry.generation != self._window.generation:
+                continue  # idle, or on a unit of a stream before reset()
+            if now - began < limit or entry in self._warned:
+                continue
+            self._warned.add(entry)
+            start, stop = self._window.range(entry.unit)
+            logger.warning(
+                "granary: Ray actor %d has computed unit %d (positions [%d, %d), records %s) "
+                "for %.0f s; look at its log (ray logs), or lower the work per record",
+                self.actors[key].index, entry.unit, start, stop,
+                unit_record_keys(self._plan, start, stop)[:8].tolist(), now - began,
+            )
 
     def _wait(self, timeout: float) -> None:
         """Takes in every answer ready within ``timeout`` seconds (0: those ready now)."""
@@ -356,6 +383,8 @@ class RayUnits:
             )))
         window.answered(key, entry.generation, entry.unit)
         self._refs.pop(entry.token, None)
+        self._warned.discard(entry)
+        self._began[key] = time.monotonic()  # it starts on its next unit, if any
         index = self.actors[key].index
         if entry.generation != window.generation:
             pass  # an answer about a stream before reset(): dropped

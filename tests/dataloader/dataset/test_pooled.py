@@ -248,3 +248,15 @@ def test_a_state_of_the_pool_restores_without_workers():
         it = iter(ds)  # element by element, in this process
         it.set_state(json.loads(states[k]))
         assert_streams_equal(take(it, 5), reference[k : k + 5])
+
+
+def test_granary_worker_count_sends_the_map_after_a_packer_to_the_workers(monkeypatch):
+    """Code that never calls mp_prefetch (torchtitan's loader) gets workers from the
+    environment, for the calls after an iterator-level stage too."""
+    ds = dl.experimental.FirstFitPackIterDataset(rows(100), length_struct={"x": 8}, num_packing_bins=2)
+    ds = ds.map(lambda row: os.getpid())
+    assert set(ds) == {os.getpid()}
+    monkeypatch.setenv("GRANARY_WORKER_COUNT", "2")
+    with iter(ds) as it:
+        pids = set(it)
+    assert pids and os.getpid() not in pids

@@ -153,7 +153,8 @@ def main() -> None:
         for name in ("glob, indices read concurrently", "index cache (written by the first)"):
             before, began = proxy.requests, time.perf_counter()
             source = ArrayRecordDataSource(glob, storage_options=options,
-                                           remote=RemoteOptions(index_cache=index))
+                                           remote=RemoteOptions(index_cache=index,
+                                                                cache_dir=os.path.join(folder, "cache")))
             timings[name] = (time.perf_counter() - began, proxy.requests - before)
             assert len(source) == 20 * args.startup_files
         import s3fs

@@ -37,6 +37,7 @@ import os
 import tempfile
 import threading
 import time
+import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -222,16 +223,16 @@ def _store_edges(directory: str, file: RemoteFile, head: bytes, tail: bytes) -> 
     path = _edges_path(directory, file)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     temporary = f"{path}.{os.getpid()}.tmp"
-    with open(temporary, "wb") as out:
-        out.write(len(head).to_bytes(8, "little") + head + tail)
+    with open(temporary, "wb") as out:  # zlib: the last block is mostly padding
+        out.write(zlib.compress(len(head).to_bytes(8, "little") + head + tail, 1))
     os.replace(temporary, path)
 
 
 def _load_edges(directory: str, file: RemoteFile) -> tuple[bytes, bytes] | None:
     try:
         with open(_edges_path(directory, file), "rb") as stored:
-            data = stored.read()
-    except OSError:
+            data = zlib.decompress(stored.read())
+    except (OSError, zlib.error):
         return None
     (_, head_end), (tail_from, size) = _edges(file.index)
     n = int.from_bytes(data[:8], "little")
@@ -456,7 +457,9 @@ class RemoteFiles:
             return sparse
         file = self._files[f]
         directory = self._options.directory()
-        os.makedirs(directory, exist_ok=True)
+        if not os.path.isdir(directory):
+            os.makedirs(directory, exist_ok=True)
+        _remove_orphans(directory)
         edges = _load_edges(directory, file)
         (head_start, head_end), (tail_from, size) = _edges(file.index)
         if edges is None:
@@ -495,6 +498,28 @@ class RemoteFiles:
                     self._budget.forget(sparse)
                 sparse.close()
                 self._sparse[i] = None
+
+
+_SWEPT: set[tuple[int, str]] = set()
+
+
+def _remove_orphans(directory: str) -> None:
+    """Removes sparse files of processes that are gone (a worker ended without cleaning
+    up); once per directory and process."""
+    if (os.getpid(), directory) in _SWEPT:
+        return
+    _SWEPT.add((os.getpid(), directory))
+    for name in os.listdir(directory):
+        parts = name.split(".")
+        if len(parts) != 4 or parts[3] != "array_record" or not parts[1].isdigit():
+            continue
+        try:
+            os.kill(int(parts[1]), 0)
+        except ProcessLookupError:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(directory, name))
+        except PermissionError:  # alive, another user's
+            pass
 
 
 _BUDGETS: dict[str, Budget] = {}

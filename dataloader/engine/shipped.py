@@ -29,16 +29,29 @@ from __future__ import annotations
 import mmap
 import os
 import pickle
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
+from dataloader.engine.executor import InProcessExecutor
 from dataloader.engine.plan import ELEMENTS, Plan, Step
 from dataloader.engine.sizing import Units
+from dataloader.engine.stages.base import DatasetIterator, expect_state
+from dataloader.errors import PipelineError
 from dataloader.operations import Operation
 from dataloader.operations.transforms import resolve_seed
+from dataloader.options import (
+    DEFAULT_STALL_WARNING_S,
+    MultiprocessingOptions,
+    ReadOptions,
+    check_worker_count,
+)
 from dataloader.samplers import ShardOptions
+
+# Elements of the iterated stage per unit: a fixed grid, whatever the worker count.
+UNIT_SIZE = 64
 
 # Units alive at once (in flight, buffered, being handed out) stay far below this; the
 # table is keyed by unit number modulo it.
@@ -319,15 +332,149 @@ class FedPlan(Plan):
         return Units(self.feeder.ranges(position))
 
 
-def shipped_plans(ops: tuple[Operation, ...], inputs: ShippedInputs, feeder: Feeder) -> tuple[Plan, Plan]:
+def shipped_plans(
+    ops: tuple[Operation, ...], inputs: ShippedInputs, feeder: Feeder, default_seed: int | None = None
+) -> tuple[Plan, Plan]:
     """The parent's plan and the workers' plan for ``ops`` over shipped elements.
 
     The steps are those of the element-by-element stage (operation ``i`` is stream
-    ``i``, seeded by its own ``rng_seed`` or the one ``random_map`` gave it), so the
-    random generators and the output are the same either way.
+    ``i``, seeded by its own ``rng_seed``, the one ``random_map`` gave it, else
+    ``default_seed``), so the random generators and the output are the same either way.
     """
-    steps = tuple(Step(op, i, resolve_seed(op, None)) for i, op in enumerate(ops))
+    steps = tuple(Step(op, i, resolve_seed(op, default_seed)) for i, op in enumerate(ops))
     plan = Plan(inputs, ElementOrder(), steps, None, (), ELEMENTS, inputs.unit_size)
     fed = FedPlan(inputs, ElementOrder(), steps, None, (), ELEMENTS, inputs.unit_size)
     object.__setattr__(fed, "feeder", feeder)
     return fed, plan
+
+
+class ShippedElementwiseIterator(DatasetIterator):
+    """``ops`` over ``parent``'s elements, unit by unit, on ``options.num_workers``
+    worker processes (0: in this process, unit by unit all the same).
+
+    Its output is that of :class:`~dataloader.engine.stages.elementwise.ElementwiseIterator`
+    with the same ``default_seed``, and its states use the same keys (see
+    :mod:`dataloader.dataset.transformations.pooled`), so it can stand in for it wherever
+    workers are wanted (a ``DataLoader``'s operations after a packer, for instance).
+
+    Args:
+        parent: the iterated stage.
+        ops: the element-wise operations (no ``map_with_index``).
+        options: how many workers, and units in flight per worker.
+        init_fn: ``worker_init_fn(worker_index, worker_count)``.
+        watch: Grain's filter thresholds over this stage (a ``FilterWatch``) or None.
+        unit_size: elements of ``parent`` per unit.
+        default_seed: the seed of random maps that have none of their own (a loader's
+            sampler seed), as for ``ElementwiseIterator``.
+    """
+
+    def __init__(
+        self,
+        parent: DatasetIterator,
+        ops: tuple[Operation, ...],
+        options: MultiprocessingOptions,
+        init_fn: Any = None,
+        watch: Any = None,
+        unit_size: int = UNIT_SIZE,
+        default_seed: int | None = None,
+    ) -> None:
+        super().__init__(parent)
+        self._stats_name = " + ".join(op.name for op in ops)
+        self._ops = ops
+        self._watch = watch
+        count = check_worker_count("num_workers", options.num_workers)
+        self._inputs = ShippedInputs(unit_size, shared=count != 0)
+        self._release = weakref.finalize(self, self._inputs.close)
+        self._feeder = Feeder(parent, self._inputs)
+        # Where the consumer stands: (stage state at the unit's start, its first element,
+        # outputs of that unit handed out). Taken before any unit is read.
+        self._at: tuple[Any, int, int] = (parent.get_state(), 0, 0)
+        self._outputs: list[Any] = []
+        self._given = 0
+        self._error: BaseException | None = None  # raised once the outputs before it are out
+        self._failed: BaseException | None = None  # raised again on every next()
+        self._ended = False
+        plan, worker_plan = shipped_plans(ops, self._inputs, self._feeder, default_seed)
+        self._executor: Any
+        if count == 0:
+            self._executor = InProcessExecutor(plan, 0, ReadOptions())
+        else:
+            from dataloader.engine.pool import zygote
+            from dataloader.engine.pool.executor import PoolExecutor
+            from dataloader.engine.pool.messages import pickle_plan
+
+            plan_bytes = pickle_plan(worker_plan)
+            zygote.prestart(plan_bytes)
+            self._executor = PoolExecutor(
+                plan, plan_bytes, 0, worker_count=count,
+                buffer_size=options.per_worker_buffer_size, init_fn=init_fn,
+                stall_warning_s=DEFAULT_STALL_WARNING_S,  # as a DataLoader's pool
+            )
+
+    def __next__(self) -> Any:
+        if self._closed:
+            raise ValueError(f"next() on a closed iterator ({self!r}); make a new one")
+        while self._given == len(self._outputs):
+            if self._error is not None:
+                self._failed, self._error = self._error, None
+            if self._failed is not None:
+                raise self._failed
+            if self._ended:
+                raise StopIteration
+            self._take_unit()
+        item = self._outputs[self._given]
+        self._outputs[self._given] = None  # handed out: not kept alive here
+        self._given += 1
+        parent_state, start, _ = self._at
+        self._at = (parent_state, start, self._at[2] + 1)
+        return item
+
+    def _take_unit(self) -> None:
+        try:
+            result = next(self._executor)
+        except StopIteration:
+            if self._feeder.error is not None:  # the stage failed after the last unit
+                self._failed = self._feeder.error
+                raise self._failed from None
+            self._ended = True
+            raise
+        except PipelineError as exc:  # a unit that failed whole (its worker kept dying)
+            self._failed = exc
+            raise
+        self._inputs.drop(result.start)
+        state = self._feeder.states.pop(result.start)
+        skip = self._at[2] if self._at[1] == result.start and not self._outputs else 0
+        self._at = (state, result.start, skip)
+        self._outputs, self._given = result.outputs, min(skip, len(result.outputs))
+        if result.error is not None:
+            self._error = result.error
+        if self._watch is not None:
+            n = result.stop - result.start
+            kept = len(np.unique(result.positions)) if result.positions is not None else len(result.outputs)
+            self._watch.add(n, n - kept)
+
+    def get_state(self) -> dict[str, Any]:
+        parent_state, start, skip = self._at
+        return {"parent": parent_state, "index": start, "skip": skip}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        state = expect_state(state, ("parent", "index", "skip"), f"{self!r}")
+        index, skip = int(state["index"]), int(state["skip"])
+        # The upstream is restored where it is read: a pool reads it in a thread of its
+        # own before the first next(), under its lock, which reset() waits for.
+        self._feeder.restore(state["parent"])
+        self._at = (state["parent"], index, skip)
+        self._outputs, self._given = [], 0
+        self._error = self._failed = None
+        self._ended = False
+        self._executor.reset(index)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._executor.close()
+        self._release()
+        super().close()
+
+    def __repr__(self) -> str:
+        return f"ShippedElementwiseIterator({' + '.join(op.name for op in self._ops)})"

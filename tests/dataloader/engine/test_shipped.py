@@ -9,7 +9,16 @@ import pickle
 import numpy as np
 import pytest
 
-from dataloader.engine.shipped import ShippedInputs, read_elements, write_elements
+from dataloader.engine.shipped import (
+    ShippedElementwiseIterator,
+    ShippedInputs,
+    read_elements,
+    write_elements,
+)
+from dataloader.engine.stages.base import DatasetIterator
+from dataloader.engine.stages.elementwise import ElementwiseIterator
+from dataloader.operations import FlatMapTransform, MapTransform, RandomMapTransform
+from dataloader.options import MultiprocessingOptions
 
 
 def test_elements_come_back_equal_and_writable():
@@ -58,3 +67,40 @@ def test_a_worker_that_cannot_reach_the_parent_says_what_to_do():
             worker.__getitems__(np.arange(0, 1))
     finally:
         inputs.close()
+
+
+class Numbers(DatasetIterator):
+    def __init__(self, n):
+        super().__init__()
+        self._i, self._n = 0, n
+
+    def __next__(self):
+        if self._i >= self._n:
+            raise StopIteration
+        self._i += 1
+        return self._i - 1
+
+    def get_state(self):
+        return {"i": self._i}
+
+    def set_state(self, state):
+        self._i = state["i"]
+
+
+class Jitter(RandomMapTransform):
+    def random_map(self, x, rng):
+        return (x, int(rng.integers(1000)))
+
+
+class Twice(FlatMapTransform):
+    def flat_map(self, x):
+        return [x] * (x % 3)
+
+
+def test_it_stands_in_for_the_element_by_element_stage_with_a_loaders_seed():
+    ops = (Twice(), Jitter(), MapTransform(lambda t: t[0] * 1000 + t[1]))
+    expected = list(ElementwiseIterator(Numbers(150), ops, default_seed=5))
+    shipped = ShippedElementwiseIterator(Numbers(150), ops, MultiprocessingOptions(num_workers=0), default_seed=5)
+    assert list(shipped) == expected
+    other_seed = ShippedElementwiseIterator(Numbers(150), ops, MultiprocessingOptions(num_workers=0), default_seed=6)
+    assert list(other_seed) != expected

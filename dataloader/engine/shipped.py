@@ -22,6 +22,11 @@ so a unit lost with a killed worker is sent again over the same elements.
 
 In the training process (``worker_count=0``) the same table hands out the elements
 themselves, without pickling.
+
+:class:`ShippedElementwiseIterator` is the stage built on it: the element-wise
+operations after an iterated stage, computed unit by unit by a pool (or in process),
+with the output and state keys of the element-by-element stage
+(:mod:`dataloader.dataset.transformations.pooled` says how its states read).
 """
 
 from __future__ import annotations

@@ -90,12 +90,20 @@ def gzip_tfrecord(folder, n=250):
     return dl.experimental.TFRecordIterDataset(str(gz)).map(lambda b: (len(b), bytes(b[:5])))
 
 
+def two_pooled_stages(n=400):
+    """A map after a user's dataset, a packer, a map after the packer: a pool each."""
+    inner = Counting(n).map(lambda d: {"x": np.arange(1 + int(d["x"][0]) % 5) + int(d["x"][0])})
+    packed = dl.experimental.FirstFitPackIterDataset(inner, length_struct={"x": 8}, num_packing_bins=2)
+    return packed.map(lambda r: {**r, "y": r["x"] * 2}).batch(3)
+
+
 PIPELINES = {
     "packer -> map": lambda tmp: packed_then_map(),
     "window shuffle -> filter": lambda tmp: shuffled_then_filter(),
     "mix -> flat_map": lambda tmp: mixed_then_flat_map(),
     "own dataset -> map -> batch": lambda tmp: own_then_map_batch(),
     "gzip TFRecord -> map": gzip_tfrecord,
+    "own dataset -> map -> packer -> map -> batch": lambda tmp: two_pooled_stages(),
 }
 
 

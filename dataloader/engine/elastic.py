@@ -291,16 +291,15 @@ def head_state(state: Any) -> tuple[dict[str, Any], list[tuple[int, int, Any]]]:
     used: list[tuple[int, int, Any]] = []
     while isinstance(node, dict) and "made_for" not in node:
         held = node.get("piece", 0) or node.get("next_row", 0) or node.get("offsets") or node.get("skip", 0)
-        if ("packer" in node and held and "used" not in node) or node.get("piece", 0) or (
-            "packer" not in node and node.get("skip", 0)
-        ):
+        if ("packer" in node and held and "used" not in node) or ("packer" not in node and node.get("skip", 0)):
             raise StateMismatchError(
                 f"this state holds records in a stage ({node.get('packer', 'an element-wise stage')}, "
                 f"{ {k: node[k] for k in ('piece', 'next_row', 'offsets', 'skip') if k in node} }) that "
-                f"it does not name as positions, so an elastic restore would lose or repeat them: an "
-                f"element cut into pieces across packing rounds, an element-wise stage inside one "
-                f"element's outputs, or a packer over another stage; save at another step or "
-                f"restore on the same host count"
+                f"it does not name as positions, so an elastic restore would lose or repeat them: "
+                f"rows of a round handed out so that an element cut into pieces has a later piece "
+                f"handed out before an earlier one (shuffle_bins), an element-wise stage inside one "
+                f"element's outputs, or a packer over a stage that is not the engine's element "
+                f"stream; save at another step or restore on the same host count"
             )
         used += [(int(q), int(sub), u) for q, sub, u in node.get("used", ())]
         node = node.get("parent")
@@ -372,11 +371,22 @@ def _check_fits(head: dict[str, Any], now: dict[str, Any]) -> None:
 
 
 def _rest(element: Any, offsets: dict[str, int]) -> Any:
-    """The part of ``element`` a packer has not used: each feature from its offset on."""
+    """The part of ``element`` a packer has not used: each feature from its offset on
+    (a nested feature is named by its path, ``"a/b"``; a scalar is a length-1 sequence,
+    as packers read it)."""
     rest = dict(element)
     for key, offset in offsets.items():
-        if offset:
-            rest[key] = rest[key][offset:]
+        if not offset:
+            continue
+        *path, leaf = key.split("/") if key not in rest else [key]
+        node = rest
+        for step in path:
+            node[step] = dict(node[step])
+            node = node[step]
+        value = node[leaf]
+        if np.ndim(value) == 0:
+            value = np.atleast_1d(value)
+        node[leaf] = value[offset:]
     return rest
 
 

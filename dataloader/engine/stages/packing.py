@@ -97,7 +97,10 @@ class FitPackIterator(_PackIterator):
         self._skip = 0  # rows to pass over once the round is re-packed (a restore)
         self._carry: tuple[list[Any], int, Any, Any] | None = None  # (pieces, first piece, state before, tag)
         self._after: tuple[Any, int] | None = None  # where the next round starts
-        self._members: list[list[Any]] = []  # each row's elements' tags (elastic restore)
+        # Each row's elements as (tag, piece, pieces) for an elastic restore, and the
+        # (tag, piece, pieces) of the element the round starts inside (None: a fresh one).
+        self._members: list[list[tuple[Any, int, int]]] = []
+        self._start_cut: tuple[Any, int, int] | None = None
         self._restored_used: Any = None  # a restored state's "used", until the round is re-packed
 
     def __next__(self) -> dict[str, Any]:
@@ -119,7 +122,9 @@ class FitPackIterator(_PackIterator):
         op, parent = self._op, self._parent
         packing = op.new_round()
         self._after = None
-        members: list[list[Any]] = [[] for _ in range(op.num_packing_bins)]
+        members: list[list[tuple[Any, int, int]]] = [[] for _ in range(op.num_packing_bins)]
+        carry = self._carry
+        self._start_cut = None if carry is None else (carry[3], carry[1], len(carry[0]))
         while self._after is None:
             if self._carry is not None:
                 pieces, k, before, tag = self._carry
@@ -142,7 +147,7 @@ class FitPackIterator(_PackIterator):
                     self._carry = (pieces, k, before, tag)
                     self._after = (before, k)
                     break
-                members[int((packing._count != counts).argmax())].append((tag, len(pieces) > 1))
+                members[int((packing._count != counts).argmax())].append((tag, k, len(pieces)))
                 k += 1
         self._members = members
         self._rows = packing.rows()
@@ -156,20 +161,46 @@ class FitPackIterator(_PackIterator):
             row = self._next_row if self._rows is not None else self._skip
         state = {"parent": start[0], "piece": start[1], "next_row": row, "counter": counter,
                  "packer": self._describe}
-        if row and not start[1]:
-            used = self._restored_used if self._rows is None else self._used_rows(row)
+        if row or start[1]:
+            if self._rows is None:
+                used = self._restored_used
+            elif row:
+                used = self._used_rows(row)
+            else:  # the next round starts inside an element: its first pieces are used
+                carry = self._carry
+                used = None if carry is None else self._used_pieces({carry[3]: (set(range(carry[1])), len(carry[0]))})
             if used is not None:
                 state["used"] = used
         return state
 
     def _used_rows(self, handed: int) -> list[list[Any]] | None:
-        """The elements of the round's first ``handed`` rows (in hand-out order), unless
-        one of them is cut into pieces (its tag alone cannot say which pieces)."""
-        rows = self._order[:handed]
-        entries = [m for r in rows for m in self._members[r]]
-        if any(cut for _, cut in entries):
-            return None
-        return _used([(tag, None) for tag, _ in entries])
+        """The elements of the round's first ``handed`` rows (in hand-out order), and of
+        the element the round starts inside, its pieces of earlier rounds."""
+        pieces: dict[Any, tuple[set[int], int]] = {}
+        if self._start_cut is not None:
+            tag, first, count = self._start_cut
+            pieces[tag] = (set(range(first)), count)
+        for r in self._order[:handed]:
+            for tag, k, count in self._members[r]:
+                pieces.setdefault(tag, (set(), count))[0].add(k)
+        return self._used_pieces(pieces)
+
+    def _used_pieces(self, pieces: dict[Any, tuple[set[int], int]]) -> list[list[Any]] | None:
+        """``tag -> (pieces used, pieces)`` as a state's ``"used"``: an element with all
+        its pieces used is used (null); one with its first ``m`` pieces used has its rest
+        start at ``m`` row lengths in each feature (the rest cuts into the same pieces
+        again). None (no elastic restore from this state) when a tag is unknown or an
+        element's used pieces are not its first ones (rows handed out of order)."""
+        entries: list[tuple[Any, Any]] = []
+        names, caps = self._op.spec.names, self._op.spec.lengths.tolist()
+        for tag, (used, count) in pieces.items():
+            if len(used) == count:
+                entries.append((tag, None))
+            elif used == set(range(len(used))):
+                entries.append((tag, {name: len(used) * cap for name, cap in zip(names, caps)}))
+            else:
+                return None
+        return _used(entries)
 
     def set_state(self, state: dict[str, Any]) -> None:
         state = _check_packer(state, self._op, "a first-fit or best-fit packer")

@@ -78,7 +78,17 @@ def _source_and_sampler(mixture: bool, window: bool, parquet: bool = False) -> t
     return dl.RangeDataSource(N), dl.IndexSampler(N, shuffle=True, seed=3, num_epochs=1), []
 
 
+def as_long_tokens(x: int) -> dict[str, np.ndarray]:
+    return {"tokens": np.full(1 + x % 30, x + 1, dtype=np.int64)}  # up to 30: cut into 3 rows of 12
+
+
 def _pack(kind: str) -> Any:
+    # Rows handed out in row order, so the pieces of a cut element come out first to last
+    # (an elastic restore names what was used of it as a count of tokens).
+    if kind == "first_fit, cut":
+        return dl.FirstFitPack({"tokens": 12}, num_packing_bins=3, shuffle_bins=False)
+    if kind == "best_fit, cut":
+        return dl.BestFitPack({"tokens": 12}, num_packing_bins=3, shuffle_bins=False)
     if kind == "first_fit":
         return dl.FirstFitPack({"tokens": 12}, num_packing_bins=3)
     if kind == "best_fit":
@@ -98,6 +108,8 @@ PIPELINES: dict[str, tuple[Callable[[], list[Any]], str]] = {
     "first-fit": (lambda: [dl.FilterTransform(keep), dl.MapTransform(as_tokens), _pack("first_fit")], "row"),
     "best-fit": (lambda: [dl.FilterTransform(keep), dl.MapTransform(as_tokens), _pack("best_fit")], "row"),
     "concat-then-split": (lambda: [dl.FilterTransform(keep), dl.MapTransform(as_tokens), _pack("concat")], "tokens"),
+    "first-fit, cut": (lambda: [dl.FilterTransform(keep), dl.MapTransform(as_long_tokens), _pack("first_fit, cut")], "tokens"),
+    "best-fit, cut": (lambda: [dl.FilterTransform(keep), dl.MapTransform(as_long_tokens), _pack("best_fit, cut")], "tokens"),
     "flat map, first-fit": (
         lambda: [dl.FlatMapTransform(fan_out, max_fan_out=3), dl.MapTransform(as_tokens), _pack("first_fit")], "row"
     ),

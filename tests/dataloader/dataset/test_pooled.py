@@ -15,7 +15,7 @@ import pytest
 
 import dataloader as dl
 from dataloader.dataset.base import DatasetIterator, IterDataset
-from tests.helpers import assert_streams_equal, take
+from tests.helpers import assert_restores_everywhere, assert_streams_equal, take
 from tests.integration.conftest import no_leaks  # noqa: F401  (autouse: no child or block left)
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(180)]
@@ -268,3 +268,9 @@ def test_granary_worker_count_sends_the_map_after_a_packer_to_the_workers(monkey
     with iter(ds) as it:
         pids = set(it)
     assert pids and os.getpid() not in pids
+
+
+def test_restores_at_every_step_with_workers():
+    ds = on_workers(mixed_then_flat_map(), 2)
+    outputs = assert_restores_everywhere(lambda: iter(ds), limit=30, fresh_iterator_every=10)
+    assert_streams_equal(outputs, run(mixed_then_flat_map())[0][:30])

@@ -340,13 +340,14 @@ class ArrayRecordDataSource(PerProcessHandles):
 
     @property
     def remote_stats(self) -> dict[str, int]:
-        """For URLs: ranged requests made and bytes fetched in this process, and the
-        bytes of chunks cached now."""
+        """For URLs: ranged requests made in this process (``prefetch_requests`` of
+        them ahead of reads), bytes fetched, and the bytes of chunks cached now."""
         if not self._remote_files:
             return {}
         fetcher = self._fetch_state()
         return {
             "requests": fetcher.requests,
+            "prefetch_requests": fetcher.prefetch_requests,
             "bytes_fetched": fetcher.bytes_fetched,
             "cached_bytes": fetcher.cached_bytes(),
         }

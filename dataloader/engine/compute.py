@@ -21,6 +21,7 @@ user code, and it becomes a ``PipelineError`` like any other (``passthrough=()``
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
@@ -130,6 +131,25 @@ def record_index(plan: Plan, position: int) -> int:
 def unit_record_keys(plan: Plan, start: int, stop: int) -> np.ndarray:
     """The source indices of the records at local positions ``[start, stop)``."""
     return plan.sampler.record_keys(np.arange(start, stop, dtype=np.int64))
+
+
+def hint_unit(plan: Plan, start: int, stop: int) -> None:
+    """Tells the source which records a coming unit ``[start, stop)`` will read.
+
+    A source with a ``prefetch(indices)`` method (a remote ArrayRecord source) starts
+    fetching them in the background; one without costs a ``getattr``. A hint never
+    blocks for long nor fails a unit: whatever it raises is dropped (the unit's own read
+    reports a real problem, at its record). Positions past the stream's end are cut off.
+    """
+    prefetch = getattr(plan.source, "prefetch", None)
+    if prefetch is None:
+        return
+    if plan.num_positions is not None:
+        stop = min(stop, plan.num_positions)
+    if stop <= start:
+        return
+    with contextlib.suppress(Exception):
+        prefetch(unit_record_keys(plan, start, stop))
 
 
 def _fail(plan: Plan, what: str, position: int, sub: int, exc: BaseException) -> PipelineError:

@@ -15,7 +15,7 @@ import concurrent.futures
 from collections.abc import Iterator
 from typing import Protocol
 
-from dataloader.engine.compute import UnitResult, compute_unit
+from dataloader.engine.compute import UnitResult, compute_unit, hint_unit
 from dataloader.engine.plan import Plan
 from dataloader.errors import LoaderClosedError
 from dataloader.options import ReadOptions
@@ -105,6 +105,9 @@ class InProcessExecutor:
     def __next__(self) -> UnitResult:
         if not self._threads or not self._depth:
             start, stop = next(self._units)
+            # The next unit is about as long: a source that fetches (a remote one) reads
+            # its records while this one is computed.
+            hint_unit(self._plan, stop, 2 * stop - start)
             result = compute_unit(self._plan, start, stop)
             self._units.observe(result)
             return result

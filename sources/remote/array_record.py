@@ -87,6 +87,9 @@ class RemoteOptions:
             request; when it does not, the first process to build the source writes
             it. Delete it when the files change.
         retries: Attempts per request before a transient failure is an error.
+        fetch_ahead: Fetch the records of the units the loader computes next while it
+            computes the current one (the loader passes them to ``prefetch``); False
+            makes ``prefetch`` do nothing.
     """
 
     storage_options: Mapping[str, Any] | None = None
@@ -95,6 +98,7 @@ class RemoteOptions:
     whole_file_bytes: int | None = None
     index_cache: str | None = None
     retries: int = urls.RETRIES
+    fetch_ahead: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.cache_bytes, bool) or not isinstance(self.cache_bytes, int) or self.cache_bytes < 0:
@@ -110,6 +114,8 @@ class RemoteOptions:
             )
         if not isinstance(self.retries, int) or self.retries < 1:
             raise ValueError(f"retries is {self.retries!r}; pass a count >= 1")
+        if not isinstance(self.fetch_ahead, bool):
+            raise ValueError(f"fetch_ahead is {self.fetch_ahead!r}; pass True or False")
 
     def directory(self) -> str:
         return self.cache_dir or os.path.join(tempfile.gettempdir(), "granary-remote")
@@ -309,6 +315,7 @@ class RemoteFiles:
         # Chunks being fetched, by file: chunk -> the event set when its fetch ends.
         self._inflight: dict[int, dict[int, threading.Event]] = {}
         self.requests = 0
+        self.prefetch_requests = 0  # Of the requests, those made ahead of a read.
         self.bytes_fetched = 0
 
     # -- reading ---------------------------------------------------------------
@@ -336,16 +343,16 @@ class RemoteFiles:
             if self._prefetcher is None:
                 self._prefetcher = concurrent.futures.ThreadPoolExecutor(1, "granary-prefetch")
             self._pending = [f for f in self._pending if not f.done()]
-            if len(self._pending) >= 4:  # Bounded: never more than a few batches ahead.
+            if not self._options.fetch_ahead or len(self._pending) >= 4:  # A few units ahead at most.
                 return
             self._pending.append(self._prefetcher.submit(self._prefetch, files, positions))
 
     def _prefetch(self, files: np.ndarray, positions: np.ndarray) -> None:
         with contextlib.suppress(Exception):  # A real read retries and reports.
-            self._fetch(files, positions, keep_pinned=False)
+            self._fetch(files, positions, keep_pinned=False, ahead=True)
 
     def _fetch(
-        self, files: np.ndarray, positions: np.ndarray, *, keep_pinned: bool
+        self, files: np.ndarray, positions: np.ndarray, *, keep_pinned: bool, ahead: bool = False
     ) -> list[tuple[SparseFile, int]]:
         """Fetches the missing chunks of these records; their keys stay pinned if asked.
 
@@ -361,7 +368,7 @@ class RemoteFiles:
                 with self._lock, self._budget.lock:
                     plan, waits = self._plan(files, positions, keys)
                 if plan is not None:
-                    self._run(plan)
+                    self._run(plan, ahead)
                 for event in waits:
                     event.wait()
                 if plan is None and not waits:
@@ -406,7 +413,7 @@ class RemoteFiles:
                 plan.spans.append((f, first, last, event))
         return (plan if plan.spans else None), waits
 
-    def _run(self, plan: _Plan) -> None:
+    def _run(self, plan: _Plan, ahead: bool = False) -> None:
         """Fetches a plan's ranges (no lock held) and files them."""
         data: list[bytes] | None = None
         try:
@@ -422,6 +429,7 @@ class RemoteFiles:
                 if data is not None:
                     self._measure(sum(len(d) for d in data), elapsed)
                     self.requests += len(plan.ranges)
+                    self.prefetch_requests += len(plan.ranges) if ahead else 0
                     for (f, start, _), piece in zip(plan.ranges, data, strict=True):
                         self._sparse_file(f).write(start, piece)
                 for f, first, last, event in plan.spans:

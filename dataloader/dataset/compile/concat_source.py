@@ -58,6 +58,16 @@ class ConcatSource:
                 out[i] = r
         return out
 
+    def prefetch(self, indices: Sequence[int] | np.ndarray) -> None:
+        """Passes a hint of records to come to each part that takes hints (``prefetch``)."""
+        keys = np.asarray(indices, dtype=np.int64).reshape(-1)
+        keys = keys[(keys >= 0) & (keys < len(self))]
+        which = np.searchsorted(self.offsets, keys, side="right") - 1
+        for j in np.unique(which).tolist():
+            prefetch = getattr(self.parts[j], "prefetch", None)
+            if prefetch is not None:
+                prefetch(keys[which == j] - self.offsets[j])
+
     def __repr__(self) -> str:
         inner = ", ".join(repr(p) for p in self.parts)
         return f"ConcatSource([{inner}]{', tagged=True' if self.tagged else ''})"

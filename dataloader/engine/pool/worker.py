@@ -16,8 +16,10 @@ nothing to clean up however the training process ends.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import pickle
+import queue
 import signal
 import socket
 import sys
@@ -96,6 +98,37 @@ def _unpicklable(plan: Any, result: Any, exc: Exception) -> Exception:
     return unpicklable_result(plan, result, exc)
 
 
+def _receive(
+    tasks: Connection, blocks: dict[int, Any], queued: queue.Queue[Any], mapped_type: Any, hint: Any
+) -> None:
+    """Receives tasks as the pool sends them (up to ``worker_buffer_size`` ahead) and
+    queues them for :func:`serve`; None at the end, or the error that ended it.
+
+    A task that arrives while another is queued or being computed is hinted to the
+    source (:func:`~dataloader.engine.compute.hint_unit`), so a remote source fetches
+    its records while the unit before it is computed. Blocks are mapped here, in the
+    order their descriptors come, and discarded ones unmapped: the pool discards only
+    idle blocks, never one lent for a unit in this queue.
+    """
+    try:
+        while True:
+            task: Task = pickle.loads(tasks.recv_bytes())
+            if task.block is not None and task.block not in blocks:
+                blocks[task.block] = mapped_type(_receive_descriptor(tasks.fileno()))
+            for ident in task.forget:
+                mapped = blocks.pop(ident, None)
+                if mapped is not None:
+                    mapped.close()
+            busy = queued.unfinished_tasks > 0  # an idle worker starts it now: no hint
+            queued.put(task)
+            if busy:
+                hint(task.start, task.stop)
+    except (EOFError, OSError):
+        queued.put(None)
+    except BaseException as exc:
+        queued.put(exc)
+
+
 def serve(
     tasks: Connection, results: Connection, progress_fd: int | None = None, server_pid: int = 0
 ) -> None:
@@ -114,7 +147,7 @@ def serve(
     watched = server_pid or config.parent_pid
     threading.Thread(target=_watch_parent, args=(watched,), daemon=True).start()
     try:
-        from dataloader.engine.compute import compute_unit
+        from dataloader.engine.compute import compute_unit, hint_unit
         from dataloader.engine.pool.shm import Mapped
         from dataloader.engine.pool.watch.progress import IDLE, SENDING, Slot
 
@@ -135,17 +168,15 @@ def serve(
         slot = Slot(board_fd, config.worker_index, config.worker_count)
     _send(results, Ready(os.getpid()))
     blocks: dict[int, Mapped] = {}
+    queued: queue.Queue[Task | BaseException | None] = queue.Queue()
+    hint = functools.partial(hint_unit, plan)
+    threading.Thread(target=_receive, args=(tasks, blocks, queued, Mapped, hint), daemon=True).start()
     while True:
-        try:
-            task: Task = pickle.loads(tasks.recv_bytes())
-            if task.block is not None and task.block not in blocks:
-                blocks[task.block] = Mapped(_receive_descriptor(tasks.fileno()))
-        except (EOFError, OSError):
+        task = queued.get()
+        if task is None:
             return
-        for ident in task.forget:
-            mapped = blocks.pop(ident, None)
-            if mapped is not None:
-                mapped.close()
+        if isinstance(task, BaseException):
+            raise task
         try:
             if slot is not None:
                 slot.begin(task.generation, task.unit)
@@ -163,6 +194,7 @@ def serve(
             _send(results, Failed(task.generation, task.unit, error_payload(exc)))
         if slot is not None:
             slot.stage(IDLE)
+        queued.task_done()
 
 
 def main(argv: list[str]) -> None:

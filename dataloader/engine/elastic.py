@@ -424,9 +424,10 @@ class _SkippingExecutor:
         return getattr(self._inner, name)
 
 
-def with_sampler(engine: Any, sampler: ElasticSampler) -> Any:
+def with_sampler(engine: Any, sampler: Any) -> Any:
     """``engine`` (a ``LoaderEngine``) reading ``sampler``: the same operations and executor
-    kind, on a plan whose sampler is ``sampler``."""
+    kind, on a plan whose sampler is ``sampler`` (an :class:`ElasticSampler`, or any
+    sampler with ``local_skips``)."""
     plan = dataclasses.replace(engine.plan, sampler=sampler)
     made = engine.make_executor
     if not isinstance(made, functools.partial) or not made.args:

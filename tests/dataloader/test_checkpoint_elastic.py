@@ -79,3 +79,28 @@ def test_the_device_feed_over_a_loader_restores_from_every_process_file(tmp_path
             checkpoint._restore_item(tmp_path, it, h, 3)
             used += [i for b in it for i in record_ids("flat map", np.asarray(b))]
     assert sorted(used) == reference("flat map")
+
+
+def _padded_loader(h, count):
+    return dl.DataLoader(dl.RangeDataSource(11), dl.IndexSampler(11, dl.ShardOptions(h, count), num_epochs=1),
+                         [dl.MapTransform(lambda x: {"x": np.int64(x)}), dl.Batch(2)], end="pad")
+
+
+def test_an_end_pad_loader_restores_from_every_process_file(tmp_path):
+    """``end="pad"`` on 2 processes (host 0 reads 6 records, host 1 five: its last batch
+    is padded), saved after 2 steps, restored by Orbax on 1 and 3 processes: every
+    record once, and the new processes run the same number of steps."""
+    old = [iter(_padded_loader(h, 2)) for h in range(2)]
+    batches = [next(it) for it in old for _ in range(2)]
+    _write(tmp_path, [it.get_state() for it in old])
+    for count in (1, 3):
+        used = [int(x) for b in batches for x in b["x"][b["mask"]]]
+        steps = set()
+        for h in range(count):
+            it = _padded_loader(h, count).iterator()
+            assert checkpoint._restore_item(tmp_path, it, h, count) is it
+            rest = list(it)
+            steps.add(len(rest))
+            used += [int(x) for b in rest for x in b["x"][b["mask"]]]
+        assert sorted(used) == list(range(11)), count
+        assert len(steps) == 1, count

@@ -36,18 +36,28 @@ some other way (a source of their own each) use
 ``end_padded`` (padding batches handed out since) and ``end_spec`` (the batch's leaves'
 dtypes and shapes, so a restore in the padded tail can make padding without reading a
 batch). Batches read ahead are not in it: a restore continues with the very next step.
+
+**Elastic restore** (README "Elastic restore"): ``set_state`` also takes every old
+host's state (a list, as an Orbax restore on another process count hands it). The
+padding keys are dropped from each (padding batches hold no records, so a host that was
+in its padded tail simply has nothing left over), the loader's iterator reads this
+host's share of what the old hosts left, and the new hosts agree on a new end from
+there: with an exchange, as from any step; with a computed step count, it is computed
+again for the new layout (this host's batches of its share, and shard 0's: the longest).
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 from dataloader.engine.stages.base import DatasetIterator
+from dataloader.errors import StateMismatchError
 from dataloader.samplers.sharding import shard_length
 
 # Keys this stage adds to its parent's state.
@@ -224,6 +234,9 @@ class EndTogether(DatasetIterator[dict[str, Any]]):
         self._end = end
         self._steps = steps
         self._exchange = exchange
+        # The Batch's drop_remainder, for computing the step count again after an
+        # elastic restore: the one of the two that gives the steps passed in.
+        self._drop = steps is not None and self._computed_steps(True) == steps
         self._spec: dict[str, Any] | None = spec_of(end.example) if end.example is not None else None
         self._reads_ahead = steps is None and exchange is not None
         # It may be closed from another thread (the device feed's close) where its parent
@@ -330,17 +343,73 @@ class EndTogether(DatasetIterator[dict[str, Any]]):
             close()
         super().close()
 
-    def set_state(self, state: dict[str, Any]) -> None:
-        """Continues with the step after ``state`` (every host restores at the same step)."""
-        state = dict(state)
-        padded = state.pop(PADDED, 0)
-        spec = state.pop(SPEC, None)
-        if isinstance(padded, bool) or not isinstance(padded, int) or padded < 0:
-            raise ValueError(f"state[{PADDED!r}] must be an integer >= 0, got {padded!r}")
+    @property
+    def restores_from_every_shard(self) -> bool:
+        """Whether ``set_state`` takes every old host's states (an Orbax restore on another
+        process count then hands them over): when the loader's iterator under it does."""
+        return bool(getattr(self._parent, "restores_from_every_shard", False))
+
+    def _computed_steps(self, drop_remainder: bool) -> tuple[int, int] | None:
+        """The computed step count over the parent's sampler now (after an elastic restore,
+        its layout's: this host's share, and shard 0's, the longest)."""
+        sampler = getattr(getattr(self._parent, "_plan", None), "sampler", None)
+        if sampler is None:
+            return None
+        if getattr(sampler, "layout", None) is None:
+            return static_steps(sampler, self._batch_size, drop_remainder)
+        longest = sampler.with_shard_options(dataclasses.replace(sampler.shard_options, shard_index=0))
+        own, first = sampler.num_positions, longest.num_positions
+        if own is None or first is None:
+            return None
+        return batch_count(own, self._batch_size, drop_remainder), batch_count(first, self._batch_size, drop_remainder)
+
+    def set_state(self, state: Any) -> None:
+        """Continues with the step after ``state`` (every host restores at the same step).
+
+        ``state`` may also be a list of every old host's states (an elastic restore on
+        another host count; see the module docstring).
+        """
+        if isinstance(state, (list, tuple)):
+            state, padded, spec = self._every_old_state(list(state)), 0, None
+            spec = next((s.pop(SPEC) for s in state if s.get(SPEC) is not None), None)
+            for s in state:
+                s.pop(SPEC, None)
+        else:
+            state = dict(state)
+            padded = state.pop(PADDED, 0)
+            spec = state.pop(SPEC, None)
+            if isinstance(padded, bool) or not isinstance(padded, int) or padded < 0:
+                raise ValueError(f"state[{PADDED!r}] must be an integer >= 0, got {padded!r}")
         self._parent.set_state(state)
+        if self._steps is not None:
+            self._steps = self._computed_steps(self._drop) or self._steps
         if spec is not None:
             self._spec = spec
         reset = getattr(self._exchange, "reset", None)
         if reset is not None:
             reset()
         self._reset(self._parent_state() if self._reads_ahead else None, padded)
+
+    def _every_old_state(self, states: list[Any]) -> list[dict[str, Any]]:
+        """Every old host's state (an elastic restore), each without ``end_padded``: a
+        padding batch holds no records, so what a host in its padded tail left is what
+        its loader's state says; the new hosts agree on a new end."""
+        if not self.restores_from_every_shard:
+            raise StateMismatchError(
+                f'end="pad" was given {len(states)} states (an elastic restore from every old '
+                f"host's state), but the iterator under it ({type(self._parent).__name__}) "
+                f"restores from one state only; restore on the same host count"
+            )
+        out = []
+        for s in states:
+            s = json.loads(s) if isinstance(s, (str, bytes, bytearray)) else s
+            if not isinstance(s, dict):
+                raise StateMismatchError(
+                    f"expected a state dict from get_state() for each old host, got {str(s)[:200]}"
+                )
+            s = dict(s)
+            padded = s.pop(PADDED, 0)
+            if isinstance(padded, bool) or not isinstance(padded, int) or padded < 0:
+                raise ValueError(f"state[{PADDED!r}] must be an integer >= 0, got {padded!r}")
+            out.append(s)
+        return out

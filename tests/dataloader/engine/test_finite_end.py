@@ -407,3 +407,73 @@ def test_worker_processes_give_the_same_padded_steps():
             it.close()
 
     assert group.run(host) == [outputs(r) for r in runs]
+
+
+# --- elastic restore (another host count) -------------------------------------------
+
+
+@pytest.mark.parametrize("ops", [
+    [dl.MapTransform(as_dict), dl.Batch(4)],
+    [dl.MapTransform(as_dict), dl.FilterTransform(keep), dl.Batch(4)],
+], ids=["plain", "filter"])
+@pytest.mark.parametrize(("old", "new"), [(3, 2), (2, 3)])
+def test_an_elastic_restore_at_every_step_ends_together_and_uses_each_record_once(ops, old, new):
+    """Every old host's states at step k (padded tails included) restore on another host
+    count: the new hosts run the same number of steps, and the records before and after
+    the change are the stream's, each once."""
+    group = Hosts(old)
+    runs = group.run(lambda h: _states_and_outputs(h, old, ops, group.exchange(h)))
+    assert any(not b[1][-1] for r in runs for b in r[1]), "the run needs a padded tail"
+    want = sorted(x for x in range(50) if keep({"x": x}) or len(ops) == 2)
+    for k in range(len(runs[0][1]) + 1):
+        states = [runs[h][0][k] for h in range(old)]
+        before = [x for h in range(old) for xs, mask in runs[h][1][:k] for x, m in zip(xs, mask) if m]
+        again = Hosts(new)
+
+        def restored(h, states=states, again=again):
+            it = loader(h, new, ops, exchange=again.exchange(h), lookahead=2).iterator(states)
+            return list(it)
+
+        after = again.run(restored)
+        assert len({len(r) for r in after}) == 1, f"after step {k}: the new hosts stop on different steps"
+        assert sorted(before + [x for r in after for x in rows(r)]) == want, f"restored after step {k}"
+
+
+def test_an_elastic_restore_after_every_old_host_ended_stops_at_once():
+    """Every old host at its stream's end: the new hosts have no batch of their own, and
+    stop at once (no padding needed), whatever the host count."""
+    ops = [dl.MapTransform(as_dict), dl.FilterTransform(keep), dl.Batch(4)]
+    group = Hosts(2)
+    runs = group.run(lambda h: _states_and_outputs(h, 2, ops, group.exchange(h)))
+    states = [runs[h][0][-1] for h in range(2)]
+    again = Hosts(3)
+    after = again.run(lambda h: list(loader(h, 3, ops, exchange=again.exchange(h)).iterator(states)))
+    assert after == [[], [], []]
+
+
+def test_an_end_together_over_an_iterator_of_one_state_refuses_every_hosts_states():
+    from dataloader.engine.stages.finite import EndTogether
+    from dataloader.errors import StateMismatchError
+
+    class One:
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            raise StopIteration
+
+        def get_state(self):
+            return {}
+
+        def set_state(self, state):
+            pass
+
+    it = EndTogether(One(), batch_size=2, end=PadEnd())
+    assert not it.restores_from_every_shard
+    with pytest.raises(StateMismatchError, match="restores from one state only"):
+        it.set_state([{}, {}])
+
+
+def test_an_end_pad_loaders_iterator_takes_every_shard_in_an_orbax_restore():
+    it = loader(0, 2, [dl.MapTransform(as_dict), dl.Batch(4)]).iterator()
+    assert it.restores_from_every_shard

@@ -15,10 +15,13 @@ in one place.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
+
+import numpy as np
 
 from dataloader.engine import fingerprint, grain_state
 from dataloader.engine.assemble import make_assembler
@@ -122,20 +125,74 @@ class DataLoaderIterator(DatasetIterator[Any]):
         cursor = resolve_state(self._plan, state)
         fp = fingerprint.fingerprint_of(state)
         if fp is not None and self._engine.verify_on_restore:
-            fingerprint.verify(self._plan, fp)
+            if self._engine.in_workers:
+                self._check_in_workers(fp, cursor)
+            else:
+                fingerprint.verify(self._plan, fp)
         self._restored = fp
         self._step = fp["step"] if fp is not None else (0 if cursor == Cursor(0) else None)
         return cursor
 
+    def _check_in_workers(self, fp: dict[str, Any], cursor: Cursor) -> None:
+        """The fingerprint check with workers: no user code runs in this process (DESIGN.md,
+        "Where user code runs"). The executor starts at the step's first position and
+        its workers compute the step's units with their digests; the units from
+        ``cursor`` on are kept for the stream (:attr:`_primed`), so the check costs
+        about one unit and the stream goes on as if restored directly. A step that is
+        not a run of this stream's positions (a state of another host count) is
+        computed by an executor of its own (:func:`fingerprint.verify_on_executor`)."""
+        plan, start, count = self._plan, fp["local_start"], fp["count"]
+        try:
+            here = plan.sampler.global_positions(np.arange(start, start + count, dtype=np.int64))
+            own = plan.fingerprint and np.array_equal(here, fingerprint.global_positions(fp))
+        except IndexError:  # beyond this stream's end
+            own = False
+        if not own:
+            fingerprint.verify_on_executor(self._home, fp)
+            return
+        before = None if self._assembler is None else (self._assembler.state(), self._fingerprint())
+        try:
+            if self._executor is None:
+                self._executor = self._engine.make_executor(start)
+            else:
+                self._executor.reset(start)
+            units = fingerprint.covering(self._executor, start, count)
+            sources, output = fingerprint.from_units(fp, units, start)
+            fingerprint.compare(plan, fp, sources, output)
+        except BaseException:
+            if before is not None:  # a refused set_state leaves the iterator where it was
+                self._restart(before[0])
+                self._restored = before[1]
+            elif self._executor is not None:  # a refused construction leaves no workers up
+                self._executor.close()
+                self._executor = None
+            raise
+        # The units from the cursor on are the stream's (one that starts there, or the
+        # next the executor makes); else (the cursor inside a unit) compute from there.
+        while units and units[-1].stop < cursor.position and units[-1].error is None:
+            nxt = next(self._executor, None)
+            if nxt is None:
+                break
+            units.append(nxt)
+        starts = [r.start for r in units]
+        if cursor.position in starts:
+            self._primed = units[starts.index(cursor.position):]
+        elif units and units[-1].stop == cursor.position and units[-1].error is None:
+            self._primed = []
+
     def _restart(self, cursor: Cursor) -> None:
         engine = self._engine
+        primed, self._primed = self._primed, None
+        units: Any = self._executor
         if self._executor is None:
-            self._executor = engine.make_executor(cursor.position)
-        else:
+            self._executor = units = engine.make_executor(cursor.position)
+        elif primed is None:
             self._executor.reset(cursor.position)  # keeps worker processes up
+        else:
+            units = itertools.chain(primed, self._executor)  # the fingerprint check's units
         self._assembler = make_assembler(
             self._plan,
-            Counted(self._executor, self._stats, engine.filter_watch(), engine.in_workers),
+            Counted(units, self._stats, engine.filter_watch(), engine.in_workers),
             cursor, self._stats.seconds,
         )
 
@@ -223,13 +280,16 @@ class DataLoaderIterator(DatasetIterator[Any]):
     def _verify_share(self, states: list[Any] | tuple[Any, ...]) -> None:
         """An elastic restore from every old host's states: new host ``j`` of ``H'`` checks
         the fingerprints of old states ``j, j + H', ...``, so each is checked once across
-        the new hosts, about one batch per host (:func:`fingerprint.verify`)."""
+        the new hosts, about one batch per host (:func:`fingerprint.verify`; with workers,
+        each on an executor of its own, :func:`fingerprint.verify_on_executor`)."""
         if not self._engine.verify_on_restore:
             return
         shards = self._home.plan.sampler.shard_options
         for old in list(states)[shards.shard_index :: shards.shard_count]:
             fp = fingerprint.fingerprint_of(old)
-            if fp is not None:
+            if fp is not None and self._home.in_workers:  # user code in workers only
+                fingerprint.verify_on_executor(self._home, fp)
+            elif fp is not None:
                 fingerprint.verify(self._home.plan, fp)
 
     # An Orbax restore on another process count hands set_state every old process's
@@ -258,6 +318,9 @@ class DataLoaderIterator(DatasetIterator[Any]):
     _grain_order: bool | None = None
     # After a PipelineError of an element stream: where the next next() starts.
     _resume: Cursor | None = None
+    # After a fingerprint check in workers: its units from the restored cursor on, which
+    # the executor (not reset) continues (see _check_in_workers).
+    _primed: list[Any] | None = None
     _grain_positions_per_index = 1
 
     def _from_grain(self, state: Any, current: dict[str, Any] | None = None) -> Any:

@@ -35,11 +35,12 @@ whose bytes changed, or saying that the operations' output changed.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import json
 import pickle
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -359,7 +360,18 @@ def verify(plan: Plan, fingerprint: dict[str, Any]) -> None:
         StateMismatchError: naming the records whose source bytes differ, or saying that
             the operations' output differs (the records read the same).
     """
-    keys, sources, output = recompute(plan, fingerprint)
+    _, sources, output = recompute(plan, fingerprint)
+    compare(plan, fingerprint, sources, output)
+
+
+def compare(plan: Plan, fingerprint: dict[str, Any], sources: np.ndarray, output: str) -> None:
+    """Refuses a restore whose recomputed step (its records' ``sources`` digests and its
+    ``output`` digest, computed wherever) differs from the saved ``fingerprint``.
+
+    Raises:
+        StateMismatchError: as :func:`verify`.
+    """
+    keys = record_keys(plan, fingerprint)
     saved = _unpack(fingerprint["sources"])
     changed = np.flatnonzero(sources.astype(np.uint32) != saved)
     step = fingerprint.get("step")
@@ -382,6 +394,122 @@ def verify(plan: Plan, fingerprint: dict[str, Any]) -> None:
             f"output differs (output digest {output}, saved {fingerprint['output']}): a "
             f"changed map, filter, tokenizer or batch function?; {undo}"
         )
+
+
+def covering(units: Iterator[Any], start: int, count: int) -> list[Any]:
+    """Unit results from ``units`` (an executor reset to ``start``) until they cover
+    positions ``[start, start + count)``: what the check reads. An error of a record in
+    that range is raised (it names the record and operation); a later one stays with its
+    unit, for the stream to raise where it comes."""
+    got: list[Any] = []
+    while not got or got[-1].stop < start + count:
+        try:
+            r = next(units)
+        except StopIteration:
+            break
+        if r.error is not None and r.stop < start + count:
+            raise r.error
+        got.append(r)
+    return got
+
+
+def from_units(fingerprint: dict[str, Any], units: Sequence[Any], start: int) -> tuple[np.ndarray, str]:
+    """The source digests and the output digest of a fingerprint's step, from the unit
+    results that computed it wherever they were computed (worker processes).
+
+    Args:
+        units: consecutive unit results from ``start`` on, with digests, covering the
+            step's ``count`` positions (:func:`covering`).
+        start: the units' position of the step's first record: the saved
+            ``local_start`` on the stream the state was saved on, 0 on a
+            :class:`StepSampler`'s.
+
+    Raises:
+        StateMismatchError: the stream ends before the step's last record.
+    """
+    count = fingerprint["count"]
+    lo, hi = start, start + count
+    parts = [r.sources[max(lo, r.start) - r.start : min(hi, r.stop) - r.start] for r in units if r.start < hi and r.stop > lo]
+    sources = np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)
+    if len(sources) != count:
+        raise StateMismatchError(
+            f"the state's fingerprint names {count} records from position {fingerprint['local_start']}, "
+            f"but the stream holds {len(sources)} of them: the data set shrank?; restore the "
+            f"data the state was saved with, or pass verify_on_restore=False to resume anyway"
+        )
+    if "output_index" in fingerprint:  # a batch unit is the step's whole range
+        index = fingerprint["output_index"]
+        return sources, combine(units[0].digests[index : index + 1])
+    shift = start - fingerprint["local_start"]
+    p0, s0, p1, s1 = fingerprint["select"]
+    p0, p1 = p0 + shift, p1 + shift
+    chosen = []
+    for r in units:
+        pos, subs = r.tags()
+        keep = ((pos > p0) | ((pos == p0) & (subs >= s0))) & ((pos < p1) | ((pos == p1) & (subs <= s1)))
+        chosen.append(np.asarray(r.digests)[np.asarray(keep, dtype=bool)])
+    return sources, combine(np.concatenate(chosen))
+
+
+class StepSampler:
+    """A sampler over one fingerprint's records only: local position ``i`` is its
+    ``i``-th record, at its global position (so random maps draw the same numbers).
+    What an executor computes to check a step the iterator's own stream does not hold
+    (an old host's state, in an elastic restore).
+
+    Args:
+        base: the sampler of the global order (read unsharded).
+        positions: the step's global positions.
+    """
+
+    def __init__(self, base: Any, positions: np.ndarray) -> None:
+        self.base = base.with_shard_options(ShardOptions(0, 1))
+        self.shard_options = ShardOptions(0, 1)
+        self._positions = np.asarray(positions, dtype=np.int64)
+        self.num_records = self.base.num_records
+        self.shuffle = self.base.shuffle
+        self.seed = self.base.seed
+        self.num_epochs = self.base.num_epochs
+        self.index_map_signature = self.base.index_map_signature
+        self.local_skips: dict[tuple[int, int], Any] = {}
+
+    @property
+    def num_positions(self) -> int:
+        return len(self._positions)
+
+    def global_positions(self, positions: Any) -> np.ndarray:
+        return self._positions[np.asarray(positions, dtype=np.int64)]
+
+    def record_keys(self, positions: Any) -> np.ndarray:
+        return np.asarray(self.base.record_keys(self.global_positions(positions)), dtype=np.int64)
+
+    def with_shard_options(self, shard_options: ShardOptions) -> StepSampler:
+        return self
+
+
+def verify_on_executor(engine: Any, fingerprint: dict[str, Any]) -> None:
+    """:func:`verify`, with the step computed by a new executor of ``engine``'s kind
+    (worker processes: no user code runs in this process), over a
+    :class:`StepSampler` of the step's records; one unit, the saved step's size.
+
+    Raises:
+        StateMismatchError: as :func:`verify`.
+    """
+    from dataloader.engine import elastic
+
+    plan = engine.plan
+    count = fingerprint["count"]
+    sampler = StepSampler(getattr(plan.sampler, "base", plan.sampler), global_positions(fingerprint))
+    # unit_size=count: a batch unit is the saved step's batch, whatever this loader's
+    # batch size; fingerprint=True: the units carry digests even where states do not.
+    check = dataclasses.replace(engine, plan=dataclasses.replace(plan, unit_size=count, fingerprint=True))
+    executor = elastic.with_sampler(check, sampler).make_executor(0)
+    try:
+        units = covering(executor, 0, count)
+    finally:
+        executor.close()
+    sources, output = from_units(fingerprint, units, 0)
+    compare(plan, fingerprint, sources, output)
 
 
 def describe(plan: Plan, fingerprint: dict[str, Any]) -> dict[str, Any]:

@@ -445,12 +445,9 @@ def with_sampler(engine: Any, sampler: Any) -> Any:
         executor = factory(position)
         return _SkippingExecutor(executor, skips) if skips else executor
 
-    changes: dict[str, Any] = {"plan": plan, "make_executor": make_executor}
-    if skips and getattr(engine, "verify_on_restore", False):
-        # The fingerprint check recomputes the saved step's units from the plan alone,
-        # without the executor that drops the outputs used before the change.
-        changes["verify_on_restore"] = False
-    return dataclasses.replace(engine, **changes)
+    # The fingerprint check stays on: a step's fingerprint names the outputs its layout
+    # dropped ("dropped"), and the check drops them from what it recomputes.
+    return dataclasses.replace(engine, plan=plan, make_executor=make_executor)
 
 
 def engine_for(home: Any, current: Any, state: Any) -> tuple[Any, Any]:

@@ -164,9 +164,12 @@ def make_fingerprint(
     *,
     select: tuple[int, int, int, int] | None = None,
     output_index: int | None = None,
+    dropped: Sequence[tuple[int, int]] = (),
 ) -> dict[str, Any]:
     """The JSON-able fingerprint of a step over local positions ``[local_start,
-    local_start + len(sources))`` of ``plan``'s stream (see the module docstring)."""
+    local_start + len(sources))`` of ``plan``'s stream (see the module docstring).
+    ``dropped``: outputs ``(position, sub)`` among them that an elastic restore's layout
+    dropped (used before the change), which a recomputation drops too."""
     count = len(sources)
     glob = plan.sampler.global_positions(np.arange(local_start, local_start + count, dtype=np.int64))
     stride = int(glob[1] - glob[0]) if count > 1 else 1
@@ -180,7 +183,25 @@ def make_fingerprint(
         out["select"] = [int(v) for v in select]
     if output_index is not None:
         out["output_index"] = int(output_index)
+    if dropped:
+        out["dropped"] = [[int(q), int(sub)] for q, sub in dropped]
     return out
+
+
+def _dropped(plan: Plan, lo: int, hi: int) -> list[tuple[int, int]]:
+    """The outputs of local positions ``[lo, hi)`` that this stream's elastic layout drops
+    (``local_skips`` of an :class:`~dataloader.engine.elastic.ElasticSampler`)."""
+    skips = getattr(plan.sampler, "local_skips", None) or {}
+    return sorted((q, sub) for (q, sub), used in skips.items() if used is None and lo <= q < hi)
+
+
+def _keep_undropped(fingerprint: dict[str, Any], pos: np.ndarray, subs: np.ndarray, shift: int = 0) -> np.ndarray:
+    """Which of the outputs tagged ``(pos, subs)`` the saved step did not drop
+    (``shift``: added to the saved positions to give ``pos``'s)."""
+    keep = np.ones(len(pos), dtype=bool)
+    for q, sub in fingerprint.get("dropped", ()):
+        keep &= ~((pos == q + shift) & (subs == sub))
+    return keep
 
 
 def of_step(
@@ -217,7 +238,7 @@ def of_step(
         for r in units if r.start < hi and r.stop > lo
     ])
     output = combine(np.concatenate([r.digests[i:j] for r, i, j in segments]))
-    return make_fingerprint(plan, lo, sources, output, step, select=(p0, s0, p1, s1))
+    return make_fingerprint(plan, lo, sources, output, step, select=(p0, s0, p1, s1), dropped=_dropped(plan, lo, hi))
 
 
 def global_positions(fingerprint: dict[str, Any]) -> np.ndarray:
@@ -284,6 +305,10 @@ def check(fingerprint: Any) -> dict[str, Any]:
         raise bad("select", "[first_position, first_sub, last_position, last_sub]")
     if index is not None and not _is_int(index):
         raise bad("output_index", "an integer >= 0")
+    dropped = fingerprint.get("dropped", [])
+    if not (isinstance(dropped, list) and all(isinstance(d, list) and len(d) == 2 and all(map(_is_int, d))
+                                              for d in dropped)):
+        raise bad("dropped", "a list of [position, sub] pairs")
     return fingerprint
 
 
@@ -348,6 +373,7 @@ def recompute(plan: Plan, fingerprint: dict[str, Any]) -> tuple[np.ndarray, np.n
     subs = subs if subs is not None else np.zeros(n, dtype=np.int64)
     p0, s0, p1, s1 = fingerprint["select"]
     keep = ((pos > p0) | ((pos == p0) & (subs >= s0))) & ((pos < p1) | ((pos == p1) & (subs <= s1)))
+    keep &= _keep_undropped(fingerprint, pos, subs)
     chosen = [x for x, k in zip(elements, keep.tolist()) if k]
     return keys, sources, combine(digests(chosen))
 

@@ -473,6 +473,7 @@ def from_units(fingerprint: dict[str, Any], units: Sequence[Any], start: int) ->
     for r in units:
         pos, subs = r.tags()
         keep = ((pos > p0) | ((pos == p0) & (subs >= s0))) & ((pos < p1) | ((pos == p1) & (subs <= s1)))
+        keep &= _keep_undropped(fingerprint, pos, subs, shift)
         chosen.append(np.asarray(r.digests)[np.asarray(keep, dtype=bool)])
     return sources, combine(np.concatenate(chosen))
 

@@ -81,7 +81,7 @@ def test_exactly_once_whatever_step_the_hosts_save_at(name, steps):
     assert run(name, [(2, steps), (3, steps), (1, None)]) == reference(name)
 
 
-@pytest.mark.parametrize("name", ["filter", "first-fit"])
+@pytest.mark.parametrize("name", ["filter", "first-fit", "flat map"])  # flat map: checks dropped outputs in workers
 def test_exactly_once_with_worker_processes(name):
     assert run(name, [(2, 3), (3, 2), (1, None)], workers=2) == reference(name)
 

@@ -211,7 +211,7 @@ class DataLoader:
         head, self._tail = split_at_first_packer(operations)
         self.plan: Plan = make_plan(data_source, sampler, head, read_options.unit_size)
         self.plan = dataclasses.replace(self.plan, fingerprint=check_bool("fingerprint", fingerprint))
-        audit_log = _check_audit_log(audit_log, sampler)
+        audit_log = _check_audit_log(self.options.get("audit_log") if audit_log is None else audit_log, sampler)
         if self._tail:
             _check_stage_operations(self._tail)
         self.end = resolve_end(end)

@@ -208,6 +208,7 @@ _DATASET_DEFAULTS: dict[str, Any] = {
     "filter_raise_threshold_ratio": None,
     "execution_tracking_mode": ExecutionTrackingMode.DISABLED,
     "min_shm_size": 0,
+    "audit_log": None,
 }
 
 
@@ -229,6 +230,9 @@ class DatasetOptions:
         execution_tracking_mode: accepted for Grain's code (stats are always on here).
         min_shm_size: accepted for Grain's code: results travel in one shared-memory
             block per work unit whatever the size of their arrays.
+        audit_log: granary's own: ``DataLoader(audit_log=...)`` for the dataset's
+            iterators, a path to append a JSON line per step to (``{shard}``: the shard
+            index; README "Fingerprint audit"), or None.
 
     Options set explicitly win over those of :meth:`merge`'s argument, which win over
     the defaults.
@@ -243,6 +247,7 @@ class DatasetOptions:
     filter_raise_threshold_ratio: float | None = UNSET
     execution_tracking_mode: ExecutionTrackingMode = UNSET
     min_shm_size: int = UNSET
+    audit_log: str | None = UNSET
 
     def __post_init__(self) -> None:
         _check_ratio("filter_warn_threshold_ratio", self.filter_warn_threshold_ratio)
@@ -252,6 +257,8 @@ class DatasetOptions:
             raise TypeError(f"execution_tracking_mode must be an ExecutionTrackingMode, got {mode!r}")
         if self.min_shm_size is not UNSET:
             check_int("DatasetOptions.min_shm_size", self.min_shm_size, 0)
+        if self.audit_log not in (UNSET, None) and not isinstance(self.audit_log, (str, os.PathLike)):
+            raise TypeError(f"DatasetOptions.audit_log must be a path (str or os.PathLike) or None, got {self.audit_log!r}")
 
     def get(self, name: str) -> Any:
         """The option's value: as set, else Grain's default."""

@@ -27,6 +27,7 @@ the returned :class:`PipelineConfig` builds the loader::
       end: null                      # pad (or {lookahead: 8, mask_key: mask}): finite data ends on one step on every host
       ray: null                      # or {address: auto, num_workers: 8, resources: {data: 1}}:
                                      # units on Ray actors (dl.RayExecutor; worker_count 0)
+      audit_log: null                # or audit-{shard}.jsonl: a JSON line per step (README "Fingerprint audit")
     device:                          # the device queue (device_prefetch)
       enabled: false
       cpu_buffer_size: 2
@@ -125,6 +126,8 @@ class LoaderConfig:
     end: PadEnd | None = None
     # ``ray:``: keyword arguments of dl.RayExecutor (checked), or None: no Ray.
     ray: dict[str, Any] | None = None
+    # ``audit_log:``: DataLoader(audit_log=...), a path ({shard}: the shard index) or None.
+    audit_log: str | None = None
 
     def executor(self) -> Any:
         """The :class:`~dataloader.RayExecutor` that ``ray:`` asks for (joins the
@@ -197,6 +200,7 @@ class PipelineConfig:
             unit_timeout_s=self.loader.unit_timeout_s,
             end=self.loader.end,
             executor=self.loader.executor(),
+            audit_log=self.loader.audit_log,
         )
 
     def build_iterator(self, loader: DataLoader | None = None, state: Any = None) -> Any:
@@ -304,7 +308,7 @@ def _loader(section: Any) -> LoaderConfig:
         where,
         section,
         ("worker_count", "auto_workers", "worker_buffer_size", "warm_start", "stall_warning_s",
-         "unit_timeout_s", "read_options", "end", "ray"),
+         "unit_timeout_s", "read_options", "end", "ray", "audit_log"),
     )
     workers = _worker_count(where, section)
     buffer = check.integer(f"{where}.worker_buffer_size", section.get("worker_buffer_size", 2), low=1)
@@ -333,8 +337,12 @@ def _loader(section: Any) -> LoaderConfig:
     ray = _ray(f"{where}.ray", section.get("ray"))
     if ray is not None and workers:
         raise check.fail(f"{where}.ray", "computes the units: set loader.worker_count to 0 with it")
+    audit_log = section.get("audit_log")
+    if audit_log is not None:
+        audit_log = check.string(f"{where}.audit_log", audit_log)
     return LoaderConfig(
-        workers, buffer, warm, read_options, stall, timeout, _end(f"{where}.end", section.get("end")), ray
+        workers, buffer, warm, read_options, stall, timeout, _end(f"{where}.end", section.get("end")), ray,
+        audit_log,
     )
 
 
@@ -433,12 +441,19 @@ def parse_config(
     operations = tuple(build_operations("operations", data.get("operations")))
     if sampler.seed is None and any(getattr(op, "needs_seed", False) for op in operations):
         raise check.fail("sampler.seed", "the pipeline has a random_map, which needs a seed; add e.g. seed: 42")
+    loader = _loader(data.get("loader"))
+    if loader.audit_log is not None and sampler.sharding != "none" and "{shard}" not in loader.audit_log:
+        raise check.fail(
+            "loader.audit_log",
+            f"{loader.audit_log!r} would be written by every shard (sampler.sharding: "
+            f"{sampler.sharding}); put {{shard}} in it, e.g. audit-{{shard}}.jsonl",
+        )
     return PipelineConfig(
         data=data,
         source=_source(data.get("source"), check_files),
         sampler=sampler,
         operations=operations,
-        loader=_loader(data.get("loader")),
+        loader=loader,
         device=_device(data.get("device")),
         train=check.mapping("train", data.get("train")),
     )

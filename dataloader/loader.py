@@ -253,6 +253,8 @@ class DataLoader:
             pipeline=describe_pipeline(
                 self.plan, worker_count=self.worker_count,
                 worker_buffer_size=self.worker_buffer_size, read_options=read_options,
+                executor=None if executor is None else executor.describe()
+                if callable(getattr(executor, "describe", None)) else {"kind": type(executor).__name__},
             ),
             in_workers=in_workers,
             verify_on_restore=check_bool("verify_on_restore", verify_on_restore),

@@ -101,6 +101,12 @@ class RayExecutor:
         stall_warning_s: log a warning (logger ``"dataloader"``, once per unit) naming
             the actor, the unit and its records when an actor has computed one unit
             for this long (None: never).
+        unit_timeout_s: an actor that has computed one unit this long is killed and
+            replaced, and its units go to the other actors (a hung read on one node,
+            a wedged decoder); a unit that timed out on ``MAX_CRASHES`` actors becomes
+            a :class:`~dataloader.WorkerTimeoutError` at its place (the local pool's
+            ``unit_timeout_s`` does not retry: its workers share one machine, while
+            here another node may well succeed). None (the default): never.
 
     Raises:
         ConnectionError: no cluster answers at ``address`` (nothing is left running).
@@ -124,6 +130,7 @@ class RayExecutor:
         init_kwargs: Mapping[str, Any] | None = None,
         local_workers: int = 0,
         stall_warning_s: float | None = DEFAULT_STALL_WARNING_S,
+        unit_timeout_s: float | None = None,
     ) -> None:
         if address is not None and not isinstance(address, str):
             raise TypeError(f"RayExecutor address must be a string or None, got {address!r}")
@@ -152,11 +159,13 @@ class RayExecutor:
             raise ValueError(f"start_timeout_s must be a positive number of seconds, got {start_timeout_s!r}")
         self.start_timeout_s = float(start_timeout_s)
         self.stall_warning_s = check_seconds("stall_warning_s", stall_warning_s)
+        self.unit_timeout_s = check_seconds("unit_timeout_s", unit_timeout_s)
         self.address = address
         self._runs: weakref.WeakSet[RayUnits] = weakref.WeakSet()
         self._ray = _import_ray()
         self._connect(dict(init_kwargs or {}))
-        self._actor_class = self._ray.remote(UnitActor)
+        # compute() one unit at a time (the default group); drop() runs beside it.
+        self._actor_class = self._ray.remote(concurrency_groups={"control": 1})(UnitActor)
         # Actors of finished streams, kept for the next stream of the same plan (its
         # first batch then costs no actor start-up): (plan digest, handle).
         self._parked: list[tuple[bytes, Any]] = []
@@ -213,6 +222,19 @@ class RayExecutor:
                 del self._parked[i]
                 return handle
         return None
+
+    def describe(self) -> dict[str, Any]:
+        """What ``stats()["pipeline"]["executor"]`` says of it (the counts when the
+        loader was built; the advice reads them): kind, actors, where they run."""
+        return {
+            "kind": "ray",
+            "actors": self.num_workers + self.local_workers,
+            "remote_actors": self.num_workers,
+            "local_actors": self.local_workers,
+            "units_per_worker": self.units_per_worker,
+            "num_cpus_per_worker": self.num_cpus_per_worker,
+            "resources": dict(self.resources),
+        }
 
     def actors(self) -> list[Any]:
         """The live actor handles of every running stream (to watch them, or to kill one

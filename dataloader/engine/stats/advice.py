@@ -17,7 +17,10 @@ earlier. The rules, in the order they are reported:
 * ``shm_too_small``: results came through pipes, not shared memory.
 * ``step_starved``: the training step behind the device feed waited for data.
 
-Advice to use more workers never goes past what the process's container allows: the
+Where Ray actors compute the units (``pipeline["executor"]["kind"] == "ray"``), the
+advice to use more or fewer of them names ``RayExecutor(num_workers=...)`` (and
+``scale``), not ``worker_count``, and is not capped by this container: the actors run on
+the cluster's CPUs. Advice to use more workers never goes past what the process's container allows: the
 ``container`` entry of the ``pipeline`` section (the CPUs, from the affinity and the CPU
 quota, and the memory limit; :mod:`~dataloader.engine.pool.autoscale.limits`) caps the
 count advised, and where the count is already there the advice names the limit and
@@ -79,6 +82,21 @@ def _memory_words(container: dict[str, Any]) -> str:
     return f"; the container allows {size} of memory ({container['memory_limit']}) for all of them"
 
 
+def _ray(stats: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``executor`` entry when Ray actors compute the units (their count is set on
+    the ``RayExecutor``, not by ``worker_count``, and the container's limits are this
+    process's, not the cluster's), else None."""
+    executor = stats["pipeline"].get("executor") or {}
+    return executor if executor.get("kind") == "ray" else None
+
+
+def _actors_words(ray: dict[str, Any]) -> str:
+    """``"RayExecutor num_workers (now 2 actors, 1 more on this node (local_workers))"``."""
+    local = ray.get("local_actors", 0)
+    here = f", {local} more on this node (local_workers)" if local else ""
+    return f"RayExecutor num_workers (now {ray.get('remote_actors', 0)} actors{here})"
+
+
 def _pool(stats: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {k: v for k, v in stats["workers"].items() if k.rsplit("/", 1)[-1] != MAIN}
 
@@ -124,6 +142,8 @@ def io_wait(stats: dict[str, Any]) -> Advice | None:
     who = "the workers" if _pool(stats) else "this process"
     count = stats["pipeline"].get("worker_count", 0)
     more = f"worker_count={max(2, 2 * count)}" if isinstance(count, int) else "a larger worker_count"
+    if (ray := _ray(stats)) is not None:
+        who, more = "the Ray actors", f"a larger {_actors_words(ray)}"
     # Waiting workers may outnumber the CPUs (that is the point), but each costs memory.
     remedy = (
         f"read ahead in threads: ReadOptions(num_threads=8, prefetch_buffer_size=16) "
@@ -150,14 +170,16 @@ def parent_bound(stats: dict[str, Any]) -> Advice | None:
     if parent * count < compute:
         return None
     busy = sum(w.get("busy_share", 0.0) for w in pool.values()) / count
+    fewer = "use fewer workers (worker_count=0 computes in this process without that cost)"
+    if _ray(stats) is not None:  # receiving from Ray's object store is the cost here
+        fewer = "use fewer actors (RayExecutor num_workers; worker_count=0 has no such cost)"
     return Advice(
         "parent_bound",
         f"this process spent {parent * 1e3:.2f} ms of CPU per unit handing out tasks and "
         f"receiving results, while a worker computed a unit in {compute * 1e3:.2f} ms: with "
         f"{count} workers this process, not the workers, sets the pace (workers busy {busy:.0%})",
-        "use fewer workers (worker_count=0 computes in this process without that cost) or "
-        "bigger units: a larger batch size, or ReadOptions(unit_size=...) when a filter or "
-        "flat map comes before the batch",
+        f"{fewer} or bigger units: a larger batch size, or ReadOptions(unit_size=...) when "
+        "a filter or flat map comes before the batch",
     )
 
 
@@ -185,7 +207,14 @@ def step_starved(stats: dict[str, Any]) -> Advice | None:
     container = _container(stats)
     cpus = container.get("cpus")
     memory = _memory_words(container)
-    if count == "auto":
+    if (ray := _ray(stats)) is not None:
+        # The actors' CPUs are the cluster's: this container's limits do not cap them.
+        fix = (
+            f"raise {_actors_words(ray)}, with executor.scale(n) while it runs or when "
+            f"building it, and give the cluster nodes with the CPUs and resources the "
+            f"actors ask for; or make the operations cheaper"
+        )
+    elif count == "auto":
         fix = (
             "the auto-sized pool did not keep up: raise its ceiling (AutoWorkers(max_workers=...)) "
             "or its memory budget (min_free_memory), or make the operations cheaper"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import os
 import time
 
 import numpy as np
@@ -417,3 +418,84 @@ def test_an_actor_stuck_on_a_unit_is_logged_naming_it(cluster, caplog):
     # Unit 1 for sure (unit 0 too if a loaded machine makes it slow), each once.
     assert any("unit 1 (positions [4, 8), records [4, 5, 6, 7])" in m for m in stalls), stalls
     assert len({m.split(" (")[0] for m in stalls}) == len(stalls), stalls
+
+
+class HangOnce(dl.MapTransform):
+    """Record 5 hangs the first time it is computed (a file marks that it was)."""
+
+    def __init__(self, flag):
+        self.flag = flag
+
+    def map(self, x):
+        if x == 5 and not os.path.exists(self.flag):
+            open(self.flag, "w").close()
+            time.sleep(600)  # until unit_timeout_s kills the actor
+        return x
+
+
+def test_an_actor_past_unit_timeout_s_is_killed_and_its_unit_computed_elsewhere(cluster, tmp_path, caplog):
+    flag = str(tmp_path / "hung")
+    ex = dl.RayExecutor(num_workers=2, unit_timeout_s=2, stall_warning_s=None)
+    ops = [HangOnce(flag), dl.Batch(4)]
+    loader_ = dl.DataLoader(dl.RangeDataSource(12), dl.IndexSampler(12, num_epochs=1), ops, executor=ex)
+    with caplog.at_level("WARNING", logger="dataloader"):
+        assert [b.tolist() for b in loader_] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    ex.close()
+    assert os.path.exists(flag)  # it did hang once
+    killed = [r.getMessage() for r in caplog.records if "(unit_timeout_s): killed" in r.getMessage()]
+    assert len(killed) == 1, killed
+
+
+def test_unit_timeout_s_is_checked(cluster):
+    with pytest.raises(ValueError, match="unit_timeout_s must be a positive number of seconds or None, got 0"):
+        dl.RayExecutor(num_workers=1, unit_timeout_s=0)
+
+
+class Logged(dl.MapTransform):
+    """Appends each record it computes to a file, slowly (the actor is busy a while)."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def map(self, x):
+        time.sleep(0.1)
+        with open(self.path, "a") as f:
+            f.write(f"{x}\n")
+        return x
+
+
+def test_closing_a_stream_cancels_the_units_its_actor_had_not_started(cluster, tmp_path):
+    """One actor with 4 units in flight; the stream is closed after its first batch and
+    the next stream takes the parked actor: of the dropped units only the one it was
+    computing runs (without the cancel, all 4 would, before the new stream's first)."""
+    log = tmp_path / "computed"
+    ex = dl.RayExecutor(num_workers=1, units_per_worker=4)
+    loader_ = dl.DataLoader(dl.RangeDataSource(16), dl.IndexSampler(16, num_epochs=1),
+                            [Logged(str(log)), dl.Batch(2)], executor=ex)
+    it = iter(loader_)
+    assert next(it).tolist() == [0, 1]
+    it.close()
+    assert [b.tolist() for b in loader_] == [[i, i + 1] for i in range(0, 16, 2)]
+    ex.close()
+    computed = [int(x) for x in log.read_text().split()]
+    # stream 1: unit 0 and at most the unit then running (2 and 3); then stream 2 whole
+    assert computed[-16:] == list(range(16)), computed
+    assert len(computed) <= 2 + 2 + 16, computed
+
+
+def test_stats_name_the_ray_actors_and_the_advice_says_raise_num_workers(cluster):
+    ex = dl.RayExecutor(num_workers=2, local_workers=1)
+    it = iter(loader(PIPELINES["batch"], executor=ex))
+    run(it, 3)
+    stats = it.stats()
+    it.close()
+    ex.close()
+    executor = stats["pipeline"]["executor"]
+    assert executor["kind"] == "ray"
+    assert (executor["actors"], executor["remote_actors"], executor["local_actors"]) == (3, 2, 1)
+    stats["pipeline"]["device_feed"] = {"cpu_buffer_size": 2, "device_buffer_size": 3}
+    stats.update(wait_share=0.5, wait_s=3.0)
+    starved = next(a for a in dl.advise(stats) if a.rule == "step_starved")
+    assert starved.remedy.startswith(
+        "raise RayExecutor num_workers (now 2 actors, 1 more on this node (local_workers))")
+    assert "worker_count" not in starved.remedy

@@ -8,6 +8,12 @@ each to answer ``ready()`` before it sends it units, and runs the pool's
 units in flight per actor, the next unit to the least loaded ready actor, results handed
 out in unit order. A result that raises ``RayActorError`` or ``ObjectLostError`` means
 the actor (or its node) is gone: its units go out again first and another actor starts.
+An actor on one unit for ``unit_timeout_s`` is killed and handled the same way.
+
+When a stream is reset or closed, its actors are told (``UnitActor.drop``, beside the
+unit they compute) to skip the units of that stream they have not started, so a
+parked actor starts the next stream's first unit after at most the one unit it was
+computing (Ray cannot stop a running task of an actor; that answer is dropped).
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from dataloader.engine.plan import Plan
 from dataloader.engine.pool.messages import error_payload, remote_error
 from dataloader.engine.pool.window import Outcome, Window
 from dataloader.engine.pool.workers import MAX_CRASHES
-from dataloader.errors import LoaderClosedError, WorkerCrashError, WorkerError
+from dataloader.errors import LoaderClosedError, WorkerCrashError, WorkerError, WorkerTimeoutError
 
 if TYPE_CHECKING:
     from dataloader.engine.remote.ray_executor import RayExecutor
@@ -55,6 +61,7 @@ class UnitActor:
 
     def __init__(self, plan_bytes: bytes, init_fn: bytes, index: int, count: int) -> None:
         self._plan = cloudpickle.loads(plan_bytes)
+        self._dropped: set[tuple[str, int]] = set()  # tags of units not to compute
         init = cloudpickle.loads(init_fn)
         if init is not None:  # the loader's worker_init_fn, as in a pool's worker
             init(index, count)
@@ -65,7 +72,18 @@ class UnitActor:
 
         return socket.gethostname(), os.getpid(), ray.get_runtime_context().get_node_id()
 
-    def compute(self, start: int, stop: int) -> UnitResult | _Failed:
+    def drop(self, tag: tuple[str, int]) -> None:
+        """Units sent with ``tag`` are no longer wanted (their stream was reset or closed).
+
+        Called in the ``"control"`` concurrency group, so it runs while ``compute`` is
+        busy: ``ray.cancel`` does not stop an actor task already queued at the actor
+        (Ray 2.60 runs it, measured), so the actor skips those units itself (their
+        answer is None, dropped by the stream)."""
+        self._dropped.add(tag)
+
+    def compute(self, start: int, stop: int, tag: tuple[str, int] | None = None) -> UnitResult | _Failed | None:
+        if tag is not None and tag in self._dropped:
+            return None  # a unit of a stream since reset or closed: not worth computing
         # passthrough=(): nothing raised here is a Ctrl-C of the training process.
         try:
             result = compute_unit(self._plan, start, stop, passthrough=())
@@ -108,6 +126,8 @@ class RayUnits:
         # Parked actors serve a stream with the same plan and the same init_fn only.
         self._digest = hashlib.sha256(plan_bytes + self._init_fn).digest()
         self._window = Window(0, spec.units_per_worker)
+        # Units carry (stream, generation): parked actors serve several streams in turn.
+        self._stream_id = os.urandom(8).hex()
         self.actors: dict[int, _Actor] = {}
         self._pings: dict[Any, int] = {}  # ready() call -> actor key
         self._refs: dict[Any, int] = {}  # compute() call -> actor key
@@ -136,6 +156,7 @@ class RayUnits:
             self._reset(position)
 
     def _reset(self, position: int) -> None:
+        self._cancel()  # their answers would be dropped: not worth computing
         self._window.reset(self._plan.units(position))
         if self._closed:
             self._closed = False
@@ -168,6 +189,7 @@ class RayUnits:
             self._dispatch()
             self._check_start()
             self._check_stalls()
+            self._check_timeouts()
             self._wait(_POLL_S)
 
     def close(self) -> None:
@@ -181,6 +203,7 @@ class RayUnits:
             self._release()
 
     def _release(self) -> None:
+        self._cancel()  # parked actors must not go on with dropped units
         for actor in self.actors.values():
             if not actor.retiring and self._ray.is_initialized():
                 self._spec._park(self._digest + bytes([actor.local]), actor.handle)
@@ -189,6 +212,20 @@ class RayUnits:
         self.actors.clear()
         self._pings.clear()
         self._refs.clear()
+
+    def _cancel(self) -> None:
+        """Tells the actors to skip the units in flight of the current generation that
+        they have not started (the running one finishes: Ray cannot stop it without
+        killing the actor). Not ``ray.cancel``: in Ray 2.60 it lets an actor task already
+        queued at the actor run, and on an actor with concurrency groups it lost the
+        actor (measured)."""
+        if not self._refs or not self._ray.is_initialized():
+            return
+        tag = (self._stream_id, self._window.generation)
+        for key in {self._refs[ref] for ref in self._refs}:
+            if key in self.actors:
+                with contextlib.suppress(Exception):  # the actor is gone
+                    self.actors[key].handle.drop.options(concurrency_group="control").remote(tag)
 
     # -- actors ---------------------------------------------------------------------
 
@@ -246,8 +283,9 @@ class RayUnits:
         for ref in [r for r, k in self._pings.items() if k == key]:
             del self._pings[ref]
 
-    def _died(self, key: int) -> None:
-        """An actor is lost: its units go out again first, another actor takes its place."""
+    def _died(self, key: int, timed_out: float | None = None) -> None:
+        """An actor is lost (or was killed after ``timed_out`` seconds on one unit): its
+        units go out again first, another actor takes its place."""
         if key not in self.actors:
             return
         index = self.actors[key].index
@@ -256,13 +294,32 @@ class RayUnits:
             self._refs.pop(ref, None)
         for unit in poisoned:
             start, stop = self._window.range(unit)
-            self._window.finish(unit, Outcome(None, WorkerCrashError(
-                f"positions [{start}, {stop}) were being computed by {MAX_CRASHES} Ray actors "
-                f"that died (the last was actor {index}); a record there may crash its "
-                f"process (look at the actors' logs), or the nodes were lost"
-            )))
+            if timed_out is not None:
+                error: WorkerError = WorkerTimeoutError(
+                    f"positions [{start}, {stop}) were computed for more than "
+                    f"unit_timeout_s={self._spec.unit_timeout_s:g} s by {MAX_CRASHES} Ray "
+                    f"actors in turn (the last was actor {index}, killed); a record there "
+                    f"hangs its operation (look at the actors' logs), or raise unit_timeout_s",
+                    operation="unknown (in a Ray actor)",
+                    record_indices=unit_record_keys(self._plan, start, stop).tolist(),
+                    position=start, worker=index,
+                )
+            else:
+                error = WorkerCrashError(
+                    f"positions [{start}, {stop}) were being computed by {MAX_CRASHES} Ray "
+                    f"actors that died (the last was actor {index}); a record there may "
+                    f"crash its process (look at the actors' logs), or the nodes were lost"
+                )
+            self._window.finish(unit, Outcome(None, error))
+        self._began.pop(key, None)
         self._drop(key)
-        logger.warning("granary: Ray actor %d was lost; its units go to the other actors", index)
+        if timed_out is not None:
+            logger.warning(
+                "granary: Ray actor %d computed one unit for %.0f s (unit_timeout_s): killed; "
+                "its units go to the other actors", index, timed_out,
+            )
+        else:
+            logger.warning("granary: Ray actor %d was lost; its units go to the other actors", index)
         self._scale()
 
     def _check_start(self) -> None:
@@ -295,7 +352,7 @@ class RayUnits:
             if unit is None:
                 return
             start, stop = window.range(unit)
-            ref = self.actors[key].handle.compute.remote(start, stop)
+            ref = self.actors[key].handle.compute.remote(start, stop, (self._stream_id, window.generation))
             if window.current(key) is None:
                 self._began[key] = time.monotonic()  # an idle actor starts on it now
             window.sent(key, unit, ref)
@@ -322,6 +379,17 @@ class RayUnits:
                 self.actors[key].index, entry.unit, start, stop,
                 unit_record_keys(self._plan, start, stop)[:8].tolist(), now - began,
             )
+
+    def _check_timeouts(self) -> None:
+        """Kills an actor that has computed one unit for ``unit_timeout_s`` (whatever
+        stream the unit is of: a hung actor serves none); its units go out again."""
+        limit = self._spec.unit_timeout_s
+        if limit is None:
+            return
+        now = time.monotonic()
+        for key, began in list(self._began.items()):
+            if key in self.actors and self._window.current(key) is not None and now - began >= limit:
+                self._died(key, timed_out=now - began)  # _drop kills it: ray.kill
 
     def _wait(self, timeout: float) -> None:
         """Takes in every answer ready within ``timeout`` seconds (0: those ready now)."""

@@ -290,16 +290,18 @@ def head_state(state: Any) -> tuple[dict[str, Any], list[tuple[int, int, Any]]]:
     node: Any = state.get("stages", state)
     used: list[tuple[int, int, Any]] = []
     while isinstance(node, dict) and "made_for" not in node:
-        held = node.get("piece", 0) or node.get("next_row", 0) or node.get("offsets") or node.get("skip", 0)
-        if ("packer" in node and held and "used" not in node) or ("packer" not in node and node.get("skip", 0)):
+        held = node.get("piece", 0) or node.get("next_row", 0) or node.get("offsets") or node.get("skip", 0) \
+            or node.get("pos_in_window", 0)
+        stage = "packer" in node or "window_index" in node  # a packer's or a window shuffle's state
+        if (stage and held and "used" not in node) or (not stage and node.get("skip", 0)):
             raise StateMismatchError(
-                f"this state holds records in a stage ({node.get('packer', 'an element-wise stage')}, "
-                f"{ {k: node[k] for k in ('piece', 'next_row', 'offsets', 'skip') if k in node} }) that "
+                f"this state holds records in a stage ({node.get('packer', 'a window shuffle' if 'window_index' in node else 'an element-wise stage')}, "
+                f"{ {k: node[k] for k in ('piece', 'next_row', 'offsets', 'skip', 'pos_in_window') if k in node} }) that "
                 f"it does not name as positions, so an elastic restore would lose or repeat them: "
                 f"rows of a round handed out so that an element cut into pieces has a later piece "
                 f"handed out before an earlier one (shuffle_bins), an element-wise stage inside one "
-                f"element's outputs, or a packer over a stage that is not the engine's element "
-                f"stream; save at another step or restore on the same host count"
+                f"element's outputs, or a packer or window shuffle over a stage that is not the "
+                f"engine's element stream; save at another step or restore on the same host count"
             )
         used += [(int(q), int(sub), u) for q, sub, u in node.get("used", ())]
         node = node.get("parent")

@@ -19,7 +19,7 @@ as ``H'`` divides ``n`` (always so when it stays the same).
 The ``IterDataset`` path, Grain's ``get_shard_states``/``set_shard_states``: a stream on
 the engine with filters or flat maps (``ds.to_iter_dataset().filter(...)``, a Parquet
 stream's ``map``/``filter``/...), or a first-fit, best-fit or concat-then-split packer
-over one, unbatched and unsharded. Each shard yields ``global_batch_size / H`` elements
+or a ``WindowShuffleIterDataset`` over one (or over each other), unbatched and unsharded. Each shard yields ``global_batch_size / H`` elements
 (or rows) per step, the last batch short (Grain's IterDataset path keeps it too). Its
 states differ by shard, so the restore needs them all: ``get_shard_states()`` is this
 shard's ``{shard_index: state}``; gather every shard's (e.g. every process's file of the
@@ -227,19 +227,21 @@ def _shard_state_loader(ds: Any, shard_options: ShardOptions, read_options: Read
     takes the ``MapDataset`` path."""
     from dataloader.dataset.iter_dataset import LoaderIterDataset
     from dataloader.dataset.transformations.packing import PackIterDataset
+    from dataloader.dataset.transformations.window_shuffle import WindowShuffleIterDataset
     from dataloader.loader import DataLoader
     from dataloader.operations import Batch
 
-    packers: list[Any] = []
+    packers: list[Any] = []  # stages over the stream: packers and window shuffles
     stream = ds
-    while isinstance(stream, PackIterDataset):
-        packers.insert(0, stream.packer)
+    while isinstance(stream, (PackIterDataset, WindowShuffleIterDataset)):
+        packers.insert(0, stream.packer if isinstance(stream, PackIterDataset) else stream.stage_operation)
         stream = stream._parent
     if type(stream) is not LoaderIterDataset or not (packers or stream._reshaped() or stream._parent._filtered):
         if packers:
             raise ValueError(
-                f"ElasticIterator packs a stream on the engine (MapDataset...to_iter_dataset() "
-                f"and its map/filter/flat_map), got {stream!r} under the packer"
+                f"ElasticIterator packs or window-shuffles a stream on the engine "
+                f"(MapDataset...to_iter_dataset() and its map/filter/flat_map), got {stream!r} "
+                f"under the packer or window shuffle"
             )
         return None
     if stream._is_batched():

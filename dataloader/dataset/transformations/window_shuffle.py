@@ -13,6 +13,11 @@ and interleaved, rows window-shuffled), that costs one window of memory at most.
   past the end).
 * ``WindowShuffleIterDataset`` reads its parent's stream, one window in memory
   (:class:`WindowShuffleDatasetIterator` below says how its state and restore work).
+  Over a stream on the engine (``MapDataset...to_iter_dataset()`` with maps, filters,
+  flat maps), its states also name the window's elements already handed out as the
+  engine's positions, so they restore on another host count (README "Elastic restore"):
+  through ``ElasticIterator``'s ``set_shard_states``, or ``set_state`` with every old
+  host's states.
 
 On one pass the two give the same order: window ``w`` is permuted by ``(seed, w)`` in
 both. Grain keys window ``w`` with ``seed + w``, so its windows of seed ``s`` repeat
@@ -37,6 +42,7 @@ from dataloader.dataset.base import DatasetIterator, IterDataset
 from dataloader.dataset.compile import nodes as nd
 from dataloader.dataset.map_dataset import MapDataset
 from dataloader.engine.stages.base import expect_state
+from dataloader.engine.stages.packing import _last_tag, _used
 from dataloader.errors import StateMismatchError
 from dataloader.samplers import permute
 
@@ -58,6 +64,11 @@ class WindowShuffleDatasetIterator(DatasetIterator):
     window's number and how many of its elements were handed out; once a window is
     handed out, the state moves to the start of the next one. A restore re-reads that
     one window (at most ``window_size - 1`` elements read again), never the stream.
+
+    Over the engine's element stream, a state inside a window also names the elements
+    handed out as ``"used": [[position, sub, null], ...]`` (the engine's local positions),
+    so an elastic restore (``set_state`` with every old host's states) reads the
+    window's other elements again on the new hosts, whose windows start empty.
     """
 
     def __init__(self, parent: DatasetIterator, window_size: int, seed: int) -> None:
@@ -67,20 +78,23 @@ class WindowShuffleDatasetIterator(DatasetIterator):
         self._window = 0  # number of the current window (or of the next, between windows)
         self._start: Any = None  # the parent's state before the current window
         self._elements: list[Any] = []  # the current window, in the order handed out
+        self._tags: list[Any] = []  # the engine's (position, sub) of each, in that order
         self._given = 0
         self._ended = False
 
     def _fill(self) -> None:
         self._start = self._parent.get_state()
-        elements = []
+        elements, tags = [], []
         for _ in range(self._size):
             try:
                 elements.append(next(self._parent))
             except StopIteration:
                 self._ended = True
                 break
+            tags.append(_last_tag(self._parent))
         order = window_order(len(elements), self._seed, self._window)
         self._elements = [elements[k] for k in order]
+        self._tags = [tags[k] for k in order]
         self._given = 0
 
     def __next__(self) -> Any:
@@ -103,10 +117,36 @@ class WindowShuffleDatasetIterator(DatasetIterator):
         else:  # between windows: the state of the next window's start
             parent = self._parent.get_state()
             window, given = self._window + (1 if self._elements else 0), 0
-        return {"parent": parent, "window_index": window, "pos_in_window": given,
-                "window_size": self._size, "seed": self._seed}
+        state = {"parent": parent, "window_index": window, "pos_in_window": given,
+                 "window_size": self._size, "seed": self._seed}
+        if given:
+            used = _used([(tag, None) for tag in self._tags[:given]])
+            if used is not None:
+                state["used"] = used
+        return state
 
-    def set_state(self, state: dict[str, Any]) -> None:
+    def last_tag(self) -> Any:
+        """The engine's (position, sub) of the element handed out last (None: unknown), so
+        a packer over this shuffle names its rows' elements for an elastic restore."""
+        return self._tags[self._given - 1] if self._given else None
+
+    @property
+    def restores_from_every_shard(self) -> bool:
+        """Whether ``set_state`` takes every old host's states: when its parent does (a
+        stream on the engine)."""
+        return bool(getattr(self._parent, "restores_from_every_shard", False))
+
+    def set_state(self, state: Any) -> None:
+        if isinstance(state, (list, tuple)):  # every old host's states: an elastic restore
+            if not self.restores_from_every_shard:
+                raise StateMismatchError(
+                    f"a window shuffle over {type(self._parent).__name__} restores from one state "
+                    f"only; an elastic restore (every old host's states) needs a stream on the "
+                    f"engine (MapDataset...to_iter_dataset() and its map/filter/flat_map)"
+                )
+            self._parent.set_state(list(state))
+            self._window, self._elements, self._tags, self._given, self._ended = 0, [], [], 0, False
+            return
         expect_state(state, ("parent", "window_index", "pos_in_window"), "a window shuffle")
         saved = (state.get("window_size"), state.get("seed"))
         if saved != (self._size, self._seed):
@@ -186,6 +226,39 @@ class WindowShuffleIterDataset(IterDataset):
     def __iter__(self) -> DatasetIterator:
         return WindowShuffleDatasetIterator(iter(self._parent), self.window_size, self.window_seed)
 
+    @property
+    def stage_operation(self) -> WindowShuffle:
+        """This shuffle as a stream operation of a ``DataLoader`` (ElasticIterator's path)."""
+        return WindowShuffle(self.window_size, self.window_seed)
+
     def __repr__(self) -> str:
         return (f"WindowShuffleIterDataset({self._parent!r}, window_size={self.window_size}, "
                 f"seed={self.window_seed})")
+
+
+class WindowShuffle:
+    """The window shuffle as a stream operation of a ``DataLoader``: a stage over the
+    engine's ordered elements (``operations.transforms.STREAM``), run by
+    :class:`WindowShuffleStage`. ``ElasticIterator`` builds it from a
+    ``WindowShuffleIterDataset``."""
+
+    runs = "stream"  # operations.transforms.STREAM
+    stage = "dataloader.dataset.transformations.window_shuffle:WindowShuffleStage"
+    name = "WindowShuffle"
+
+    def __init__(self, window_size: int, seed: int) -> None:
+        self.window_size = check_size(window_size, "window_size")
+        self.seed = check_seed(seed, "seed", bits=SHUFFLE_BITS)
+
+    def describe(self) -> dict[str, Any]:
+        return {"window_shuffle": True, "window_size": self.window_size, "seed": self.seed}
+
+    def __repr__(self) -> str:
+        return f"WindowShuffle(window_size={self.window_size}, seed={self.seed})"
+
+
+class WindowShuffleStage(WindowShuffleDatasetIterator):
+    """:class:`WindowShuffleDatasetIterator` as the stage of a :class:`WindowShuffle`."""
+
+    def __init__(self, parent: DatasetIterator, op: WindowShuffle) -> None:
+        super().__init__(parent, op.window_size, op.seed)

@@ -23,7 +23,8 @@ local position and output rank of each element in them, with the offsets where a
 element's unused rest starts (concat-then-split). The records of the open bins are
 those the state does not name: an elastic restore hands them to the new hosts, which
 pack them again in their own streams. Only a packer reading the engine's elements
-directly can name them (a packer over another stage cannot).
+directly, or through a stage that says which element it handed out last (a window
+shuffle's ``last_tag()``), can name them; a packer over another stage cannot.
 """
 
 from __future__ import annotations
@@ -47,7 +48,12 @@ def _check_packer(state: Any, op: Any, where: str) -> dict[str, Any]:
 
 def _last_tag(parent: Any) -> tuple[int, int] | None:
     """The (local position, sub) of the element the engine's iterator handed out last;
-    None when the parent is not the engine's element stream."""
+    None when the parent is not the engine's element stream, or a stage that hands out
+    the engine's elements unchanged and says which (``last_tag()``: a window shuffle)."""
+    last = getattr(parent, "last_tag", None)
+    if callable(last):
+        tag = last()
+        return None if tag is None else (int(tag[0]), int(tag[1]))
     assembler = getattr(parent, "_assembler", None)
     pos, sub, i = (getattr(assembler, name, None) for name in ("_pos", "_sub", "_i"))
     if pos is None or sub is None or not isinstance(i, int) or not 0 < i <= len(pos):
@@ -124,7 +130,7 @@ class FitPackIterator(_PackIterator):
         self._after = None
         members: list[list[tuple[Any, int, int]]] = [[] for _ in range(op.num_packing_bins)]
         carry = self._carry
-        self._start_cut = None if carry is None else (carry[3], carry[1], len(carry[0]))
+        self._start_cut = None if carry is None or not carry[1] else (carry[3], carry[1], len(carry[0]))
         while self._after is None:
             if self._carry is not None:
                 pieces, k, before, tag = self._carry

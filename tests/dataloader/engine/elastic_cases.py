@@ -82,6 +82,12 @@ def as_long_tokens(x: int) -> dict[str, np.ndarray]:
     return {"tokens": np.full(1 + x % 30, x + 1, dtype=np.int64)}  # up to 30: cut into 3 rows of 12
 
 
+def _window() -> Any:
+    from dataloader.dataset.transformations.window_shuffle import WindowShuffle
+
+    return WindowShuffle(window_size=7, seed=11)
+
+
 def _pack(kind: str) -> Any:
     # Rows handed out in row order, so the pieces of a cut element come out first to last
     # (an elastic restore names what was used of it as a count of tokens).
@@ -110,6 +116,14 @@ PIPELINES: dict[str, tuple[Callable[[], list[Any]], str]] = {
     "concat-then-split": (lambda: [dl.FilterTransform(keep), dl.MapTransform(as_tokens), _pack("concat")], "tokens"),
     "first-fit, cut": (lambda: [dl.FilterTransform(keep), dl.MapTransform(as_long_tokens), _pack("first_fit, cut")], "tokens"),
     "best-fit, cut": (lambda: [dl.FilterTransform(keep), dl.MapTransform(as_long_tokens), _pack("best_fit, cut")], "tokens"),
+    # WindowShuffleIterDataset's stage over the engine's stream (the iterator-level one,
+    # one window in memory), alone and under a packer.
+    "stream window shuffle": (
+        lambda: [dl.FilterTransform(keep), dl.MapTransform(times_ten), _window(), dl.Batch(4)], "batch"
+    ),
+    "stream window shuffle, first-fit": (
+        lambda: [dl.FilterTransform(keep), dl.MapTransform(as_tokens), _window(), _pack("first_fit")], "row"
+    ),
     "flat map, first-fit": (
         lambda: [dl.FlatMapTransform(fan_out, max_fan_out=3), dl.MapTransform(as_tokens), _pack("first_fit")], "row"
     ),

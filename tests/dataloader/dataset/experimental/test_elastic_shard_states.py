@@ -41,11 +41,22 @@ CASES = {
             stream().filter(keep).map(tokens), length_struct={"tokens": 8}, num_packing_bins=2),
         [x for x in range(N) if keep(x)],
     ),
+    # The iterator-level window shuffle (one window in memory) over a filtered stream.
+    "window shuffle": (
+        lambda: dl.experimental.WindowShuffleIterDataset(stream().filter(keep), window_size=5, seed=2),
+        [x for x in range(N) if keep(x)],
+    ),
+    "window shuffle, first-fit": (
+        lambda: dl.experimental.FirstFitPackIterDataset(
+            dl.experimental.WindowShuffleIterDataset(stream().filter(keep).map(tokens), window_size=5, seed=2),
+            length_struct={"tokens": 8}, num_packing_bins=2),
+        [x for x in range(N) if keep(x)],
+    ),
 }
 
 
 def ids(name: str, batch) -> list[int]:
-    if name != "first-fit":
+    if not name.endswith("first-fit"):
         return np.asarray(batch).reshape(-1).tolist()
     out = []
     for row, seg in zip(batch["tokens"], batch["tokens_segment_ids"]):
@@ -99,9 +110,24 @@ def test_set_shard_states_needs_every_old_shard():
         new.set_shard_states(its[1].get_shard_states())
 
 
-def test_a_packer_over_another_stream_is_refused():
+def test_a_window_shuffles_state_names_the_windows_handed_elements_as_positions():
+    it = ElasticIterator(CASES["window shuffle"][0](), 2, dl.ShardOptions(0, 2))
+    next(it)
+    node = it.get_state()["stages"]["parent"]  # under the batch stage
+    assert node["pos_in_window"] == 1 and len(node["used"]) == 1  # one element of its window out
+    assert set(node["parent"]) >= {"position", "made_for"}  # the engine's state before the window
+
+
+def test_a_packer_over_a_packer_mid_round_is_refused_at_restore():
+    """The inner packer hands out rows, not the engine's elements: the outer one cannot
+    name its rows' records, so a restore on another count says so."""
     ds = dl.experimental.FirstFitPackIterDataset(
-        dl.experimental.WindowShuffleIterDataset(stream().map(tokens), window_size=4, seed=0),
-        length_struct={"tokens": 8}, num_packing_bins=2)
-    with pytest.raises(ValueError, match="packs a stream on the engine"):
-        ElasticIterator(ds, 4, dl.ShardOptions(0, 2))
+        dl.experimental.FirstFitPackIterDataset(stream().map(tokens), length_struct={"tokens": 8},
+                                                 num_packing_bins=2),
+        length_struct={"tokens": 16}, num_packing_bins=2)
+    its = [ElasticIterator(ds, 2, dl.ShardOptions(h, 2)) for h in range(2)]
+    for it in its:
+        next(it)
+    states = {h: s for it in its for h, s in it.get_shard_states().items()}
+    with pytest.raises(dl.StateMismatchError, match="does not name as positions"):
+        ElasticIterator(ds, 3, dl.ShardOptions(0, 3)).set_shard_states(states)

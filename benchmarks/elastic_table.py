@@ -13,6 +13,9 @@ The rows "first-fit, cut" and "best-fit, cut" pack sequences of up to 30 tokens 
 of 12, so elements are cut into pieces across rows and rounds; their ids are counted per
 token. A save where a later piece of an element was handed out before an earlier one is
 refused (StateMismatchError, nothing lost or repeated); the cell counts such saves.
+"window shuffle" is the map window shuffle on the engine; "stream window shuffle" is
+WindowShuffleIterDataset's stage (one window in memory) over the engine's stream, alone
+and under a first-fit packer.
 
     python benchmarks/elastic_table.py [--steps 1,2,3,5] [--workers 0]
 """
@@ -25,7 +28,8 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROWS = ["plain", "filter", "flat map", "mixture", "Parquet stream", "first-fit", "best-fit",
-        "first-fit, cut", "best-fit, cut", "concat-then-split", "window shuffle"]
+        "first-fit, cut", "best-fit, cut", "concat-then-split", "window shuffle",
+        "stream window shuffle", "stream window shuffle, first-fit"]
 CHANGES = {"1->2": (1, 2), "2->3": (2, 3), "3->1": (3, 1)}
 
 

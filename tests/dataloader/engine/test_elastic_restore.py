@@ -234,3 +234,62 @@ def test_the_fingerprint_check_of_old_states_with_dropped_outputs_passes_on_a_ne
     assert make_loader("flat map", 0, 1)._engine.verify_on_restore
     assert run("flat map", [(2, 1), (3, 1), (1, None)]) == reference("flat map")
     assert run("flat map", [(2, 2), (3, 1), (2, None)]) == reference("flat map")
+
+
+def test_a_window_shuffle_iterator_over_a_loader_takes_every_old_hosts_states():
+    """WindowShuffleIterDataset's iterator over a stream on the engine, restored with
+    set_state(list of every old host's states): the window's elements not yet handed out
+    are read again on the new hosts, each record once."""
+    from dataloader.dataset.transformations.window_shuffle import WindowShuffleDatasetIterator
+
+    name = "flat map, unbatched"
+    old = [WindowShuffleDatasetIterator(make_loader(name, h, 2).iterator(), 5, 3) for h in range(2)]
+    used = [i for it in old for _ in range(3) for i in record_ids(name, next(it))]
+    states = [json.loads(json.dumps(it.get_state())) for it in old]
+    assert all(s["pos_in_window"] == 3 and len(s["used"]) == 3 for s in states)
+    for j in range(3):
+        it = WindowShuffleDatasetIterator(make_loader(name, j, 3).iterator(), 5, 3)
+        assert it.restores_from_every_shard
+        it.set_state(states)
+        used += [i for out in it for i in record_ids(name, out)]
+    assert sorted(used) == reference(name)
+
+
+def test_a_window_shuffle_over_an_iterator_of_one_state_refuses_every_hosts_states():
+    from dataloader.dataset.transformations.window_shuffle import WindowShuffleDatasetIterator
+
+    class Counting:  # an iterator that restores from its own state only
+        n = 0
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            self.n += 1
+            return self.n
+
+        def get_state(self):
+            return {"n": self.n}
+
+        def set_state(self, state):
+            self.n = state["n"]
+
+    it = WindowShuffleDatasetIterator(Counting(), 3, 0)
+    assert not it.restores_from_every_shard
+    next(it)
+    assert "used" not in it.get_state()  # its elements have no engine positions
+    with pytest.raises(StateMismatchError, match="restores from one state only"):
+        it.set_state([{}, {}])
+
+
+def test_every_row_of_the_benchmark_table_is_a_pipeline_tested_here():
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[3] / "benchmarks" / "elastic_table.py"
+    spec = importlib.util.spec_from_file_location("elastic_table", path)
+    assert spec is not None and spec.loader is not None
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    assert set(table.ROWS) <= set(PIPELINES)
+    assert {"first-fit, cut", "best-fit, cut", "stream window shuffle", "stream window shuffle, first-fit"} <= set(table.ROWS)

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from dataloader.engine import fingerprint, grain_state
-from dataloader.engine.assemble import make_assembler
+from dataloader.engine.assemble import from_position, make_assembler
 from dataloader.engine.executor import Executor
 from dataloader.engine.plan import BATCH, ELEMENTS, Plan
 from dataloader.engine.stages.base import DatasetIterator
@@ -168,7 +168,8 @@ class DataLoaderIterator(DatasetIterator[Any]):
                 self._executor = None
             raise
         # The units from the cursor on are the stream's (one that starts there, or the
-        # next the executor makes); else (the cursor inside a unit) compute from there.
+        # next the executor makes, or the rest of one the cursor is inside); else (a batch
+        # unit the cursor is inside: not on its grid) compute from there.
         while units and units[-1].stop < cursor.position and units[-1].error is None:
             nxt = next(self._executor, None)
             if nxt is None:
@@ -179,6 +180,10 @@ class DataLoaderIterator(DatasetIterator[Any]):
             self._primed = units[starts.index(cursor.position):]
         elif units and units[-1].stop == cursor.position and units[-1].error is None:
             self._primed = []
+        elif plan.layout != BATCH:  # the cursor inside a unit (sizing cuts anywhere): its rest
+            inside = [i for i, r in enumerate(units) if r.start < cursor.position < r.stop]
+            if inside:
+                self._primed = [from_position(units[inside[0]], cursor.position), *units[inside[0] + 1 :]]
 
     def _restart(self, cursor: Cursor) -> None:
         engine = self._engine

@@ -8,6 +8,7 @@ One assembler per unit layout (see :mod:`dataloader.engine.plan`). Each has ``ne
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
@@ -250,6 +251,20 @@ class RegroupAssembler:
         """The units and element slices of the last batch: its post-batch outputs (run
         here) share it."""
         return None if self._taken is None else (*self._taken, None)
+
+
+def from_position(r: UnitResult, position: int) -> UnitResult:
+    """The part of an ``elements`` or ``regroup`` unit result from local ``position`` on:
+    the result of the unit ``[position, r.stop)`` (an element's outputs depend on its
+    record and position only, and the states not on the cut), without computing it."""
+    pos, sub = r.tags()
+    keep = pos >= position
+    return dataclasses.replace(
+        r, start=position, outputs=[x for x, k in zip(r.outputs, keep.tolist()) if k],
+        positions=pos[keep], subs=sub[keep], elements=-1,
+        sources=None if r.sources is None else r.sources[position - r.start :],
+        digests=None if r.digests is None else np.asarray(r.digests)[keep],
+    )
 
 
 def make_assembler(

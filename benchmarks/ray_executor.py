@@ -1,7 +1,9 @@
 """Units on Ray actors beside the in-process path, the local pool and Ray Data.
 
 The same decode on every row: ``--records`` PNG images (``--side`` pixels square, RGB
-noise, made here with Pillow), each decoded and normalised to float32, in batches of
+noise, made here with Pillow), read from an ArrayRecord file (``--source memory``: from
+an ``InMemoryDataSource``, which every worker and actor then receives whole, pickled
+with the pipeline), each decoded and normalised to float32, in batches of
 ``--batch``. Rows:
 
 * ``in-process``: ``worker_count=0``;
@@ -10,15 +12,15 @@ noise, made here with Pillow), each decoded and normalised to float32, in batche
 * ``ray-data``: Ray Data's own pipeline, ``ray.data.from_items(...).map_batches(decode,
   batch_size=B).iter_batches(batch_size=B)``, on the same Ray.
 
-Each row runs in a fresh interpreter and iterates the whole data set twice (two
-iterators); it reports records/s (from ``iter()`` to the last batch), the time to the
-first batch, the parent's CPU seconds per batch (``time.process_time()`` of the
+Each row runs in a fresh interpreter (so no row's processes, Ray's included, outlive
+it) and iterates the whole data set twice (two iterators of one loader); it reports
+records/s (from ``iter()`` to the last batch), records/s from the first batch on
+(steady state, start-up left out), the time to the first batch, the parent's CPU seconds per batch (``time.process_time()`` of the
 training process, every thread of it, over the iteration: what feeding costs the
 trainer; the digest's own time is taken out of both), and whether the two runs gave the same batches in the same order (a digest
 of every batch). Starting Ray itself (``ray.init``) is reported apart, as ``start_s``.
 
-Needs Ray, Ray Data (pandas) and Pillow: ``benchmarks/.venv/bin/pip install ray pandas``
-(Ray is not among the peers ``setup_env.sh`` installs).
+Needs Ray, Ray Data (pandas) and Pillow, which ``benchmarks/setup_env.sh`` installs.
 
     benchmarks/.venv/bin/python benchmarks/ray_executor.py
     benchmarks/.venv/bin/python benchmarks/ray_executor.py --records 4000 --side 96
@@ -71,7 +73,8 @@ def one_pass(make_iter, n_records: int) -> dict:
     cpu0, t0 = time.process_time(), time.perf_counter()
     it = make_iter()
     hashes, first, batches, records = hashlib.sha256(), None, 0, 0
-    hash_wall = hash_cpu = 0.0  # the digest's own cost, taken out of the figures
+    hash_wall = hash_cpu = hash1 = 0.0
+    t1 = t0  # the digest's own cost, taken out of the figures
     for b in it:
         if first is None:
             first = time.perf_counter() - t0
@@ -81,20 +84,38 @@ def one_pass(make_iter, n_records: int) -> dict:
         hash_cpu += time.process_time() - c0
         batches += 1
         records += len(b)
+        if batches == 1:  # steady state: from the first batch on
+            t1, hash1 = time.perf_counter(), hash_wall
     wall = time.perf_counter() - t0 - hash_wall
+    steady = time.perf_counter() - t1 - (hash_wall - hash1)
     cpu = time.process_time() - cpu0 - hash_cpu
     close = getattr(it, "close", None)
     if close is not None:
         close()
     assert records == n_records, (records, n_records)
-    return {"records_per_s": records / wall, "first_batch_s": first, "parent_cpu_per_batch_ms":
+    first_size = n_records / batches  # about: every batch but the last is full
+    return {"records_per_s": records / wall, "first_batch_s": first,
+            "steady_records_per_s": (records - first_size) / steady if steady > 0 else 0.0, "parent_cpu_per_batch_ms":
             1e3 * cpu / batches, "batches": batches, "digest": hashes.hexdigest()[:16]}
 
 
-def measure(row: str, n: int, side: int, batch: int) -> dict:
+def measure(row: str, n: int, side: int, batch: int, source: str = "file") -> dict:
+    import tempfile
+
     import dataloader as dl
 
     records = make_records(n, side)
+    folder = tempfile.TemporaryDirectory()
+    if source == "file":  # what a cluster reads: files every node can open
+        path = f"{folder.name}/images.array_record"
+        dl.write_array_record(path, records)
+
+        def data() -> object:
+            return dl.ArrayRecordDataSource(path)
+    else:  # the records inside the pipeline: pickled into every worker / actor
+
+        def data() -> object:
+            return dl.InMemoryDataSource(records)
     start_s = 0.0
     if row.startswith("ray"):
         import ray
@@ -105,16 +126,19 @@ def measure(row: str, n: int, side: int, batch: int) -> dict:
         start_s = time.perf_counter() - t
 
     def loader(**kw):
-        return dl.DataLoader(dl.InMemoryDataSource(records), dl.IndexSampler(n, num_epochs=1),
+        return dl.DataLoader(data(), dl.IndexSampler(n, num_epochs=1),
                              [dl.MapTransform(decode), dl.Batch(batch)], **kw)
 
+    # One loader per row, iterated twice: a training job builds its loader once (the
+    # plan, with the records of this in-memory source, is pickled once, and the pool's
+    # fork server started once); each pass is a new iterator.
     if row == "in-process":
-        make = lambda: iter(loader())  # noqa: E731
+        make = loader().__iter__
     elif row == "pool-2":
-        make = lambda: iter(loader(worker_count=2))  # noqa: E731
+        make = loader(worker_count=2).__iter__
     elif row == "ray-2":
         executor = dl.RayExecutor(num_workers=2)
-        make = lambda: iter(loader(executor=executor))  # noqa: E731
+        make = loader(executor=executor).__iter__
     else:
         import ray
 
@@ -128,6 +152,7 @@ def measure(row: str, n: int, side: int, batch: int) -> dict:
         import ray
 
         ray.shutdown()
+    folder.cleanup()
     return {"ok": True, "row": row, "start_s": start_s, "passes": passes,
             "identical": passes[0]["digest"] == passes[1]["digest"]}
 
@@ -138,21 +163,27 @@ def main() -> None:
     parser.add_argument("--side", type=int, default=64)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--rows", default=",".join(ROWS))
+    parser.add_argument("--source", choices=("file", "memory"), default="file",
+                        help="file: an ArrayRecord file (the default); memory: the records in an "
+                        "InMemoryDataSource, so the pipeline every worker and actor receives "
+                        "carries the whole data set")
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
         request = json.loads(args.measure)
-        print(json.dumps(measure(request["row"], request["records"], request["side"], request["batch"])))
+        print(json.dumps(measure(request["row"], request["records"], request["side"], request["batch"],
+                                 request.get("source", "file"))))
         return
     from benchmarks.bench_env import run_row
 
-    header = (f"{'row':<11} {'start s':>7} {'rec/s 1':>8} {'rec/s 2':>8} {'1st batch s':>11} "
-              f"{'parent CPU ms/batch':>19} {'same output':>11}")
-    print(f"{args.records} PNG records {args.side}x{args.side}x3, batches of {args.batch}")
+    header = (f"{'row':<11} {'start s':>7} {'rec/s 1':>8} {'rec/s 2':>8} {'steady rec/s 1/2':>16} "
+              f"{'1st batch s':>11} {'parent CPU ms/batch':>19} {'same output':>11}")
+    print(f"{args.records} PNG records {args.side}x{args.side}x3 ({args.source}), batches of {args.batch}")
     print(header)
     results = []
     for row in args.rows.split(","):
-        request = {"row": row, "records": args.records, "side": args.side, "batch": args.batch}
+        request = {"row": row, "records": args.records, "side": args.side, "batch": args.batch,
+                   "source": args.source}
         r = run_row(__file__, request, timeout=900)
         r.setdefault("row", row)
         results.append(r)
@@ -160,7 +191,9 @@ def main() -> None:
             print(f"{row:<11} failed: {r.get('reason')}")
             continue
         p1, p2 = r["passes"]
+        steady = f"{p1['steady_records_per_s']:.0f}/{p2['steady_records_per_s']:.0f}"
         print(f"{row:<11} {r['start_s']:>7.2f} {p1['records_per_s']:>8.0f} {p2['records_per_s']:>8.0f} "
+              f"{steady:>16} "
               f"{p1['first_batch_s']:>5.2f}/{p2['first_batch_s']:<5.2f} "
               f"{p1['parent_cpu_per_batch_ms']:>9.2f}/{p2['parent_cpu_per_batch_ms']:<9.2f} "
               f"{'yes' if r['identical'] else 'NO':>11}")

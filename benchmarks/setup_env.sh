@@ -28,10 +28,11 @@ PEERS=(
   "pillow"
   "psutil"
   "google-cloud-storage"
+  "pandas"  # Ray Data (ray_executor.py's peer row) needs it; ray itself comes with the ray extra
 )
 # The project's extras the benchmarks need (tfrecord: streaming.py writes TFRecord files;
-# beam: convert.py runs the Beam conversion).
-EXTRAS="tfrecord,beam,tokenizers"
+# beam: convert.py runs the Beam conversion; ray: ray_executor.py's RayExecutor and Ray Data rows).
+EXTRAS="tfrecord,beam,tokenizers,ray"
 STAMP="${VENV}/.bench-stamp"
 # The stamp's content: change either list (or setup.cfg) and the install reruns.
 WANT="$(printf '%s\n' "${PEERS[@]}" "${EXTRAS}"; cat "${ROOT}/setup.cfg" "${ROOT}/setup.py")"
@@ -65,8 +66,9 @@ import psutil  # noqa: F401
 import apache_beam  # noqa: F401
 import array_record.beam.arrayrecordio  # noqa: F401
 import google.cloud.storage  # noqa: F401
+import ray.data  # noqa: F401
 
-for name in ("numpy", "jax", "array_record", "grain", "torch", "pillow", "psutil", "apache-beam"):
+for name in ("numpy", "jax", "array_record", "grain", "torch", "pillow", "psutil", "apache-beam", "ray", "pandas"):
     try:
         version = md.version(name)
     except md.PackageNotFoundError:

@@ -21,6 +21,12 @@ Rows (records/s over the same ``--read`` records in one shuffled order, batches 
 * ``granary, measured rule``: per batch, with the whole-file rule on (the default): a
   file no bigger than 8 round trips' worth of bytes is downloaded whole at first read.
 
+Through a ``DataLoader`` (``--loader-batches`` batches of ``--batch``, after the first, so
+worker start-up is left out; a map after the batch sleeps ``--compute-ms`` per batch, the
+work a training step's input pipeline does): ``worker_count`` 0 and 2, with the loader's
+hints (``RemoteOptions(fetch_ahead=True)``, the default: the chunks of the units queued
+behind the one being computed are fetched meanwhile) and without.
+
 Start-up (``--startup-files`` small files): building the source from a glob (one
 listing, then every file's index in concurrent ranged requests); from the index cache
 (no request); and the per-file open a FUSE-mounted reader does (a metadata request and
@@ -29,11 +35,13 @@ scaled to all.
 
     python benchmarks/object_store.py
     python benchmarks/object_store.py --latency-ms 50 --files 8 --records 20000
+    python benchmarks/object_store.py --only loader --compute-ms 30
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import os
 import statistics
@@ -45,6 +53,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+import dataloader as dl
 from dataloader.sources import ArrayRecordDataSource, RemoteOptions, write_array_record
 from tests.sources._object_store import (
     BUCKET,
@@ -83,6 +92,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--startup-files", type=int, default=1000)
+    parser.add_argument("--compute-ms", type=float, default=30.0, help="work per batch in the loader rows")
+    parser.add_argument("--loader-batches", type=int, default=40)
+    parser.add_argument("--only", choices=["reads", "loader", "startup"], default=None)
     args = parser.parse_args()
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
 
@@ -95,83 +107,135 @@ def main() -> None:
         order = np.random.default_rng(1).permutation(len(local))[: args.read]
         expected = local.__getitems__(order[:64])
 
-        def remote(whole_file_bytes: int | None = 0) -> ArrayRecordDataSource:
+        def remote(whole_file_bytes: int | None = 0, fetch_ahead: bool = True) -> ArrayRecordDataSource:
             return ArrayRecordDataSource(
                 f"s3://{BUCKET}/train/*.array_record", storage_options=options,
                 remote=RemoteOptions(cache_dir=os.path.join(folder, "cache"),
-                                     whole_file_bytes=whole_file_bytes),
+                                     whole_file_bytes=whole_file_bytes, fetch_ahead=fetch_ahead),
             )
 
-        def per_record(source):
-            return lambda batch, _: [source[int(i)] for i in batch]
+        if args.only in (None, "reads"):
+            _reads(args, proxy, local, order, expected, remote)
+        if args.only in (None, "loader"):
+            _loader(args, proxy, len(local), remote)
+        if args.only in (None, "startup"):
+            _startup(args, folder, endpoint, proxy, options)
 
-        def per_batch(source):
-            return lambda batch, _: source.__getitems__(batch)
 
-        def prefetching(source):
-            def read(batch, following):
-                if len(following):
-                    source.prefetch(following)
-                return source.__getitems__(batch)
+def _loader(args: argparse.Namespace, proxy: FaultProxy, n: int, remote) -> None:
+    pause = args.compute_ms / 1000
 
-            return read
+    def work(batch: np.ndarray) -> np.ndarray:
+        time.sleep(pause)  # the pipeline's own work on the batch (decode, augment, ...)
+        return batch
 
-        rows: dict[str, list[float]] = {
-            "local disk": [], "per-record range requests": [], "granary, per batch": [],
-            "granary, prefetching": [], "granary, measured rule": []}
-        requests = {name: 0 for name in rows}
-        for _ in range(args.repeat):
-            rows["local disk"].append(_rate(lambda b, _: local.__getitems__(b), order, args.batch))
-            for name, reader in [("per-record range requests", per_record),
-                                 ("granary, per batch", per_batch),
-                                 ("granary, prefetching", prefetching),
-                                 ("granary, measured rule", per_batch)]:
-                whole = None if name.endswith("rule") else 0
-                source = remote(whole)  # a cold cache each time
-                assert source.__getitems__(order[:64]) == expected
-                source.close()
-                source = remote(whole)
-                before = proxy.requests
-                rows[name].append(_rate(reader(source), order, args.batch))
-                requests[name] = proxy.requests - before
-                source.close()
-        print(f"shuffled ArrayRecord reads, {args.files} files x {args.records} records of "
-              f"~{args.record_bytes} B, {len(order)} records in batches of {args.batch}, "
-              f"{args.latency_ms:g} ms per request (S3 server on 127.0.0.1), median of {args.repeat}")
-        print(f"{'':30s} {'records/s':>10s} {'requests':>9s}")
-        for name, rates in rows.items():
-            shown = str(requests[name]) if name != "local disk" else "-"
-            print(f"{name:30s} {statistics.median(rates):10.0f} {shown:>9s}")
+    ops = [dl.MapTransform(len), dl.Batch(args.batch), dl.MapTransform(work)]
+    sampler = dl.IndexSampler(n, shuffle=True, seed=1, num_epochs=1)
+    names = [(w, ahead) for w in (0, 2) for ahead in (False, True)]
+    rates: dict[tuple[int, bool], list[float]] = {k: [] for k in names}
+    requests: dict[tuple[int, bool], int] = {}
+    waits: dict[tuple[int, bool], list[float]] = {k: [] for k in names}
+    outputs = {}
+    for _ in range(args.repeat):
+        for workers, ahead in names:
+            source = remote(0, ahead)  # a cold cache each time; ranges only
+            before = proxy.requests
+            loader = iter(dl.DataLoader(source, sampler, ops, worker_count=workers))
+            first = next(loader)
+            began = time.perf_counter()
+            got = [first, *itertools.islice(loader, args.loader_batches)]
+            rates[workers, ahead].append(args.loader_batches * args.batch / (time.perf_counter() - began))
+            requests[workers, ahead] = proxy.requests - before
+            stats = loader.stats()  # a unit's read: the wait for its chunks, and decoding
+            waits[workers, ahead].append(1000 * stats["stage_seconds"]["read"] / max(stats["units"], 1))
+            outputs[workers, ahead] = [b.tolist() for b in got]
+            del loader
+            source.close()
+    assert all(o == outputs[0, False] for o in outputs.values()), "hints changed what was read"
+    print(f"\nDataLoader, {args.loader_batches} batches of {args.batch} after the first, "
+          f"{args.compute_ms:g} ms of work per batch, {args.latency_ms:g} ms per request, "
+          f"median of {args.repeat}; ideal (work only) {1000 * args.batch / args.compute_ms:.0f} records/s per worker")
+    print(f"{'':30s} {'records/s':>10s} {'read ms/unit':>13s} {'requests':>9s}")
+    for workers, ahead in names:
+        name = f"worker_count={workers}, hints {'on' if ahead else 'off'}"
+        print(f"{name:30s} {statistics.median(rates[workers, ahead]):10.0f} "
+              f"{statistics.median(waits[workers, ahead]):13.1f} {requests[workers, ahead]:9d}")
 
-        small = _write(folder, "small", args.startup_files, 20, 200)
-        proxy.latency_s = 0.0
-        make_bucket(endpoint, small)
-        proxy.latency_s = args.latency_ms / 1000
-        index = os.path.join(folder, "index.json")
-        glob = f"s3://{BUCKET}/small/*.array_record"
-        timings = {}
-        for name in ("glob, indices read concurrently", "index cache (written by the first)"):
-            before, began = proxy.requests, time.perf_counter()
-            source = ArrayRecordDataSource(glob, storage_options=options,
-                                           remote=RemoteOptions(index_cache=index,
-                                                                cache_dir=os.path.join(folder, "cache")))
-            timings[name] = (time.perf_counter() - began, proxy.requests - before)
-            assert len(source) == 20 * args.startup_files
-        import s3fs
 
-        fs = s3fs.S3FileSystem(**options)
-        keys = sorted(small)[:100]
+def _reads(args: argparse.Namespace, proxy: FaultProxy, local, order, expected, remote) -> None:
+    def per_record(source):
+        return lambda batch, _: [source[int(i)] for i in batch]
+
+    def per_batch(source):
+        return lambda batch, _: source.__getitems__(batch)
+
+    def prefetching(source):
+        def read(batch, following):
+            if len(following):
+                source.prefetch(following)
+            return source.__getitems__(batch)
+
+        return read
+
+    rows: dict[str, list[float]] = {
+        "local disk": [], "per-record range requests": [], "granary, per batch": [],
+        "granary, prefetching": [], "granary, measured rule": []}
+    requests = {name: 0 for name in rows}
+    for _ in range(args.repeat):
+        rows["local disk"].append(_rate(lambda b, _: local.__getitems__(b), order, args.batch))
+        for name, reader in [("per-record range requests", per_record),
+                             ("granary, per batch", per_batch),
+                             ("granary, prefetching", prefetching),
+                             ("granary, measured rule", per_batch)]:
+            whole = None if name.endswith("rule") else 0
+            source = remote(whole)  # a cold cache each time
+            assert source.__getitems__(order[:64]) == expected
+            source.close()
+            source = remote(whole)
+            before = proxy.requests
+            rows[name].append(_rate(reader(source), order, args.batch))
+            requests[name] = proxy.requests - before
+            source.close()
+    print(f"shuffled ArrayRecord reads, {args.files} files x {args.records} records of "
+          f"~{args.record_bytes} B, {len(order)} records in batches of {args.batch}, "
+          f"{args.latency_ms:g} ms per request (S3 server on 127.0.0.1), median of {args.repeat}")
+    print(f"{'':30s} {'records/s':>10s} {'requests':>9s}")
+    for name, rates in rows.items():
+        shown = str(requests[name]) if name != "local disk" else "-"
+        print(f"{name:30s} {statistics.median(rates):10.0f} {shown:>9s}")
+
+
+
+def _startup(args: argparse.Namespace, folder: str, endpoint: str, proxy: FaultProxy, options) -> None:
+    small = _write(folder, "small", args.startup_files, 20, 200)
+    proxy.latency_s = 0.0
+    make_bucket(endpoint, small)
+    proxy.latency_s = args.latency_ms / 1000
+    index = os.path.join(folder, "index.json")
+    glob = f"s3://{BUCKET}/small/*.array_record"
+    timings = {}
+    for name in ("glob, indices read concurrently", "index cache (written by the first)"):
         before, began = proxy.requests, time.perf_counter()
-        for key in keys:
-            size = fs.info(f"{BUCKET}/{key}")["size"]
-            fs.cat_file(f"{BUCKET}/{key}", start=max(0, size - (1 << 16)), end=size)
-        elapsed = (time.perf_counter() - began) * args.startup_files / len(keys)
-        timings["per-file open, one after another (scaled)"] = (
-            elapsed, (proxy.requests - before) * args.startup_files // len(keys))
-        print(f"\nstart-up, {args.startup_files} files, {args.latency_ms:g} ms per request")
-        print(f"{'':42s} {'seconds':>8s} {'requests':>9s}")
-        for name, (seconds, count) in timings.items():
-            print(f"{name:42s} {seconds:8.2f} {count:9d}")
+        source = ArrayRecordDataSource(glob, storage_options=options,
+                                       remote=RemoteOptions(index_cache=index,
+                                                            cache_dir=os.path.join(folder, "cache")))
+        timings[name] = (time.perf_counter() - began, proxy.requests - before)
+        assert len(source) == 20 * args.startup_files
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**options)
+    keys = sorted(small)[:100]
+    before, began = proxy.requests, time.perf_counter()
+    for key in keys:
+        size = fs.info(f"{BUCKET}/{key}")["size"]
+        fs.cat_file(f"{BUCKET}/{key}", start=max(0, size - (1 << 16)), end=size)
+    elapsed = (time.perf_counter() - began) * args.startup_files / len(keys)
+    timings["per-file open, one after another (scaled)"] = (
+        elapsed, (proxy.requests - before) * args.startup_files // len(keys))
+    print(f"\nstart-up, {args.startup_files} files, {args.latency_ms:g} ms per request")
+    print(f"{'':42s} {'seconds':>8s} {'requests':>9s}")
+    for name, (seconds, count) in timings.items():
+        print(f"{name:42s} {seconds:8.2f} {count:9d}")
 
 
 if __name__ == "__main__":

@@ -421,9 +421,9 @@ class ArrayRecordDataSource(PerProcessHandles):
         array = as_index_array(indices, self._index.total)
         if self._remote_files:
             files, positions = self._index.locate_many(array)
-            with self._fetch_state().hold(files, positions):
+            with self._fetch_state().hold(files, positions) as readers:
                 file_list = files.tolist()
-                reads = {f: self._reader(f).read for f in set(file_list)}
+                reads = {f: readers[f].read for f in set(file_list)}
                 pairs = zip(file_list, positions.tolist(), strict=True)
                 return [reads[f](p, p + 1)[0] for f, p in pairs]
         if len(self._paths) == 1:

@@ -46,6 +46,7 @@ import numpy as np
 from . import urls
 from .cache import Budget, SparseFile
 from .chunk_index import BLOCK, ChunkIndex, NotAnIndexError, parse, tail_start
+from .readers import OPEN_READERS
 
 COALESCE_GAP = 64 << 10
 """Neighbouring ranges closer than this many bytes are always fetched as one; closer
@@ -87,6 +88,9 @@ class RemoteOptions:
             request; when it does not, the first process to build the source writes
             it. Delete it when the files change.
         retries: Attempts per request before a transient failure is an error.
+        max_open_readers: The most array_record readers kept open in a process, across
+            sources (a reader holds its file's record offsets in memory): the least
+            recently used is closed beyond it and reopened locally when needed again.
         fetch_ahead: Fetch the records of the units the loader computes next while it
             computes the current one (the loader passes them to ``prefetch``); False
             makes ``prefetch`` do nothing.
@@ -98,6 +102,7 @@ class RemoteOptions:
     whole_file_bytes: int | None = None
     index_cache: str | None = None
     retries: int = urls.RETRIES
+    max_open_readers: int = 128
     fetch_ahead: bool = True
 
     def __post_init__(self) -> None:
@@ -114,6 +119,9 @@ class RemoteOptions:
             )
         if not isinstance(self.retries, int) or self.retries < 1:
             raise ValueError(f"retries is {self.retries!r}; pass a count >= 1")
+        if isinstance(self.max_open_readers, bool) or not isinstance(self.max_open_readers, int) \
+                or self.max_open_readers < 1:
+            raise ValueError(f"max_open_readers is {self.max_open_readers!r}; pass a count >= 1")
         if not isinstance(self.fetch_ahead, bool):
             raise ValueError(f"fetch_ahead is {self.fetch_ahead!r}; pass True or False")
 
@@ -321,21 +329,33 @@ class RemoteFiles:
     # -- reading ---------------------------------------------------------------
 
     @contextlib.contextmanager
-    def hold(self, files: np.ndarray, positions: np.ndarray) -> Iterator[None]:
-        """Makes the chunks of these records present and pinned while the block runs."""
+    def hold(self, files: np.ndarray, positions: np.ndarray) -> Iterator[dict[int, Any]]:
+        """Makes the chunks of these records present and pinned while the block runs;
+        yields their files' readers, which stay open until it ends."""
         keys = self._fetch(files, positions, keep_pinned=True)
+        held: dict[int, Any] = {}
         try:
-            yield
+            for f in np.unique(files).tolist():
+                held[f] = OPEN_READERS.acquire(self, f, self._options.max_open_readers)
+            yield held
         finally:
+            for f in held:
+                OPEN_READERS.release(self, f)
             self._budget.unpin(keys)
 
     def reader(self, file_index: int) -> Any:
-        reader = self._readers[file_index]
-        if reader is None:
-            with self._lock:
-                self._sparse_file(file_index)
-                reader = self._readers[file_index]
+        """A file's reader, opened if need be but not held (it may be closed later)."""
+        with self._lock:
+            self._sparse_file(file_index)
+        reader = OPEN_READERS.acquire(self, file_index, self._options.max_open_readers)
+        OPEN_READERS.release(self, file_index)
         return reader
+
+    def _open_file_reader(self, f: int) -> Any:
+        """Opens array_record's reader on file ``f``'s sparse file (made beforehand)."""
+        sparse = self._sparse[f]
+        assert sparse is not None, "a reader opens on a sparse file made beforehand"
+        return self._open_reader(sparse.path)
 
     def prefetch(self, files: np.ndarray, positions: np.ndarray) -> None:
         """Fetches these records' chunks in the background (for records to come)."""
@@ -484,7 +504,6 @@ class RemoteFiles:
         )
         sparse.write(head_start, head)
         sparse.write(tail_from, tail)
-        self._readers[f] = self._open_reader(sparse.path)
         self._sparse[f] = sparse
         return sparse
 
@@ -496,10 +515,7 @@ class RemoteFiles:
         if self._prefetcher is not None:
             self._prefetcher.shutdown(wait=True, cancel_futures=True)
             self._prefetcher = None
-        for i, reader in enumerate(self._readers):
-            if reader is not None:
-                reader.close()
-                self._readers[i] = None
+        OPEN_READERS.forget(self)
         for i, sparse in enumerate(self._sparse):
             if sparse is not None:
                 with self._budget.lock:

@@ -319,3 +319,59 @@ def test_a_pipeline_config_takes_urls_and_remote_options(tmp_path):
         assert source.__getitems__([2, 0]) == [b"c", b"a"]
     with pytest.raises(Exception, match="matches no object"):
         parse_config({"source": {"kind": "array_record", "paths": "memory://granary-cfg/none-*"}})
+
+
+def test_open_readers_are_capped_across_sources_least_recently_used_first(store, proxy):
+    from dataloader.sources.remote.readers import OPEN_READERS
+
+    local = ArrayRecordDataSource(store["local"])
+    closed = OPEN_READERS.closed
+    with _source(store, proxy, max_open_readers=1) as one, _source(store, proxy, max_open_readers=1) as two:
+        for batch in ([3, 650], [699, 700], [1199], [5]):
+            assert one.__getitems__(batch) == local.__getitems__(batch)
+            assert two.__getitems__(batch) == local.__getitems__(batch)
+            # One call held both files' readers; once it returned, one stays open.
+            assert len(OPEN_READERS) == 1
+            opened = [r is not None for s in (one, two) for r in s._fetch_state()._readers]
+            assert opened.count(True) == 1
+        assert OPEN_READERS.closed - closed >= 7
+    assert len(OPEN_READERS) == 0
+
+
+class _Owner:
+    def __init__(self, n: int) -> None:
+        self._readers = [None] * n
+        self.opened: list[int] = []
+
+    def _open_file_reader(self, f: int):
+        self.opened.append(f)
+        owner = self
+
+        class Reader:
+            def close(self) -> None:
+                owner.opened.remove(f)
+
+        return Reader()
+
+
+def test_a_reader_in_use_is_never_closed_and_a_closed_one_reopens():
+    from dataloader.sources.remote.readers import OpenReaders
+
+    readers, owner = OpenReaders(), _Owner(3)
+    first = readers.acquire(owner, 0, 2)
+    for f in (1, 2):
+        readers.acquire(owner, f, 2)
+        readers.release(owner, f)
+    assert owner.opened == [0, 2]  # 1 was the least recently used not in use
+    assert owner._readers[0] is first
+    readers.release(owner, 0)
+    readers.acquire(owner, 1, 2)  # reopened; 0 is now the least recently used
+    readers.release(owner, 1)
+    assert sorted(owner.opened) == [1, 2] and len(readers) == 2
+    readers.forget(owner)
+    assert owner.opened == [] and len(readers) == 0
+
+
+def test_max_open_readers_is_checked():
+    with pytest.raises(ValueError, match="max_open_readers is 0; pass a count >= 1"):
+        RemoteOptions(max_open_readers=0)

@@ -112,7 +112,8 @@ class DataLoaderIterator(DatasetIterator[Any]):
         self._log: Any = None
         cursor = Cursor(0)
         if state is not None:
-            state = self._relayout(state)
+            states, state = state, self._relayout(state)
+            self._verify_others(states, state)
         if state is not None:
             # Grain's states are converted as set_state converts them, against this
             # iterator's state at the beginning (there is no assembler yet to ask).
@@ -148,7 +149,7 @@ class DataLoaderIterator(DatasetIterator[Any]):
         except IndexError:  # beyond this stream's end
             own = False
         if not own:
-            fingerprint.verify_on_executor(self._home, fp)
+            fingerprint.verify_on_executor(self._home, [fp])
             return
         before = None if self._assembler is None else (self._assembler.state(), self._fingerprint())
         try:
@@ -276,25 +277,32 @@ class DataLoaderIterator(DatasetIterator[Any]):
         (:mod:`dataloader.engine.grain_state`).
         """
         states, state = state, self._relayout(state)
-        if state is None and isinstance(states, (list, tuple)):
-            self._verify_share(states)
+        self._verify_others(states, state)
         self._restart(self._resolve(self._from_grain(state)) if state is not None else Cursor(0))
         self._resume = None
         self._closed = False
+
+    def _verify_others(self, states: Any, state: Any) -> None:
+        """Given every old host's states, checks this host's share of them
+        (:meth:`_verify_share`): all of them when they call for a new layout (``state``
+        None), else those besides ``states[0]``, the one this host restores (and checks)."""
+        if isinstance(states, (list, tuple)):
+            self._verify_share(states if state is None else states[1:])
 
     def _verify_share(self, states: list[Any] | tuple[Any, ...]) -> None:
         """An elastic restore from every old host's states: new host ``j`` of ``H'`` checks
         the fingerprints of old states ``j, j + H', ...``, so each is checked once across
         the new hosts, about one batch per host (:func:`fingerprint.verify`; with workers,
-        each on an executor of its own, :func:`fingerprint.verify_on_executor`)."""
+        all on one executor of their own, :func:`fingerprint.verify_on_executor`)."""
         if not self._engine.verify_on_restore:
             return
         shards = self._home.plan.sampler.shard_options
-        for old in list(states)[shards.shard_index :: shards.shard_count]:
-            fp = fingerprint.fingerprint_of(old)
-            if fp is not None and self._home.in_workers:  # user code in workers only
-                fingerprint.verify_on_executor(self._home, fp)
-            elif fp is not None:
+        share = list(states)[shards.shard_index :: shards.shard_count]
+        fps = [fp for fp in map(fingerprint.fingerprint_of, share) if fp is not None]
+        if self._home.in_workers:  # user code in workers only
+            fingerprint.verify_on_executor(self._home, fps)
+        else:
+            for fp in fps:
                 fingerprint.verify(self._home.plan, fp)
 
     # An Orbax restore on another process count hands set_state every old process's

@@ -514,29 +514,40 @@ class StepSampler:
         return self
 
 
-def verify_on_executor(engine: Any, fingerprint: dict[str, Any]) -> None:
-    """:func:`verify`, with the step computed by a new executor of ``engine``'s kind
-    (worker processes: no user code runs in this process), over a
-    :class:`StepSampler` of the step's records; one unit, the saved step's size.
+def verify_on_executor(engine: Any, fingerprints: Sequence[dict[str, Any]]) -> None:
+    """:func:`verify` of each fingerprint, with the steps computed by one new executor
+    of ``engine``'s kind (worker processes: no user code runs in this process) over a
+    :class:`StepSampler` of their records one after the other.
 
     Raises:
-        StateMismatchError: as :func:`verify`.
+        StateMismatchError: as :func:`verify`, for the first fingerprint that differs.
     """
     from dataloader.engine import elastic
 
     plan = engine.plan
-    count = fingerprint["count"]
-    sampler = StepSampler(getattr(plan.sampler, "base", plan.sampler), global_positions(fingerprint))
-    # unit_size=count: a batch unit is the saved step's batch, whatever this loader's
-    # batch size; fingerprint=True: the units carry digests even where states do not.
-    check = dataclasses.replace(engine, plan=dataclasses.replace(plan, unit_size=count, fingerprint=True))
+    counts = [fp["count"] for fp in fingerprints]
+    if plan.layout == BATCH and len(set(counts)) > 1:  # a batch unit is one step: one size each
+        for fp in fingerprints:
+            verify_on_executor(engine, [fp])
+        return
+    if not fingerprints:
+        return
+    offsets = np.cumsum([0, *counts]).tolist()
+    positions = np.concatenate([global_positions(fp) for fp in fingerprints])
+    sampler = StepSampler(getattr(plan.sampler, "base", plan.sampler), positions)
+    # A batch unit is the saved step's batch, whatever this loader's batch size;
+    # fingerprint=True: the units carry digests even where states do not.
+    size = counts[0] if plan.layout == BATCH else plan.unit_size
+    check = dataclasses.replace(engine, plan=dataclasses.replace(plan, unit_size=size, fingerprint=True))
     executor = elastic.with_sampler(check, sampler).make_executor(0)
     try:
-        units = covering(executor, 0, count)
+        units = covering(executor, 0, offsets[-1])
     finally:
         executor.close()
-    sources, output = from_units(fingerprint, units, 0)
-    compare(plan, fingerprint, sources, output)
+    for fp, start in zip(fingerprints, offsets):
+        stop = start + fp["count"]
+        sources, output = from_units(fp, [r for r in units if r.start < stop and r.stop > start], start)
+        compare(plan, fp, sources, output)
 
 
 def describe(plan: Plan, fingerprint: dict[str, Any]) -> dict[str, Any]:

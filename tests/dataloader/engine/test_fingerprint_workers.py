@@ -128,6 +128,32 @@ def test_with_workers_an_elastic_restore_checks_in_worker_processes_too(tmp_path
         assert ran and os.getpid() not in ran
 
 
+@pytest.mark.parametrize("name", ["batch", "filter_batch", "everything", "flat_map"])
+def test_with_workers_every_old_hosts_states_are_checked_on_one_pool(name):
+    old = [states_after(make_loader(name, shard=(h, 3)), 2)[1][-1] for h in range(3)]
+    it = make_loader(name, worker_count=2).iterator(old)  # one new host checks all three
+    try:
+        assert next(it) is not None
+    finally:
+        it.close()
+    changed = json.loads(json.dumps(old))
+    changed[2]["fingerprint"]["output"] = "0" * 16  # as if the operations had changed
+    with pytest.raises(dl.StateMismatchError, match="the operations' output differs"):
+        make_loader(name, worker_count=2).iterator(changed)
+
+
+def test_with_workers_every_old_hosts_states_with_a_rewritten_record_are_refused_naming_it(tmp_path):
+    path = tmp_path / "data"
+    write_records(path, 40)
+    old = [states_after(file_loader(path, shard=(h, 2)), 3)[1][-1] for h in range(2)]
+    from dataloader.engine import fingerprint
+
+    record = int(fingerprint.record_keys(file_loader(path).plan, old[1]["fingerprint"])[2])
+    write_records(path, 40, changed=record)
+    with pytest.raises(dl.StateMismatchError, match=rf"source bytes of record {record} \(1 of the 4 records"):
+        file_loader(path, worker_count=2).iterator(old)
+
+
 def test_with_workers_a_changed_map_or_record_is_still_refused(tmp_path):
     path = tmp_path / "data"
     write_records(path, 40)

@@ -10,9 +10,10 @@ uninterrupted run: the table prints how many were lost and how many repeated (bo
 must be 0), over several save steps (the sums over all of them).
 
 The rows "first-fit, cut" and "best-fit, cut" pack sequences of up to 30 tokens into rows
-of 12, so elements are cut into pieces across rows and rounds; their ids are counted per
-token. A save where a later piece of an element was handed out before an earlier one is
-refused (StateMismatchError, nothing lost or repeated); the cell counts such saves.
+of 12 (best-fit with shuffled rows), so elements are cut into pieces across rows and
+rounds; their ids are counted per token. A save where a middle piece of an element came
+out before both its neighbours is refused (StateMismatchError, nothing lost or
+repeated); a cell counts such saves, if any.
 "window shuffle" is the map window shuffle on the engine; "stream window shuffle" is
 WindowShuffleIterDataset's stage (one window in memory) over the engine's stream, alone
 and under a first-fit packer.

@@ -69,12 +69,25 @@ def _expand(runs: Iterable[Sequence[int]]) -> np.ndarray:
     return np.sort(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
 
 
+def _span(value: Any) -> tuple[int, int | None]:
+    """A feature's unused rest: an offset ``start`` (to its end) or ``[start, stop]``."""
+    if isinstance(value, (list, tuple)):
+        return int(value[0]), int(value[1])
+    return int(value), None
+
+
 def _merge(old: Any, new: Any) -> Any:
-    """What is used of one output after two saves: ``None`` (all of it) or the offsets
-    per feature where its unused rest starts; ``new`` is measured on the rest ``old`` left."""
+    """What is used of one output after two saves: ``None`` (all of it) or, per feature,
+    where its unused rest starts (or ``[start, stop]``: a first/best-fit element whose
+    first and last pieces were used); ``new`` is measured on the rest ``old`` left."""
     if old is None or new is None:
         return None
-    return {k: int(old.get(k, 0)) + int(new.get(k, 0)) for k in {*old, *new}}
+    out: dict[str, Any] = {}
+    for k in {*old, *new}:
+        (a, b), (c, d) = _span(old.get(k, 0)), _span(new.get(k, 0))
+        stop = b if d is None else a + d if b is None else min(b, a + d)
+        out[k] = a + c if stop is None else [a + c, stop]
+    return out
 
 
 class Layout:
@@ -97,7 +110,9 @@ class Layout:
         self.extra = [[int(s), int(d), int(c)] for s, d, c in extra if int(c) > 0]
         self.partial: dict[tuple[int, int], Any] = {}
         for g, sub, used in partial:
-            self.partial[int(g), int(sub)] = None if used is None else {str(k): int(v) for k, v in dict(used).items()}
+            self.partial[int(g), int(sub)] = None if used is None else {
+                str(k): [int(v[0]), int(v[1])] if isinstance(v, (list, tuple)) else int(v) for k, v in dict(used).items()
+            }
         self.leftovers = _expand(self.extra)
         if len(np.unique(self.leftovers)) != len(self.leftovers) or (
             len(self.leftovers) and (self.leftovers[0] < 0 or self.leftovers[-1] >= self.frontier)
@@ -298,8 +313,8 @@ def head_state(state: Any) -> tuple[dict[str, Any], list[tuple[int, int, Any]]]:
                 f"this state holds records in a stage ({node.get('packer', 'a window shuffle' if 'window_index' in node else 'an element-wise stage')}, "
                 f"{ {k: node[k] for k in ('piece', 'next_row', 'offsets', 'skip', 'pos_in_window') if k in node} }) that "
                 f"it does not name as positions, so an elastic restore would lose or repeat them: "
-                f"rows of a round handed out so that an element cut into pieces has a later piece "
-                f"handed out before an earlier one (shuffle_bins), an element-wise stage inside one "
+                f"rows of a round handed out so that a middle piece of an element cut into pieces "
+                f"came out before both its neighbours, an element-wise stage inside one "
                 f"element's outputs, or a packer or window shuffle over a stage that is not the "
                 f"engine's element stream; save at another step or restore on the same host count"
             )
@@ -378,7 +393,8 @@ def _rest(element: Any, offsets: dict[str, int]) -> Any:
     as packers read it)."""
     rest = dict(element)
     for key, offset in offsets.items():
-        if not offset:
+        start, stop = _span(offset)
+        if not start and stop is None:
             continue
         *path, leaf = key.split("/") if key not in rest else [key]
         node = rest
@@ -388,7 +404,7 @@ def _rest(element: Any, offsets: dict[str, int]) -> Any:
         value = node[leaf]
         if np.ndim(value) == 0:
             value = np.atleast_1d(value)
-        node[leaf] = value[offset:]
+        node[leaf] = value[start:stop]
     return rest
 
 

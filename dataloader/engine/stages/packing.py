@@ -193,19 +193,25 @@ class FitPackIterator(_PackIterator):
 
     def _used_pieces(self, pieces: dict[Any, tuple[set[int], int]]) -> list[list[Any]] | None:
         """``tag -> (pieces used, pieces)`` as a state's ``"used"``: an element with all
-        its pieces used is used (null); one with its first ``m`` pieces used has its rest
-        start at ``m`` row lengths in each feature (the rest cuts into the same pieces
-        again). None (no elastic restore from this state) when a tag is unknown or an
-        element's used pieces are not its first ones (rows handed out of order)."""
+        its pieces used is used (null); one whose unused pieces are ``a .. b-1`` has its
+        rest start at ``a`` row lengths in each feature (to its end when ``b`` is its last
+        piece, else ``[a, b]`` row lengths: its first and last pieces were used); the rest
+        cuts into the same pieces again. None (no elastic restore from this state) when a
+        tag is unknown or an element's unused pieces are not one run (a middle piece
+        handed out before both its neighbours)."""
         entries: list[tuple[Any, Any]] = []
         names, caps = self._op.spec.names, self._op.spec.lengths.tolist()
         for tag, (used, count) in pieces.items():
-            if len(used) == count:
+            unused = sorted(set(range(count)) - used)
+            if not unused:
                 entries.append((tag, None))
-            elif used == set(range(len(used))):
-                entries.append((tag, {name: len(used) * cap for name, cap in zip(names, caps)}))
-            else:
+            elif unused != list(range(unused[0], unused[-1] + 1)):
                 return None
+            elif unused[-1] == count - 1:
+                entries.append((tag, {name: unused[0] * cap for name, cap in zip(names, caps)}))
+            else:
+                a, b = unused[0], unused[-1] + 1
+                entries.append((tag, {name: [a * cap, b * cap] for name, cap in zip(names, caps)}))
         return _used(entries)
 
     def set_state(self, state: dict[str, Any]) -> None:

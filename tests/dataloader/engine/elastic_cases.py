@@ -89,12 +89,12 @@ def _window() -> Any:
 
 
 def _pack(kind: str) -> Any:
-    # Rows handed out in row order, so the pieces of a cut element come out first to last
-    # (an elastic restore names what was used of it as a count of tokens).
+    # Cut elements: rows in row order (first-fit) and shuffled (best-fit, the default), so
+    # a cut element's pieces come out in either order.
     if kind == "first_fit, cut":
         return dl.FirstFitPack({"tokens": 12}, num_packing_bins=3, shuffle_bins=False)
     if kind == "best_fit, cut":
-        return dl.BestFitPack({"tokens": 12}, num_packing_bins=3, shuffle_bins=False)
+        return dl.BestFitPack({"tokens": 12}, num_packing_bins=4)
     if kind == "first_fit":
         return dl.FirstFitPack({"tokens": 12}, num_packing_bins=3)
     if kind == "best_fit":

@@ -30,12 +30,12 @@ CHANGES = {
 
 
 @pytest.mark.parametrize("change", list(CHANGES))
-@pytest.mark.parametrize("name", [name for name in PIPELINES if not name.endswith(", cut")])
+@pytest.mark.parametrize("name", list(PIPELINES))
 def test_every_record_is_used_exactly_once_across_host_changes(name, change):
     assert run(name, CHANGES[change]) == reference(name)
 
 
-CUT_CHANGES = {  # saves where every cut element's used pieces are its first ones
+CUT_CHANGES = {  # more saves for elements cut across rows and rounds
     "1->2": [(1, 3), (2, None)],
     "2->3": [(2, 3), (3, None)],
     "3->1": [(3, 3), (1, None)],
@@ -64,15 +64,35 @@ def test_a_round_that_starts_inside_a_cut_element_names_its_used_tokens():
     assert node["used"] == [[1, 0, {"tokens": 12}]]  # its first piece: 12 tokens
 
 
-def test_a_cut_element_whose_later_piece_was_handed_out_first_is_refused():
-    """Row order put the last (short) piece of an element before its first: the used part
-    is not a count of tokens, so the restore says so instead of losing or repeating."""
+def test_a_cut_elements_unused_pieces_are_named_as_token_ranges():
+    """Pieces 0..2 of a 3-piece element (rows of 12 tokens): the unused ones must be one
+    run, named by where its tokens start (to the end) or [start, stop]; otherwise the
+    state names nothing and an elastic restore from it is refused."""
+    stage = make_loader("first-fit, cut", 0, 1).iterator()._parent  # the packer stage
+    assert stage._used_pieces({(4, 0): ({0, 1, 2}, 3)}) == [[4, 0, None]]
+    assert stage._used_pieces({(4, 0): ({0}, 3)}) == [[4, 0, {"tokens": 12}]]
+    assert stage._used_pieces({(4, 0): ({0, 2}, 3)}) == [[4, 0, {"tokens": [12, 24]}]]
+    assert stage._used_pieces({(4, 0): ({2}, 3)}) == [[4, 0, {"tokens": [0, 24]}]]
+    assert stage._used_pieces({(4, 0): ({1}, 3)}) is None  # pieces 0 and 2 left: two runs
+
+
+def test_a_state_that_cannot_name_a_cut_elements_rest_is_refused():
     its = [iter(make_loader("first-fit, cut", 0, 1))]
-    for _ in range(2):
-        next(its[0])
-    states = [its[0].get_state()]
-    with pytest.raises(StateMismatchError, match="later piece"):
-        elastic_iterator(make_loader("first-fit, cut", 0, 2), states)
+    next(its[0])
+    state = json.loads(json.dumps(its[0].get_state()))
+    state["stages"].pop("used")  # as a round with a middle piece handed out first leaves it
+    with pytest.raises(StateMismatchError, match="middle piece"):
+        elastic_iterator(make_loader("first-fit, cut", 0, 2), [state])
+
+
+def test_rest_of_an_element_between_two_used_pieces_and_a_chain_of_them():
+    from dataloader.engine.elastic import _merge, _rest
+
+    element = {"tokens": np.arange(30)}
+    assert _rest(element, {"tokens": [12, 24]})["tokens"].tolist() == list(range(12, 24))
+    assert _merge({"tokens": [12, 24]}, {"tokens": 5}) == {"tokens": [17, 24]}
+    assert _merge({"tokens": 12}, {"tokens": [0, 6]}) == {"tokens": [12, 18]}
+    assert _merge({"tokens": [12, 24]}, None) is None
 
 
 @pytest.mark.parametrize("steps", [1, 2, 4, 5, 7])

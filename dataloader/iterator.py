@@ -169,13 +169,10 @@ class DataLoaderIterator(DatasetIterator[Any]):
                 self._executor = None
             raise
         # The units from the cursor on are the stream's (one that starts there, or the
-        # next the executor makes, or the rest of one the cursor is inside); else (a batch
-        # unit the cursor is inside: not on its grid) compute from there.
-        while units and units[-1].stop < cursor.position and units[-1].error is None:
-            nxt = next(self._executor, None)
-            if nxt is None:
-                break
-            units.append(nxt)
+        # next the executor makes, or the rest of one the cursor is inside); else (a
+        # cursor past the checked units, or a batch unit the cursor is inside: not on
+        # its grid) the stream is computed from the cursor. Units past the checked ones
+        # are not pulled here: one of them may hold an error the state steps over.
         starts = [r.start for r in units]
         if cursor.position in starts:
             self._primed = units[starts.index(cursor.position):]

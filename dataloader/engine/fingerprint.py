@@ -112,8 +112,17 @@ def _feed(h: Any, obj: Any) -> None:
         for d in sorted(digest(x) for x in obj):
             h.update(d.to_bytes(8, "little"))
     else:  # anything else by its pickle (a dataclass, an object of the user's)
+        try:
+            data = pickle.dumps(obj, protocol=5)
+        except Exception:
+            # Not picklable (a lambda, a lock, a generator): only its type can be told.
+            # The hash must not fail here: with workers the transport then names the
+            # record and operation behind the object, which is the error the user needs.
+            kind = type(obj)
+            h.update(f"u{kind.__module__}.{kind.__qualname__};".encode())
+            return
         h.update(b"p:")
-        h.update(pickle.dumps(obj, protocol=5))
+        h.update(data)
 
 
 def digest(obj: Any) -> int:

@@ -30,7 +30,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROWS = ["plain", "filter", "flat map", "mixture", "Parquet stream", "first-fit", "best-fit",
         "first-fit, cut", "best-fit, cut", "concat-then-split", "window shuffle",
-        "stream window shuffle", "stream window shuffle, first-fit"]
+        "stream window shuffle", "stream window shuffle, first-fit", "stream window shuffle, map, first-fit"]
 CHANGES = {"1->2": (1, 2), "2->3": (2, 3), "3->1": (3, 1)}
 
 

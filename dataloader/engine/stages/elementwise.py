@@ -69,6 +69,14 @@ class ElementwiseIterator(DatasetIterator):
         out, _, _ = apply_element_ops(self._steps, [element], None, None, index, self._fail, rngs=self._rngs)
         return out
 
+    def last_tag(self) -> Any:
+        """The engine's (position, sub) of the element handed out last, through a parent
+        stage that says it (a window shuffle), when each output is one parent element (no
+        flat map); None otherwise. A packer over this stage names its rows' records by it
+        for an elastic restore (:func:`dataloader.engine.stages.packing._last_tag`)."""
+        last = getattr(self._parent, "last_tag", None)
+        return last() if callable(last) and not self._expands else None
+
     def _fail(self, op: Operation, index: int, sub: int, exc: BaseException) -> BaseException:
         return PipelineError(
             f"{op.name} failed on element {index} of the stream of {self._parent!r}"

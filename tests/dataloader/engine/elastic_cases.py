@@ -124,6 +124,9 @@ PIPELINES: dict[str, tuple[Callable[[], list[Any]], str]] = {
     "stream window shuffle, first-fit": (
         lambda: [dl.FilterTransform(keep), dl.MapTransform(as_tokens), _window(), _pack("first_fit")], "row"
     ),
+    "stream window shuffle, map, first-fit": (
+        lambda: [dl.FilterTransform(keep), _window(), dl.MapTransform(as_tokens), _pack("first_fit")], "row"
+    ),
     "flat map, first-fit": (
         lambda: [dl.FlatMapTransform(fan_out, max_fan_out=3), dl.MapTransform(as_tokens), _pack("first_fit")], "row"
     ),

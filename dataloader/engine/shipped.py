@@ -280,7 +280,9 @@ class Feeder:
     def __init__(self, upstream: Any, inputs: ShippedInputs) -> None:
         self.upstream = upstream
         self.inputs = inputs
-        self.states: dict[int, Any] = {}  # unit start -> upstream state before it
+        # unit start -> (the upstream's state before each of its elements, and after
+        # the last one, None after an error)
+        self.states: dict[int, tuple[list[Any], Any]] = {}
         self.error: BaseException | None = None
         self._restore: list[Any] = []  # the upstream state to go back to, once
 
@@ -308,18 +310,27 @@ class Feeder:
         if restore:
             self.upstream.set_state(restore[0])
         while True:
-            before = self.upstream.get_state()
+            # The state before every element, not only the unit's first: a state handed
+            # out mid-unit then names the very element it stands before, as the
+            # element-by-element stage's does, so it still means that element when the
+            # stage is rebuilt otherwise (a mixture restored with other weights).
+            befores: list[Any] = []
+            after: Any = None
             want = (start // step + 1) * step - start
             elements: list[Any] = []
             try:
                 for _ in range(want):
+                    befores.append(self.upstream.get_state())
                     elements.append(next(self.upstream))
+                after = self.upstream.get_state()
             except StopIteration:
+                after = befores.pop()
                 want = -1
             except Exception as exc:  # handed to the consumer at its place
+                befores.pop()
                 self.error, want = exc, -1
             if elements:
-                self.states[start] = before
+                self.states[start] = (befores, after)
                 self.inputs.put(start, elements)
                 yield start, start + len(elements)
             if want < 0:
@@ -396,6 +407,9 @@ class ShippedElementwiseIterator(DatasetIterator):
         self._at: tuple[Any, int, int] = (parent.get_state(), 0, 0)
         self._outputs: list[Any] = []
         self._given = 0
+        # The unit being handed out: (start, stop, upstream states before each element
+        # and after the last, output positions and subs), or None before the first.
+        self._unit: tuple[int, int, list[Any], Any, Any, Any] | None = None
         self._error: BaseException | None = None  # raised once the outputs before it are out
         self._failed: BaseException | None = None  # raised again on every next()
         self._ended = False
@@ -447,9 +461,12 @@ class ShippedElementwiseIterator(DatasetIterator):
             self._failed = exc
             raise
         self._inputs.drop(result.start)
-        state = self._feeder.states.pop(result.start)
+        befores, after = self._feeder.states.pop(result.start)
         skip = self._at[2] if self._at[1] == result.start and not self._outputs else 0
-        self._at = (state, result.start, skip)
+        self._at = (befores[0], result.start, skip)
+        self._unit = None
+        if result.error is None:
+            self._unit = (result.start, result.stop, befores, after, result.positions, result.subs)
         self._outputs, self._given = result.outputs, min(skip, len(result.outputs))
         if result.error is not None:
             self._error = result.error
@@ -459,6 +476,17 @@ class ShippedElementwiseIterator(DatasetIterator):
             self._watch.add(n, n - kept)
 
     def get_state(self) -> dict[str, Any]:
+        unit = self._unit
+        if unit is not None and (self._given < len(self._outputs) or unit[3] is not None):
+            # Before the next output: the element it comes from, and how many of that
+            # element's outputs were handed out (or after the unit, the next element).
+            start, stop, befores, after, positions, subs = unit
+            j = self._given
+            if j == len(self._outputs):
+                return {"parent": after, "index": stop, "skip": 0}
+            e = int(positions[j]) if positions is not None else start + j
+            s = int(subs[j]) if subs is not None else 0
+            return {"parent": befores[e - start], "index": e, "skip": s}
         parent_state, start, skip = self._at
         return {"parent": parent_state, "index": start, "skip": skip}
 
@@ -470,6 +498,7 @@ class ShippedElementwiseIterator(DatasetIterator):
         self._feeder.restore(state["parent"])
         self._at = (state["parent"], index, skip)
         self._outputs, self._given = [], 0
+        self._unit = None
         self._error = self._failed = None
         self._ended = False
         self._executor.reset(index)

@@ -10,13 +10,14 @@ to a worker (:mod:`dataloader.engine.shipped`); results come back in unit order.
 The unit size does not depend on the worker count, and element ``i`` of the stage
 keys the random generators as it does element by element
 (:mod:`dataloader.engine.stages.elementwise`), so the output is the same for 0, 1, 2 or
-``"auto"`` workers, and so is every state: ``{"parent": the stage's state at the start
-of the current unit, "index": that unit's first element, "skip": how many of the
-unit's outputs were handed out}``. A restore replays at most one unit of the stage.
-A state of the element-by-element stage (same keys: ``skip`` counts outputs of element
-``index``, the first of the unit) restores here too, and the element-by-element stage
-reads these (:mod:`dataloader.dataset.transformations.elementwise`): a checkpoint moves
-between runs with and without worker processes.
+``"auto"`` workers, and so is every state: ``{"parent": the stage's state before the
+element the next output comes from, "index": that element, "skip": how many of its
+outputs were handed out}``, the keys and meaning of the element-by-element stage's
+states (this process takes the stage's state before every element it ships). So a
+state still names the same element when the stage is rebuilt otherwise (a mixture
+restored with other weights), and a checkpoint moves between runs with and without
+worker processes (:mod:`dataloader.dataset.transformations.elementwise` reads these).
+A restore recomputes from that element, never the stream.
 
 An error in user code arrives at its element's place, naming the operation; the
 iterator then raises it again on every ``next()`` (restore a state to go on). A unit

@@ -25,6 +25,7 @@ from absl import app
 from dataloader.cli import plots
 from dataloader.cli.record import Recorder
 from dataloader.engine.stats import Advice
+from dataloader.engine.stats.text import computed_by
 
 GLOSSARY = [
     ("records read", "records read from the data source (a shuffled position each); "
@@ -87,7 +88,7 @@ def _counts(stats: dict[str, Any], first_batch_s: float | None) -> str:
         ("first batch", f"{first_batch_s:.3f} s" if first_batch_s is not None else "none", ""),
         ("the training step waited" if device else "the consumer waited",
          f"{stats['wait_s']:.2f} s", f"{stats['wait_share']:.0%} of the time"),
-        ("worker processes", str(stats["pipeline"].get("worker_count", "?")), ""),
+        computed_by(stats["pipeline"]),
         ("run time", f"{stats['active_s']:.2f} s", "since the first next()"),
     ]
     cells = "".join(f"<tr><th>{a}</th><td class=n>{b}</td><td>{c}</td></tr>" for a, b, c in rows)

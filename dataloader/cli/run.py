@@ -26,6 +26,7 @@ from dataloader.cli.record import Recorder
 from dataloader.engine.stats import Advice, advise, sorted_stages, summary_line
 from dataloader.engine.stats.progress import Progress
 from dataloader.engine.stats.shape import MAIN
+from dataloader.engine.stats.text import computed_by
 from dataloader.samplers.sharding import shard_length
 
 
@@ -76,7 +77,9 @@ def summary(
 ) -> str:
     """What ``run`` prints at the end (see the module docstring)."""
     device = "device_feed" in stats["pipeline"]
-    count = stats["pipeline"].get("worker_count", 0)
+    what, count, note = computed_by(stats["pipeline"])
+    if what != "worker processes":  # a pool's count alone, as before; Ray's named
+        count = f"{count} {what}" + (f" ({note})" if note else "")
     who = "the training step, in the device feed's" if device else "this process, in the loader's"
     waited = f"{stats['wait_s']:.2f} s: {stats['wait_share']:.0%} of the time, {who} next()"
     waited += f" (a step of {step_ms:g} ms after each batch)" if step_ms else " (no step: see --step_ms)"

@@ -323,7 +323,7 @@ def _loader(section: Any) -> LoaderConfig:
             raise check.fail(
                 f"{where}.unit_timeout_s",
                 "needs loader.worker_count > 0 (a unit computed in the training process "
-                "cannot be stopped)",
+                "cannot be stopped); with Ray actors set loader.ray.unit_timeout_s instead",
             )
     read = check.mapping(f"{where}.read_options", section.get("read_options"))
     check.known_keys(f"{where}.read_options", read, ("num_threads", "prefetch_buffer_size", "unit_size"))
@@ -354,7 +354,7 @@ def _ray(where: str, value: Any) -> dict[str, Any] | None:
     section = check.mapping(where, value)
     check.known_keys(where, section, ("address", "num_workers", "local_workers", "num_cpus_per_worker",
                                       "resources", "units_per_worker", "start_timeout_s",
-                                      "stall_warning_s"))
+                                      "stall_warning_s", "unit_timeout_s"))
     if section.get("address") is not None:
         check.string(f"{where}.address", section["address"])
     for key, low in (("num_workers", 0), ("local_workers", 0), ("units_per_worker", 1)):
@@ -364,7 +364,7 @@ def _ray(where: str, value: Any) -> dict[str, Any] | None:
         raise check.fail(f"{where}.num_workers", "expected at least one actor (num_workers >= 1)")
     if "num_cpus_per_worker" in section:
         check.number(f"{where}.num_cpus_per_worker", section["num_cpus_per_worker"])
-    for key in ("start_timeout_s", "stall_warning_s"):
+    for key in ("start_timeout_s", "stall_warning_s", "unit_timeout_s"):
         if section.get(key) is not None:
             check.number(f"{where}.{key}", section[key], positive=True)
     resources = check.mapping(f"{where}.resources", section.get("resources"))

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import itertools
 import os
@@ -14,6 +15,7 @@ import pytest
 
 import dataloader as dl
 from dataloader.errors import PipelineError
+from tests.dataloader.engine.test_fingerprint_workers import RecordPid, pids
 from tests.helpers import wait_until
 from tests.integration.conftest import child_pids
 
@@ -116,6 +118,15 @@ def run(it, n=None):
     return [flat(x) for x in itertools.islice(it, n)]
 
 
+def saved(ops, executor, n):
+    """The first ``n`` outputs of a stream on ``executor`` and the state after them."""
+    it = iter(loader(ops, executor=executor))
+    head = run(it, n)
+    state = it.get_state()
+    it.close()
+    return head, state
+
+
 @pytest.mark.parametrize("layout", sorted(PIPELINES))
 def test_same_batches_and_states_as_in_process(cluster, layout):
     ops = PIPELINES[layout]
@@ -131,14 +142,12 @@ def test_same_batches_and_states_as_in_process(cluster, layout):
     ray_it.close()
 
 
-def test_a_state_saved_with_ray_restores_with_the_pool_and_back(cluster):
-    ops = PIPELINES["regroup"]
+@pytest.mark.parametrize("layout", ["batch", "regroup"])
+def test_a_state_saved_with_ray_restores_with_the_pool_and_back(cluster, layout):
+    ops = PIPELINES[layout]
     want = run(loader(ops))
     ex = dl.RayExecutor(num_workers=2)
-    it = iter(loader(ops, executor=ex))
-    head = run(it, 4)
-    state = it.get_state()
-    it.close()
+    head, state = saved(ops, ex, 4)
     pool_it = loader(ops, worker_count=2).iterator(state)
     middle = run(pool_it, 3)
     state2 = pool_it.get_state()
@@ -294,8 +303,9 @@ def test_a_config_with_a_ray_section_runs_on_actors(cluster):
         "source": {"kind": "dataloader.sources.RangeDataSource", "options": {"start": N}},
         "sampler": {"shuffle": True, "seed": 7, "num_epochs": 1},
         "operations": [{"batch": 8}],
-        "loader": {"ray": {"num_workers": 2, "units_per_worker": 1}},
+        "loader": {"ray": {"num_workers": 2, "units_per_worker": 1, "unit_timeout_s": 60}},
     })
+    assert config.loader.ray["unit_timeout_s"] == 60
     loader_ = config.build_loader()
     it = iter(loader_)
     got = [b.tolist() for b in it]
@@ -310,6 +320,8 @@ def test_a_config_with_a_ray_section_runs_on_actors(cluster):
     ({"ray": {"local_workers": -1}}, r"loader\.ray\.local_workers: expected an integer >= 0, got -1"),
     ({"ray": {"adress": "auto"}}, r"loader\.ray\.adress: unknown key"),
     ({"worker_count": 2, "ray": {}}, r"loader\.ray: computes the units: set loader\.worker_count to 0"),
+    ({"ray": {"unit_timeout_s": 0}}, r"loader\.ray\.unit_timeout_s: expected a number > 0, got 0"),
+    ({"unit_timeout_s": 5, "ray": {}}, r"loader\.unit_timeout_s: .* set loader\.ray\.unit_timeout_s instead"),
 ])
 def test_a_bad_ray_section_is_named(section, match):
     from dataloader.config import parse_config
@@ -499,3 +511,53 @@ def test_stats_name_the_ray_actors_and_the_advice_says_raise_num_workers(cluster
     assert starved.remedy.startswith(
         "raise RayExecutor num_workers (now 2 actors, 1 more on this node (local_workers))")
     assert "worker_count" not in starved.remedy
+
+
+@pytest.mark.parametrize("layout", ["batch", "regroup"])
+def test_a_restore_with_ray_is_checked_on_the_actors_and_goes_on_with_the_same_batches(cluster, tmp_path, layout):
+    """The fingerprint check recomputes the saved step on the actors (no operation runs in
+    the training process), by iterator(state) and by set_state, and the stream goes on
+    with the batches of an uninterrupted one."""
+    log = str(tmp_path / "pids")
+    ops = [dl.MapTransform(RecordPid(log)), *PIPELINES[layout]]
+    want = run(loader(ops))
+    ex = dl.RayExecutor(num_workers=2)
+    head, state = saved(ops, ex, 5)
+    assert "fingerprint" in state
+    os.remove(log)
+    it = loader(ops, executor=ex).iterator(state)  # the check runs here, before any next()
+    ran = pids(log)
+    assert ran, "the check recomputed the step somewhere"
+    assert os.getpid() not in ran
+    assert head + run(it) == want
+    it = iter(loader(ops, executor=ex))
+    next(it)
+    os.remove(log)
+    it.set_state(state)
+    ran = pids(log)
+    assert ran and os.getpid() not in ran
+    assert run(it, 3) == want[5:8]
+    it.close()
+    ex.close()
+
+
+def scale(e, factor):
+    return {**e, "y": e["y"] * factor}
+
+
+def test_a_restore_with_ray_refuses_a_changed_map(cluster):
+    def ops(factor):
+        return [Decode(), dl.MapTransform(functools.partial(scale, factor=factor)), Odd(), dl.Batch(4)]
+
+    ex = dl.RayExecutor(num_workers=2)
+    state = saved(ops(1), ex, 3)[1]
+    with pytest.raises(dl.StateMismatchError, match="the operations' output differs"):
+        loader(ops(2), executor=ex).iterator(state)
+    want = run(loader(ops(2)), 4)
+    it = iter(loader(ops(2), executor=ex))
+    first = flat(next(it))
+    with pytest.raises(dl.StateMismatchError, match="the operations' output differs"):
+        it.set_state(state)
+    assert [first, *run(it, 3)] == want  # a refused set_state leaves the iterator where it was
+    it.close()
+    ex.close()

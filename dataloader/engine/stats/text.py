@@ -44,6 +44,25 @@ def summary_line(stats: dict[str, Any], *, window: bool = True) -> str:
     return ", ".join(parts)
 
 
+def computed_by(pipeline: dict[str, Any]) -> tuple[str, str, str]:
+    """Who computes the units, for a run's summary, as (what, how many, a note):
+    ``("worker processes", "2", "")`` (``"0"``: this process), ``("Ray actors", "3",
+    "1 on this node")`` with a ``RayExecutor``, or ``("executor MyExecutor", "?", "")``
+    for an executor that does not describe itself.
+
+    Args:
+        pipeline: ``stats()["pipeline"]``.
+    """
+    executor = pipeline.get("executor") or {}
+    kind = executor.get("kind", "pool")
+    if kind == "ray":
+        local = executor.get("local_actors")
+        return "Ray actors", str(executor.get("actors", "?")), f"{local} on this node" if local else ""
+    if kind in ("pool", "in_process"):
+        return "worker processes", str(pipeline.get("worker_count", "?")), ""
+    return f"executor {kind}", "?", ""
+
+
 def log_stats(stats: dict[str, Any]) -> None:
     """A stats hook that logs :func:`summary_line` through absl (INFO).
 

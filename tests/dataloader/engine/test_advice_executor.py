@@ -80,3 +80,22 @@ def test_actors_waiting_on_io_are_told_to_use_more_actors():
     advice = next(a for a in dl.advise(stats) if a.rule == "io_wait")
     assert advice.cause.startswith("the Ray actors spent 90% of their time reading")
     assert "use more workers than cores (a larger RayExecutor num_workers (now 2 actors, 1 more" in advice.remedy
+
+
+def test_the_run_summary_and_report_name_the_ray_actors_not_zero_worker_processes():
+    from dataloader.cli.report import _counts
+    from dataloader.cli.run import summary
+    from dataloader.engine.stats.text import computed_by
+
+    stats = run(loader(executor=Elsewhere(RAY)))[1]
+    assert computed_by(stats["pipeline"]) == ("Ray actors", "3", "1 on this node")
+    assert computed_by({**stats["pipeline"], "executor": {**RAY, "local_actors": 0, "actors": 2}}) == (
+        "Ray actors", "2", "")
+    text = summary(stats, 0.1, 1.0, [])
+    assert "\nworkers        3 Ray actors (1 on this node): " in text
+    assert "<tr><th>Ray actors</th><td class=n>3</td><td>1 on this node</td></tr>" in _counts(stats, 0.1)
+    assert "worker processes" not in _counts(stats, 0.1)
+    # the pool and this process keep their count, and an undescribed executor is named
+    assert computed_by(run(loader())[1]["pipeline"]) == ("worker processes", "0", "")
+    assert "\nworkers        0: " in summary(run(loader())[1], 0.1, 1.0, [])
+    assert computed_by(run(loader(executor=Elsewhere()))[1]["pipeline"]) == ("executor Elsewhere", "?", "")

@@ -293,10 +293,18 @@ class DataLoader:
             return self._end_together(state)
         if not self._tail:
             return DataLoaderIterator(self._engine, state)
-        it = TailIterator(DataLoaderIterator(self._engine), self._tail, self.plan.sampler.seed)
+        it = self._tail_iterator()
         if state is not None:
             it.set_state(state)
         return it
+
+    def _tail_iterator(self) -> TailIterator:
+        """The stages from the first packer on over the engine; with workers, the
+        element-wise operations among them run on a pool too (not the packers)."""
+        return TailIterator(
+            DataLoaderIterator(self._engine), self._tail, self.plan.sampler.seed,
+            workers=self.worker_count, init_fn=self.worker_init_fn,
+        )
 
     def _end_together(self, state: Any) -> EndTogether:
         """``end="pad"``: the step count computed for a plain batch, else agreed by the
@@ -314,8 +322,7 @@ class DataLoader:
                 from dataloader.device.ends import KeyValueExchange
 
                 exchange = KeyValueExchange()
-        parent = (DataLoaderIterator(self._engine) if not self._tail else
-                  TailIterator(DataLoaderIterator(self._engine), self._tail, sampler.seed))
+        parent = DataLoaderIterator(self._engine) if not self._tail else self._tail_iterator()
         it = EndTogether(parent, batch_size=batch_size, end=self.end, steps=steps, exchange=exchange)
         if state is not None:
             it.set_state(state)

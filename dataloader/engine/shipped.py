@@ -44,9 +44,10 @@ from dataloader.engine.executor import InProcessExecutor
 from dataloader.engine.plan import ELEMENTS, Plan, Step
 from dataloader.engine.sizing import Units
 from dataloader.engine.stages.base import DatasetIterator, expect_state
+from dataloader.engine.stages.packing import _last_tag
 from dataloader.errors import PipelineError
 from dataloader.operations import Operation
-from dataloader.operations.transforms import resolve_seed
+from dataloader.operations.transforms import MANY, resolve_seed
 from dataloader.options import (
     DEFAULT_STALL_WARNING_S,
     MultiprocessingOptions,
@@ -283,7 +284,12 @@ class Feeder:
         # unit start -> (the upstream's state before each of its elements, and after
         # the last one, None after an error)
         self.states: dict[int, tuple[list[Any], Any]] = {}
+        self.tags: dict[int, list[Any]] = {}  # unit start -> its elements' engine tags (elastic)
         self.error: BaseException | None = None
+        self.error_at = 0
+        self.error_state: Any = None  # the upstream's state after it raised
+        self.end_at = 0
+        self.end_state: Any = None  # the upstream's state once it ended
         self._restore: list[Any] = []  # the upstream state to go back to, once
 
     def restore(self, state: Any) -> None:
@@ -306,6 +312,7 @@ class Feeder:
         # Nothing of the previous stream is kept: its units will not be asked for again.
         self.inputs.drop_all()
         self.states.clear()
+        self.tags.clear()
         self.error = None
         if restore:
             self.upstream.set_state(restore[0])
@@ -318,24 +325,37 @@ class Feeder:
             after: Any = None
             want = (start // step + 1) * step - start
             elements: list[Any] = []
+            tags: list[Any] = []
             try:
                 for _ in range(want):
                     befores.append(self.upstream.get_state())
                     elements.append(next(self.upstream))
+                    tags.append(_last_tag(self.upstream))
                 after = self.upstream.get_state()
             except StopIteration:
                 after = befores.pop()
+                self.end_at, self.end_state = start + len(elements), self.upstream.get_state()
                 want = -1
             except Exception as exc:  # handed to the consumer at its place
-                befores.pop()
-                self.error, want = exc, -1
+                after = befores.pop()
+                self.error, self.error_at, want = exc, start + len(elements), -1
+                self.error_state = _state_or(self.upstream, after)
             if elements:
                 self.states[start] = (befores, after)
+                self.tags[start] = tags
                 self.inputs.put(start, elements)
                 yield start, start + len(elements)
             if want < 0:
                 return
             start += len(elements)
+
+
+def _state_or(upstream: Any, default: Any) -> Any:
+    """The upstream's state after it raised, or ``default`` if it cannot tell."""
+    try:
+        return upstream.get_state()
+    except Exception:  # a stage broken by its own error: the state before it
+        return default
 
 
 class FedPlan(Plan):
@@ -402,16 +422,21 @@ class ShippedElementwiseIterator(DatasetIterator):
         self._inputs = ShippedInputs(unit_size, shared=count != 0)
         self._release = weakref.finalize(self, self._inputs.close)
         self._feeder = Feeder(parent, self._inputs)
-        # Where the consumer stands: (stage state at the unit's start, its first element,
-        # outputs of that unit handed out). Taken before any unit is read.
-        self._at: tuple[Any, int, int] = (parent.get_state(), 0, 0)
+        # The state before the first output of the unit to come (taken before any unit
+        # is read, then set by a restore, an error or the end), as the element-by-element
+        # stage has it there.
+        self._at: dict[str, Any] = {"parent": parent.get_state(), "index": 0, "skip": 0}
         self._outputs: list[Any] = []
         self._given = 0
-        # The unit being handed out: (start, stop, upstream states before each element
-        # and after the last, output positions and subs), or None before the first.
-        self._unit: tuple[int, int, list[Any], Any, Any, Any] | None = None
+        # The unit being handed out: (start, the upstream's states before each shipped
+        # element and after the last, output positions and subs), or None.
+        self._unit: tuple[int, list[Any], Any, Any, Any] | None = None
         self._error: BaseException | None = None  # raised once the outputs before it are out
         self._failed: BaseException | None = None  # raised again on every next()
+        # Where to go on after an error was raised: (upstream state or None to read on
+        # where the upstream is, element index), as the element-by-element stage goes on.
+        self._go_on: tuple[list[Any], int] | None = None
+        self._resume: tuple[list[Any], int] | None = None
         self._ended = False
         plan, worker_plan = shipped_plans(ops, self._inputs, self._feeder, default_seed)
         self._executor: Any
@@ -433,9 +458,12 @@ class ShippedElementwiseIterator(DatasetIterator):
     def __next__(self) -> Any:
         if self._closed:
             raise ValueError(f"next() on a closed iterator ({self!r}); make a new one")
+        resume, self._resume = self._resume, None
+        if resume is not None:  # after an error: on with the element after it
+            self._restart(*resume)
         while self._given == len(self._outputs):
             if self._error is not None:
-                self._failed, self._error = self._error, None
+                self._raise_error()
             if self._failed is not None:
                 raise self._failed
             if self._ended:
@@ -444,64 +472,132 @@ class ShippedElementwiseIterator(DatasetIterator):
         item = self._outputs[self._given]
         self._outputs[self._given] = None  # handed out: not kept alive here
         self._given += 1
-        parent_state, start, _ = self._at
-        self._at = (parent_state, start, self._at[2] + 1)
         return item
+
+    def _raise_error(self) -> None:
+        """Raises the error after the outputs before it, and goes on after it next time
+        (as a dataset iterated in order does): the state is then the one after it."""
+        error, self._error = self._error, None
+        assert error is not None and self._go_on is not None
+        restore, index = self._go_on
+        self._go_on = None
+        if not restore:  # the upstream raised: it reads on from where it stands
+            self._at = {"parent": self._feeder.error_state, "index": index, "skip": 0}
+        else:
+            self._at = {"parent": restore[0], "index": index, "skip": 0}
+        self._unit, self._outputs, self._given = None, [], 0
+        self._resume = (restore, index)
+        raise error
+
+    def _restart(self, restore: list[Any], index: int) -> None:
+        """A new stream of units from element ``index``, the upstream first restored to
+        ``restore[0]`` when given."""
+        if restore:
+            self._feeder.restore(restore[0])
+        self._executor.reset(index)
 
     def _take_unit(self) -> None:
         try:
             result = next(self._executor)
         except StopIteration:
             if self._feeder.error is not None:  # the stage failed after the last unit
-                self._failed = self._feeder.error
-                raise self._failed from None
+                self._error = self._feeder.error
+                self._go_on = ([], self._feeder.error_at)
+                self._raise_error()
             self._ended = True
+            self._at = {"parent": self._feeder.end_state, "index": self._feeder.end_at, "skip": 0}
+            self._unit, self._outputs, self._given = None, [], 0
             raise
         except PipelineError as exc:  # a unit that failed whole (its worker kept dying)
             self._failed = exc
             raise
         self._inputs.drop(result.start)
         befores, after = self._feeder.states.pop(result.start)
-        skip = self._at[2] if self._at[1] == result.start and not self._outputs else 0
-        self._at = (befores[0], result.start, skip)
-        self._unit = None
-        if result.error is None:
-            self._unit = (result.start, result.stop, befores, after, result.positions, result.subs)
+        self._tags = (result.start, result.positions, self._feeder.tags.pop(result.start, []), befores[0])
+        start = result.start
+        skip = int(self._at["skip"]) if self._at["index"] == start and self._unit is None else 0
+        self._unit = (start, befores, after, result.positions, result.subs)
         self._outputs, self._given = result.outputs, min(skip, len(result.outputs))
         if result.error is not None:
-            self._error = result.error
+            # The unit was cut at the failing element: go on with the next one.
+            failed = result.stop
+            shipped_stop = start + len(befores)
+            state = befores[failed + 1 - start] if failed + 1 < shipped_stop else after
+            self._error, self._go_on = result.error, ([state], failed + 1)
         if self._watch is not None:
             n = result.stop - result.start
             kept = len(np.unique(result.positions)) if result.positions is not None else len(result.outputs)
             self._watch.add(n, n - kept)
 
-    def get_state(self) -> dict[str, Any]:
-        unit = self._unit
-        if unit is not None and (self._given < len(self._outputs) or unit[3] is not None):
-            # Before the next output: the element it comes from, and how many of that
-            # element's outputs were handed out (or after the unit, the next element).
-            start, stop, befores, after, positions, subs = unit
-            j = self._given
-            if j == len(self._outputs):
-                return {"parent": after, "index": stop, "skip": 0}
-            e = int(positions[j]) if positions is not None else start + j
-            s = int(subs[j]) if subs is not None else 0
-            return {"parent": befores[e - start], "index": e, "skip": s}
-        parent_state, start, skip = self._at
-        return {"parent": parent_state, "index": start, "skip": skip}
+    def last_tag(self) -> Any:
+        """The engine's (position, sub) of the element the last output came from, when
+        each output is one element (no flat map) and the parent says it; else None. A
+        packer over this stage names its rows' records by it (elastic restore)."""
+        if self._given == 0 or any(op.returns == MANY for op in self._ops):
+            return None
+        start, positions, tags, _ = getattr(self, "_tags", (0, None, [], None))
+        e = (int(positions[self._given - 1]) if positions is not None else start + self._given - 1) - start
+        return tags[e] if 0 <= e < len(tags) else None
 
-    def set_state(self, state: dict[str, Any]) -> None:
+    @property
+    def restores_from_every_shard(self) -> bool:
+        """Whether ``set_state`` takes every old host's states: when its parent does."""
+        return bool(getattr(self._parent, "restores_from_every_shard", False))
+
+    def get_state(self) -> dict[str, Any]:
+        if getattr(self, "_restarted", False):
+            self._settle()
+        """The element-by-element stage's state at the same output: the element the
+        last output came from and how many of its outputs were handed out, or, all of
+        them out, the upstream's state after it."""
+        unit = self._unit
+        if unit is None or self._given == 0:
+            return dict(self._at)
+        start, befores, after, positions, subs = unit
+        j = self._given
+        last = int(positions[j - 1]) if positions is not None else start + j - 1
+        if j < len(self._outputs):
+            e = int(positions[j]) if positions is not None else start + j
+            if e == last:  # more outputs of the same element to come
+                s = int(subs[j]) if subs is not None else 0
+                return {"parent": befores[e - start], "index": e, "skip": s}
+        n = last + 1
+        return {"parent": befores[n - start] if n - start < len(befores) else after, "index": n, "skip": 0}
+
+    def _settle(self) -> None:
+        """After an elastic restore, the parent's state is known once the feeder (in the
+        pool's thread) has restored it: read the first unit, and restore that state."""
+        self._restarted = False
+        try:
+            self._take_unit()
+            first = self._tags[3]
+        except StopIteration:
+            first = self._parent.get_state()  # nothing left: the feeder has stopped reading
+        self.set_state({"parent": first, "index": 0, "skip": 0})
+
+    def set_state(self, state: Any) -> None:
+        self._restarted = isinstance(state, (list, tuple))
+        if self._restarted:  # every old host's states: an elastic restore, the parent
+            state = {"parent": list(state), "index": 0, "skip": 0}  # restarts on them
         state = expect_state(state, ("parent", "index", "skip"), f"{self!r}")
         index, skip = int(state["index"]), int(state["skip"])
         # The upstream is restored where it is read: a pool reads it in a thread of its
         # own before the first next(), under its lock, which reset() waits for.
-        self._feeder.restore(state["parent"])
-        self._at = (state["parent"], index, skip)
+        self._at = {"parent": state["parent"], "index": index, "skip": skip}
         self._outputs, self._given = [], 0
         self._unit = None
         self._error = self._failed = None
+        self._go_on = self._resume = None
         self._ended = False
-        self._executor.reset(index)
+        self._restart([state["parent"]], index)
+
+    def stop_workers(self) -> None:
+        """Stops this stage's workers and frees its units, leaving its parent open (a
+        stage rebuilt over the same parent replaces it)."""
+        if not self._closed:
+            self._closed = True
+            self._executor.close()
+            self._release()
 
     def close(self) -> None:
         if self._closed:

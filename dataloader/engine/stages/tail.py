@@ -3,8 +3,12 @@
 The engine computes the operations before the first packer (read, maps, filters, flat
 maps) by position, in worker processes; the packer and everything after it (maps on
 rows, a ``Batch`` of rows, ...) depend on the order of the stream, so they run as stages
-(:mod:`.packing`, :mod:`.elementwise`) over the engine's ordered output, in this
-process. The loader's iterator is then :class:`TailIterator`, whose state nests the
+(:mod:`.packing`, :mod:`.elementwise`) over the engine's ordered output. The packers and
+batches run in this process; with workers, the element-wise operations between them run
+on a worker pool of their own (:class:`~dataloader.engine.shipped.ShippedElementwiseIterator`:
+this process ships the packed rows, 64 at a time, the workers run the maps), with the
+output and the states of the element-by-element stage, so states move between worker
+counts. The loader's iterator is then :class:`TailIterator`, whose state nests the
 stages' states and records the operations it was made for.
 """
 
@@ -18,6 +22,7 @@ from dataloader.engine.stages.base import DatasetIterator
 from dataloader.engine.stages.elementwise import BatchIterator, ElementwiseIterator
 from dataloader.errors import StateMismatchError
 from dataloader.operations.transforms import GROUP, STREAM
+from dataloader.options import MultiprocessingOptions
 
 
 def _runs(op: Any) -> Any:
@@ -74,12 +79,18 @@ class TailIterator(DatasetIterator):
         head: the loader's engine iterator (operations before the first packer).
         tail: the packer and the operations after it.
         seed: the seed of random maps among them that have no ``rng_seed``.
+        workers: the loader's ``worker_count``: with workers (not 0), the element-wise
+            operations run on a pool of that many workers; 0: in this process.
+        init_fn: the loader's ``worker_init_fn``.
     """
 
     _stats_name = None  # stats(): it only passes its stages' outputs on
 
-    def __init__(self, head: DatasetIterator, tail: Sequence[Any], seed: int | None) -> None:
+    def __init__(
+        self, head: DatasetIterator, tail: Sequence[Any], seed: int | None, workers: Any = 0, init_fn: Any = None
+    ) -> None:
         self._tail, self._seed = tuple(tail), seed
+        self._workers, self._init_fn = workers, init_fn
         super().__init__(self._stages(head))
         self._head = head
         self._operations = [_name(op) for op in tail]
@@ -91,13 +102,33 @@ class TailIterator(DatasetIterator):
         for op in self._tail:
             if _runs(op) in (STREAM, GROUP):
                 if group:
-                    top, group = ElementwiseIterator(top, tuple(group), self._seed), []
+                    top, group = self._elementwise(top, tuple(group)), []
                 top = stream_stage(top, op) if _runs(op) == STREAM else BatchIterator(top, op)
             else:
                 group.append(op)
         if group:
-            top = ElementwiseIterator(top, tuple(group), self._seed)
+            top = self._elementwise(top, tuple(group))
         return top
+
+    def _elementwise(self, top: DatasetIterator, ops: tuple[Any, ...]) -> DatasetIterator:
+        """The element-wise ``ops`` over ``top``: on a pool with workers (an op that
+        needs the stream's order, ``map_with_index``, stays here), else here."""
+        if not self._workers or any(getattr(op, "needs_index", False) for op in ops):
+            return ElementwiseIterator(top, ops, self._seed)
+        from dataloader.engine.shipped import ShippedElementwiseIterator
+
+        options = MultiprocessingOptions(num_workers=self._workers)
+        return ShippedElementwiseIterator(top, ops, options, self._init_fn, default_seed=self._seed)
+
+    def _stop_stages(self) -> None:
+        """Stops the workers of the stages over the head, leaving the head open."""
+        from dataloader.engine.shipped import ShippedElementwiseIterator
+
+        stage: Any = self._parent
+        while stage is not self._head and isinstance(stage, DatasetIterator):
+            if isinstance(stage, ShippedElementwiseIterator):
+                stage.stop_workers()
+            stage = stage._parents[0] if len(stage._parents) == 1 else None
 
     @property
     def head(self) -> DatasetIterator:
@@ -120,6 +151,7 @@ class TailIterator(DatasetIterator):
         of the old packers' open bins included) and the stages start empty."""
         if isinstance(state, (list, tuple)):
             head: Any = self._head  # the engine's iterator, which takes a list of states
+            self._stop_stages()  # their pools read the head: stopped before it moves
             head.set_state(list(state))
             self._parents = (self._stages(self._head),)
             return

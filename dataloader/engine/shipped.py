@@ -36,7 +36,7 @@ import os
 import pickle
 import weakref
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -350,6 +350,13 @@ class Feeder:
             start += len(elements)
 
 
+def _after(befores: list[Any], after: Any, start: int, failed: int) -> tuple[list[Any], int]:
+    """Where a stream goes on after its element ``failed`` failed, in the unit at
+    ``start`` whose upstream states are ``befores``, ``after``: (the upstream's state
+    after that element, the next element's index)."""
+    return [befores[failed + 1 - start] if failed + 1 - start < len(befores) else after], failed + 1
+
+
 def _state_or(upstream: Any, default: Any) -> Any:
     """The upstream's state after it raised, or ``default`` if it cannot tell."""
     try:
@@ -474,7 +481,7 @@ class ShippedElementwiseIterator(DatasetIterator):
         self._given += 1
         return item
 
-    def _raise_error(self) -> None:
+    def _raise_error(self) -> NoReturn:
         """Raises the error after the outputs before it, and goes on after it next time
         (as a dataset iterated in order does): the state is then the one after it."""
         error, self._error = self._error, None
@@ -508,9 +515,14 @@ class ShippedElementwiseIterator(DatasetIterator):
             self._at = {"parent": self._feeder.end_state, "index": self._feeder.end_at, "skip": 0}
             self._unit, self._outputs, self._given = None, [], 0
             raise
-        except PipelineError as exc:  # a unit that failed whole (its worker kept dying)
-            self._failed = exc
-            raise
+        except PipelineError as exc:
+            if exc.position is None or exc.position not in self._feeder.states:
+                self._failed = exc  # a unit that failed whole (its worker kept dying)
+                raise
+            # Its first element failed (compute_unit cuts a unit only after one): the
+            # unit has no output, and the stream goes on after that element.
+            self._error, self._go_on = exc, self._after_failed(exc.position, exc.position)
+            self._raise_error()
         self._inputs.drop(result.start)
         befores, after = self._feeder.states.pop(result.start)
         self._tags = (result.start, result.positions, self._feeder.tags.pop(result.start, []), befores[0])
@@ -520,14 +532,19 @@ class ShippedElementwiseIterator(DatasetIterator):
         self._outputs, self._given = result.outputs, min(skip, len(result.outputs))
         if result.error is not None:
             # The unit was cut at the failing element: go on with the next one.
-            failed = result.stop
-            shipped_stop = start + len(befores)
-            state = befores[failed + 1 - start] if failed + 1 < shipped_stop else after
-            self._error, self._go_on = result.error, ([state], failed + 1)
+            self._error, self._go_on = result.error, _after(befores, after, start, result.stop)
         if self._watch is not None:
             n = result.stop - result.start
             kept = len(np.unique(result.positions)) if result.positions is not None else len(result.outputs)
             self._watch.add(n, n - kept)
+
+    def _after_failed(self, start: int, failed: int) -> tuple[list[Any], int]:
+        """Where the stream goes on after element ``failed`` of the unit at ``start``
+        failed; frees the unit."""
+        befores, after = self._feeder.states.pop(start)
+        self._feeder.tags.pop(start, None)
+        self._inputs.drop(start)
+        return _after(befores, after, start, failed)
 
     def last_tag(self) -> Any:
         """The engine's (position, sub) of the element the last output came from, when

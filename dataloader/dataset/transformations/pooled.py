@@ -20,8 +20,10 @@ worker processes (:mod:`dataloader.dataset.transformations.elementwise` reads th
 A restore recomputes from that element, never the stream.
 
 An error in user code arrives at its element's place, naming the operation; the
-iterator then raises it again on every ``next()`` (restore a state to go on). A unit
-lost with a killed worker is computed again from the elements kept for it.
+next ``next()`` goes on with the element after it, and an error of the iterated stage
+itself is followed by what that stage gives next, as element by element (the state
+after an error is the element-by-element stage's there too). A unit lost with a killed
+worker is computed again from the elements kept for it.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from dataloader.engine.pool.executor import PoolExecutor
 from dataloader.engine.pool.messages import pickle_plan
 from dataloader.engine.stages.base import DatasetIterator
 from dataloader.engine.stages.finite import EndTogether, resolve_end, static_steps
-from dataloader.engine.stages.tail import TailIterator, split_at_first_packer
+from dataloader.engine.stages.tail import TailIterator, check_shippable, split_at_first_packer
 from dataloader.engine.stats import FilterWatch
 from dataloader.engine.stats.pipeline import describe_pipeline
 from dataloader.iterator import DataLoaderIterator, LoaderEngine
@@ -214,6 +214,8 @@ class DataLoader:
         audit_log = _check_audit_log(self.options.get("audit_log") if audit_log is None else audit_log, sampler)
         if self._tail:
             _check_stage_operations(self._tail)
+            if self.worker_count:
+                check_shippable(self._tail)  # the maps after the packer go to the workers
         self.end = resolve_end(end)
         if self.end is not None:
             self._end_batch = _end_batch(operations)

@@ -68,6 +68,28 @@ def split_at_first_packer(operations: Sequence[Any]) -> tuple[list[Any], list[An
     return operations[:first], operations[first:]
 
 
+def check_shippable(tail: Sequence[Any]) -> None:
+    """With workers, the element-wise operations after a packer go to worker processes:
+    checked here, when the loader is made, not at ``iter()``.
+
+    Raises:
+        TypeError: one cannot be pickled (named, with the way out).
+    """
+    import cloudpickle
+
+    for op in tail:
+        if _runs(op) in (STREAM, GROUP) or getattr(op, "needs_index", False):
+            continue  # run in this process
+        try:
+            cloudpickle.dumps(op)
+        except Exception as exc:
+            raise TypeError(
+                f"operation {op.name} ({op!r}) after the packer runs in worker processes "
+                f"and cannot be sent to them: {type(exc).__name__}: {exc}; make it picklable "
+                f"(open files and locks lazily) or use worker_count=0"
+            ) from exc
+
+
 def _name(op: Any) -> str:
     return op.name
 

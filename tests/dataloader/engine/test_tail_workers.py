@@ -156,3 +156,13 @@ def test_an_error_after_the_packer_is_named_at_its_place_and_the_stream_goes_on(
     with pytest.raises(StopIteration):
         next(it)
     it.close()
+
+
+def test_an_operation_after_the_packer_that_cannot_reach_the_workers_is_refused_at_construction():
+    import threading
+
+    lock = threading.Lock()
+    ops = [dl.MapTransform(lambda row: (lock, row)[1])]
+    with pytest.raises(TypeError, match=r"MapTransform\(.*after the packer runs in worker processes.*worker_count=0"):
+        loader(2, ops)
+    assert len(list(loader(0, ops))) > 50

@@ -42,7 +42,7 @@ from dataloader.dataset.base import DatasetIterator, IterDataset
 from dataloader.dataset.compile import nodes as nd
 from dataloader.dataset.map_dataset import MapDataset
 from dataloader.engine.stages.base import expect_state
-from dataloader.engine.stages.packing import _last_tag, _used
+from dataloader.engine.stages.packing import _last_tag, _used, pass_every_state
 from dataloader.errors import StateMismatchError
 from dataloader.samplers import permute
 
@@ -138,13 +138,7 @@ class WindowShuffleDatasetIterator(DatasetIterator):
 
     def set_state(self, state: Any) -> None:
         if isinstance(state, (list, tuple)):  # every old host's states: an elastic restore
-            if not self.restores_from_every_shard:
-                raise StateMismatchError(
-                    f"a window shuffle over {type(self._parent).__name__} restores from one state "
-                    f"only; an elastic restore (every old host's states) needs a stream on the "
-                    f"engine (MapDataset...to_iter_dataset() and its map/filter/flat_map)"
-                )
-            self._parent.set_state(list(state))
+            pass_every_state(self, "a window shuffle", state)
             self._window, self._elements, self._tags, self._given, self._ended = 0, [], [], 0, False
             return
         expect_state(state, ("parent", "window_index", "pos_in_window"), "a window shuffle")

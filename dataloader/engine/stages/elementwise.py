@@ -21,6 +21,7 @@ from typing import Any
 from dataloader.engine.compute import apply_element_ops, call_user
 from dataloader.engine.plan import Step
 from dataloader.engine.stages.base import DatasetIterator, expect_state
+from dataloader.engine.stages.packing import _last_tag
 from dataloader.errors import PipelineError
 from dataloader.operations import Batch, Operation
 from dataloader.operations.transforms import MANY, resolve_seed
@@ -74,8 +75,12 @@ class ElementwiseIterator(DatasetIterator):
         stage that says it (a window shuffle), when each output is one parent element (no
         flat map); None otherwise. A packer over this stage names its rows' records by it
         for an elastic restore (:func:`dataloader.engine.stages.packing._last_tag`)."""
-        last = getattr(self._parent, "last_tag", None)
-        return last() if callable(last) and not self._expands else None
+        return None if self._expands else _last_tag(self._parent)
+
+    @property
+    def restores_from_every_shard(self) -> bool:
+        """Whether ``set_state`` takes every old host's states: when its parent does."""
+        return bool(getattr(self._parent, "restores_from_every_shard", False))
 
     def _fail(self, op: Operation, index: int, sub: int, exc: BaseException) -> BaseException:
         return PipelineError(
@@ -90,7 +95,11 @@ class ElementwiseIterator(DatasetIterator):
             return {"parent": self._before, "index": self._index - 1, "skip": self._given}
         return {"parent": self._parent.get_state(), "index": self._index, "skip": 0}
 
-    def set_state(self, state: dict[str, Any]) -> None:
+    def set_state(self, state: Any) -> None:
+        if isinstance(state, (list, tuple)):  # every old host's states: an elastic restore
+            self._parent.set_state(list(state))  # restarts the stages under it, empty
+            self._index, self._pending, self._given = 0, [], 0
+            return
         state = expect_state(state, ("parent", "index", "skip"), f"{self!r}")
         self._parent.set_state(state["parent"])
         self._index, skip = int(state["index"]), int(state["skip"])

@@ -61,6 +61,23 @@ def _last_tag(parent: Any) -> tuple[int, int] | None:
     return int(pos[i - 1]), int(sub[i - 1])
 
 
+def pass_every_state(stage: Any, what: str, states: Any) -> None:
+    """Hands every old host's states (an elastic restore) to ``stage``'s parent, which
+    restarts on this host's share of what they left unread.
+
+    Raises:
+        StateMismatchError: the parent restores from one state only (not a stream on
+            the engine, or a stage that passes them on).
+    """
+    if not getattr(stage._parent, "restores_from_every_shard", False):
+        raise StateMismatchError(
+            f"{what} over {type(stage._parent).__name__} restores from one state only; an "
+            f"elastic restore (every old host's states) needs a stream on the engine "
+            f"(MapDataset...to_iter_dataset() and its map/filter/flat_map) under it"
+        )
+    stage._parent.set_state(list(states))
+
+
 def _used(entries: list[tuple[tuple[int, int] | None, Any]]) -> list[list[Any]] | None:
     """``entries`` (tag, None or offsets: a later one about the same tag wins) as a
     state's ``"used"``; None when a tag is unknown."""
@@ -86,6 +103,19 @@ class _PackIterator(DatasetIterator):
         self._stats_name = op.name
         self._op = op
         self._describe = op.describe()
+
+    @property
+    def restores_from_every_shard(self) -> bool:
+        """Whether ``set_state`` takes every old host's states (an elastic restore): when
+        its parent does (a stream on the engine, through stages that pass them on)."""
+        return bool(getattr(self._parent, "restores_from_every_shard", False))
+
+    def _restart(self, states: Any) -> None:
+        """An elastic restore: the parent reads this host's share of what every old host
+        (``states``, their full states) left unread, the open bins' records included,
+        and this packer starts empty over it."""
+        pass_every_state(self, "a packer", states)
+        self.__init__(self._parent, self._op)  # type: ignore[misc]  # a fresh packer over it
 
 
 class FitPackIterator(_PackIterator):
@@ -214,7 +244,10 @@ class FitPackIterator(_PackIterator):
                 entries.append((tag, {name: [a * cap, b * cap] for name, cap in zip(names, caps)}))
         return _used(entries)
 
-    def set_state(self, state: dict[str, Any]) -> None:
+    def set_state(self, state: Any) -> None:
+        if isinstance(state, (list, tuple)):  # every old host's states: an elastic restore
+            self._restart(state)
+            return
         state = _check_packer(state, self._op, "a first-fit or best-fit packer")
         self._parent.set_state(state["parent"])
         piece = int(state["piece"])
@@ -325,7 +358,10 @@ class ConcatIterator(_PackIterator):
             state["used"] = []
         return state
 
-    def set_state(self, state: dict[str, Any]) -> None:
+    def set_state(self, state: Any) -> None:
+        if isinstance(state, (list, tuple)):  # every old host's states: an elastic restore
+            self._restart(state)
+            return
         state = _check_packer(state, self._op, "a concat-then-split packer")
         self._parent.set_state(state["parent"])
         self._carry, self._ended, self._ready, self._handed = None, False, [], 0

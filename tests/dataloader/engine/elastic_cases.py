@@ -19,6 +19,15 @@ from dataloader.iterator import elastic_iterator
 
 N = 103  # records: a prime, so no host count divides the stream
 
+# Host changes: phases of (host count, steps per host; None: to the end).
+CHANGES = {
+    "1->2": [(1, 3), (2, None)],
+    "2->3": [(2, 3), (3, None)],
+    "3->1": [(3, 2), (1, None)],
+    "1->2->3->1": [(1, 2), (2, 2), (3, 1), (1, None)],
+    "2->3->1 at once": [(2, 0), (3, 1), (1, None)],
+}
+
 
 def keep(x: int) -> bool:
     return x % 3 != 0
@@ -136,6 +145,60 @@ PIPELINES: dict[str, tuple[Callable[[], list[Any]], str]] = {
 }
 
 
+def same_row(row: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {k: np.asarray(v).copy() for k, v in row.items()}
+
+
+def keep_row(row: dict[str, np.ndarray]) -> bool:
+    # Keeps every row: which records a row filter drops depends on how they were packed,
+    # and the new hosts pack the open bins' records into other rows (the records stay).
+    return bool(np.asarray(row["tokens_segment_ids"]).max() > 0)
+
+
+def keep_tokens(element: dict[str, np.ndarray]) -> bool:
+    return keep(int(np.asarray(element["tokens"])[0]) - 1)
+
+
+def _stream(shard: int, count: int) -> Any:
+    return dl.MapDataset.range(N).seed(3).shuffle().to_iter_dataset(shard_options=dl.ShardOptions(shard, count))
+
+
+def _first_fit(parent: Any) -> Any:
+    return dl.experimental.FirstFitPackIterDataset(parent, length_struct={"tokens": 12}, num_packing_bins=3)
+
+
+def _shuffled(parent: Any) -> Any:
+    return dl.experimental.WindowShuffleIterDataset(parent, window_size=7, seed=11)
+
+
+# Datasets whose element-wise calls after an iterator-level stage (a packer, a window
+# shuffle) run on the worker pool under mp_prefetch (the pooled stage): name ->
+# (the dataset of host ``shard`` of ``count``, how to read record ids). Restored with
+# ``iterator.set_state(every old host's states)``.
+DATASETS: dict[str, tuple[Callable[[int, int], Any], str]] = {
+    "pooled map over first-fit": (
+        lambda h, c: _first_fit(_stream(h, c).filter(keep).map(as_tokens)).map(same_row), "row"),
+    "pooled filter over first-fit": (
+        lambda h, c: _first_fit(_stream(h, c).filter(keep).map(as_tokens)).filter(keep_row), "row"),
+    "first-fit over pooled map": (
+        lambda h, c: _first_fit(_shuffled(_stream(h, c).filter(keep)).map(as_tokens)), "row"),
+    "first-fit over pooled filter": (
+        lambda h, c: _first_fit(_shuffled(_stream(h, c).map(as_tokens)).filter(keep_tokens)), "row"),
+}
+
+
+def make_dataset_iterator(name: str, shard: int, count: int, workers: int = 0) -> Any:
+    """The dataset ``name`` as host ``shard`` of ``count``, its element-wise calls after
+    an iterator-level stage on ``workers`` worker processes (0: the pooled stage in this
+    process)."""
+    ds = DATASETS[name][0](shard, count)
+    return iter(ds.mp_prefetch(dl.MultiprocessingOptions(num_workers=workers)))
+
+
+def _kind(name: str) -> str:
+    return DATASETS[name][1] if name in DATASETS else PIPELINES[name][1]
+
+
 def make_loader(name: str, shard: int, count: int, workers: int = 0) -> dl.DataLoader:
     """The pipeline ``name`` as host ``shard`` of ``count``."""
     source, sampler, head = _source_and_sampler(name == "mixture", name == "window shuffle", name == "Parquet stream")
@@ -146,7 +209,7 @@ def make_loader(name: str, shard: int, count: int, workers: int = 0) -> dl.DataL
 
 def record_ids(name: str, output: Any) -> list[int]:
     """The record ids one output holds (for concat-then-split: one id per token)."""
-    kind = PIPELINES[name][1]
+    kind = _kind(name)
     if kind in ("batch", "element"):
         return np.asarray(output).reshape(-1).tolist()
     tokens, segments = np.asarray(output["tokens"]), np.asarray(output["tokens_segment_ids"])
@@ -157,6 +220,8 @@ def record_ids(name: str, output: Any) -> list[int]:
 
 def reference(name: str) -> list[int]:
     """Every record id of one uninterrupted run on one host, sorted."""
+    if name in DATASETS:
+        return run(name, [(1, None)])
     return sorted(i for out in make_loader(name, 0, 1) for i in record_ids(name, out))
 
 
@@ -169,6 +234,12 @@ def run(name: str, phases: Sequence[tuple[int, int | None]], workers: int = 0) -
     for count, steps in phases:
         iterators = []
         for h in range(count):
+            if name in DATASETS:
+                it = make_dataset_iterator(name, h, count, workers)
+                if states is not None:
+                    it.set_state(states)
+                iterators.append(it)
+                continue
             loader = make_loader(name, h, count, workers)
             iterators.append(iter(loader) if states is None else elastic_iterator(loader, states))
         for it in iterators:

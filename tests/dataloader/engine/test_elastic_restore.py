@@ -18,15 +18,14 @@ import dataloader as dl
 from dataloader.engine.elastic import ElasticSampler, Layout, next_layout
 from dataloader.errors import StateMismatchError
 from dataloader.iterator import elastic_iterator
-from tests.dataloader.engine.elastic_cases import PIPELINES, make_loader, record_ids, reference, run
-
-CHANGES = {
-    "1->2": [(1, 3), (2, None)],
-    "2->3": [(2, 3), (3, None)],
-    "3->1": [(3, 2), (1, None)],
-    "1->2->3->1": [(1, 2), (2, 2), (3, 1), (1, None)],
-    "2->3->1 at once": [(2, 0), (3, 1), (1, None)],
-}
+from tests.dataloader.engine.elastic_cases import (
+    CHANGES,
+    PIPELINES,
+    make_loader,
+    record_ids,
+    reference,
+    run,
+)
 
 
 @pytest.mark.parametrize("change", list(CHANGES))

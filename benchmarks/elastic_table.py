@@ -17,6 +17,12 @@ repeated); a cell counts such saves, if any.
 "window shuffle" is the map window shuffle on the engine; "stream window shuffle" is
 WindowShuffleIterDataset's stage (one window in memory) over the engine's stream, alone
 and under a first-fit packer.
+The map or filter after a packer or a window shuffle runs on the pooled stage (worker
+processes with ``--workers 2``, in this process with 0): "first-fit, map, filter" is a
+loader's; the rows "pooled ... over first-fit" and "first-fit over pooled ..." are
+datasets under ``mp_prefetch``, restored with ``iterator.set_state(every old state)``
+(their row filter keeps every row: which records a row filter drops depends on how they
+were packed, and the new hosts pack the open bins' records into other rows).
 
     python benchmarks/elastic_table.py [--steps 1,2,3,5] [--workers 0]
 """
@@ -30,7 +36,9 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROWS = ["plain", "filter", "flat map", "mixture", "Parquet stream", "first-fit", "best-fit",
         "first-fit, cut", "best-fit, cut", "concat-then-split", "window shuffle",
-        "stream window shuffle", "stream window shuffle, first-fit", "stream window shuffle, map, first-fit"]
+        "stream window shuffle", "stream window shuffle, first-fit", "stream window shuffle, map, first-fit",
+        "first-fit, map, filter", "pooled map over first-fit", "pooled filter over first-fit",
+        "first-fit over pooled map", "first-fit over pooled filter"]
 CHANGES = {"1->2": (1, 2), "2->3": (2, 3), "3->1": (3, 1)}
 
 

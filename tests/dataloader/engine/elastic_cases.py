@@ -136,6 +136,11 @@ PIPELINES: dict[str, tuple[Callable[[], list[Any]], str]] = {
     "stream window shuffle, map, first-fit": (
         lambda: [dl.FilterTransform(keep), _window(), dl.MapTransform(as_tokens), _pack("first_fit")], "row"
     ),
+    # A map and a filter after the packer: the loader's pooled stage under workers.
+    "first-fit, map, filter": (
+        lambda: [dl.FilterTransform(keep), dl.MapTransform(as_tokens), _pack("first_fit"),
+                 dl.MapTransform(same_row), dl.FilterTransform(keep_row)], "row"
+    ),
     "flat map, first-fit": (
         lambda: [dl.FlatMapTransform(fan_out, max_fan_out=3), dl.MapTransform(as_tokens), _pack("first_fit")], "row"
     ),

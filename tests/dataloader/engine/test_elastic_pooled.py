@@ -25,6 +25,7 @@ from tests.dataloader.engine.elastic_cases import (
     fan_out,
     keep,
     make_dataset_iterator,
+    make_loader,
     reference,
     run,
 )
@@ -58,6 +59,16 @@ def test_every_record_is_used_exactly_once_through_the_pooled_stage(name, change
 @pytest.mark.parametrize("name", ["pooled map over first-fit", "first-fit over pooled map"])
 def test_exactly_once_with_worker_processes(name):
     assert run(name, CHANGES["1->2->3->1"], workers=2) == reference(name)
+
+
+@pytest.mark.parametrize("name", ["first-fit, map, filter", "stream window shuffle, map, first-fit"])
+def test_a_loaders_pooled_stage_with_worker_processes_restores_exactly_once(name):
+    it = make_loader(name, 0, 1, workers=2)
+    stages = _stages(iter(it))
+    assert any(isinstance(s, ShippedElementwiseIterator) for s in stages)
+    stages[0].close()
+    for change in ("2->3", "1->2->3->1"):
+        assert run(name, CHANGES[change], workers=2) == reference(name)
 
 
 def test_a_packer_over_the_pooled_stage_names_its_handed_rows_records():

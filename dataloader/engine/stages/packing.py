@@ -23,8 +23,12 @@ local position and output rank of each element in them, with the offsets where a
 element's unused rest starts (concat-then-split). The records of the open bins are
 those the state does not name: an elastic restore hands them to the new hosts, which
 pack them again in their own streams. Only a packer reading the engine's elements
-directly, or through a stage that says which element it handed out last (a window
-shuffle's ``last_tag()``), can name them; a packer over another stage cannot.
+directly, or through stages that say which engine elements their last output holds
+(``last_tag()``: a window shuffle, a map or filter run element by element or on the
+pool, a first-fit packer whose last row holds its records whole), can name them; over
+another stage (a flat map at the iterator level, a packer cutting the rows of another)
+its mid-round states are refused for an elastic restore. Given every old host's states
+(``set_state(list)``), a packer passes them to its parent and starts empty.
 """
 
 from __future__ import annotations
@@ -46,14 +50,29 @@ def _check_packer(state: Any, op: Any, where: str) -> dict[str, Any]:
     return state
 
 
-def _last_tag(parent: Any) -> tuple[int, int] | None:
+def _norm(tag: Any) -> Any:
+    """A tag as ``(position, sub)``, or a group of them (a first-fit row's records) as a
+    tuple of such pairs; None stays None."""
+    if tag is None:
+        return None
+    if len(tag) == 2 and not isinstance(tag[0], (tuple, list)):
+        return int(tag[0]), int(tag[1])
+    return tuple(_norm(t) for t in tag)
+
+
+def _flat(tag: Any) -> list[tuple[int, int]]:
+    """The ``(position, sub)`` pairs of a tag or a group."""
+    return [tag] if isinstance(tag[0], int) else [t for g in tag for t in _flat(g)]
+
+
+def _last_tag(parent: Any) -> Any:
     """The (local position, sub) of the element the engine's iterator handed out last;
-    None when the parent is not the engine's element stream, or a stage that hands out
-    the engine's elements unchanged and says which (``last_tag()``: a window shuffle)."""
+    None when the parent is not the engine's element stream, or a stage that says which
+    engine elements its last output holds (``last_tag()``: a window shuffle, a map, a
+    first-fit packer, whose rows give a group of tags)."""
     last = getattr(parent, "last_tag", None)
     if callable(last):
-        tag = last()
-        return None if tag is None else (int(tag[0]), int(tag[1]))
+        return _norm(last())
     assembler = getattr(parent, "_assembler", None)
     pos, sub, i = (getattr(assembler, name, None) for name in ("_pos", "_sub", "_i"))
     if pos is None or sub is None or not isinstance(i, int) or not 0 < i <= len(pos):
@@ -85,7 +104,11 @@ def _used(entries: list[tuple[tuple[int, int] | None, Any]]) -> list[list[Any]] 
     for tag, offsets in entries:
         if tag is None:
             return None
-        final[tag] = offsets
+        group = _flat(tag)
+        if len(group) > 1 and offsets is not None:
+            return None  # part of a packed row: its records cannot be told apart
+        for t in group:
+            final[t] = offsets
     return [[q, sub, used] for (q, sub), used in sorted(final.items())]
 
 
@@ -208,6 +231,16 @@ class FitPackIterator(_PackIterator):
             if used is not None:
                 state["used"] = used
         return state
+
+    def last_tag(self) -> Any:
+        """The engine tags of the records in the row handed out last (a packer over this
+        one names its rows' records by them), when each is there whole; else None."""
+        if self._rows is None or not self._next_row:
+            return None
+        members = self._members[self._order[self._next_row - 1]]
+        if not members or any(tag is None or count > 1 for tag, _, count in members):
+            return None  # a piece of a cut element: its other pieces are in other rows
+        return tuple(t for tag, _, _ in members for t in _flat(tag))
 
     def _used_rows(self, handed: int) -> list[list[Any]] | None:
         """The elements of the round's first ``handed`` rows (in hand-out order), and of

@@ -141,6 +141,11 @@ PIPELINES: dict[str, tuple[Callable[[], list[Any]], str]] = {
         lambda: [dl.FilterTransform(keep), dl.MapTransform(as_tokens), _pack("first_fit"),
                  dl.MapTransform(same_row), dl.FilterTransform(keep_row)], "row"
     ),
+    # A packer over a packer's rows (each inner row whole in an outer one): ids per token.
+    "first-fit, first-fit": (
+        lambda: [dl.FilterTransform(keep), dl.MapTransform(as_tokens), _pack("first_fit"),
+                 dl.FirstFitPack({"tokens": 24}, num_packing_bins=2)], "tokens"
+    ),
     "flat map, first-fit": (
         lambda: [dl.FlatMapTransform(fan_out, max_fan_out=3), dl.MapTransform(as_tokens), _pack("first_fit")], "row"
     ),
@@ -168,8 +173,8 @@ def _stream(shard: int, count: int) -> Any:
     return dl.MapDataset.range(N).seed(3).shuffle().to_iter_dataset(shard_options=dl.ShardOptions(shard, count))
 
 
-def _first_fit(parent: Any) -> Any:
-    return dl.experimental.FirstFitPackIterDataset(parent, length_struct={"tokens": 12}, num_packing_bins=3)
+def _first_fit(parent: Any, length: int = 12) -> Any:
+    return dl.experimental.FirstFitPackIterDataset(parent, length_struct={"tokens": length}, num_packing_bins=3)
 
 
 def _shuffled(parent: Any) -> Any:
@@ -189,6 +194,13 @@ DATASETS: dict[str, tuple[Callable[[int, int], Any], str]] = {
         lambda h, c: _first_fit(_shuffled(_stream(h, c).filter(keep)).map(as_tokens)), "row"),
     "first-fit over pooled filter": (
         lambda h, c: _first_fit(_shuffled(_stream(h, c).map(as_tokens)).filter(keep_tokens)), "row"),
+    # A packer over a packer (rows of 24 from rows of 12: each inner row whole), directly
+    # and through a pooled map: the outer rows name the inner rows' records (ids counted
+    # per token: the outer rows' segments are inner rows).
+    "first-fit over first-fit": (
+        lambda h, c: _first_fit(_first_fit(_stream(h, c).filter(keep).map(as_tokens)), 24), "tokens"),
+    "first-fit over pooled map over first-fit": (
+        lambda h, c: _first_fit(_first_fit(_stream(h, c).filter(keep).map(as_tokens)).map(same_row), 24), "tokens"),
 }
 
 
@@ -219,7 +231,7 @@ def record_ids(name: str, output: Any) -> list[int]:
         return np.asarray(output).reshape(-1).tolist()
     tokens, segments = np.asarray(output["tokens"]), np.asarray(output["tokens_segment_ids"])
     if kind == "tokens":
-        return [int(t) - 1 for t in tokens[segments > 0]]
+        return [int(t) - 1 for t in tokens[(segments > 0) & (tokens > 0)]]  # not an inner row's padding
     return [int(tokens[segments == s][0]) - 1 for s in np.unique(segments[segments > 0])]
 
 

@@ -52,10 +52,21 @@ CASES = {
             length_struct={"tokens": 8}, num_packing_bins=2),
         [x for x in range(N) if keep(x)],
     ),
+    # A packer over a packer: the outer rows name the inner rows' records (ids per token).
+    "first-fit over first-fit": (
+        lambda: dl.experimental.FirstFitPackIterDataset(
+            dl.experimental.FirstFitPackIterDataset(stream().filter(keep).map(tokens), length_struct={"tokens": 8},
+                                                     num_packing_bins=2),
+            length_struct={"tokens": 16}, num_packing_bins=2),
+        sorted(x for x in range(N) if keep(x) for _ in range(1 + x % 5)),
+    ),
 }
 
 
 def ids(name: str, batch) -> list[int]:
+    if name == "first-fit over first-fit":
+        tokens = np.asarray(batch["tokens"])
+        return [int(t) - 1 for t in tokens[tokens > 0]]  # not the inner rows' padding
     if not name.endswith("first-fit"):
         return np.asarray(batch).reshape(-1).tolist()
     out = []
@@ -118,13 +129,13 @@ def test_a_window_shuffles_state_names_the_windows_handed_elements_as_positions(
     assert set(node["parent"]) >= {"position", "made_for"}  # the engine's state before the window
 
 
-def test_a_packer_over_a_packer_mid_round_is_refused_at_restore():
-    """The inner packer hands out rows, not the engine's elements: the outer one cannot
-    name its rows' records, so a restore on another count says so."""
+def test_a_packer_cutting_another_packers_rows_mid_round_is_refused_at_restore():
+    """The outer packer cuts the inner rows into pieces, each holding parts of several
+    records: it cannot name them, so a restore on another count says so."""
     ds = dl.experimental.FirstFitPackIterDataset(
         dl.experimental.FirstFitPackIterDataset(stream().map(tokens), length_struct={"tokens": 8},
                                                  num_packing_bins=2),
-        length_struct={"tokens": 16}, num_packing_bins=2)
+        length_struct={"tokens": 5}, num_packing_bins=2)
     its = [ElasticIterator(ds, 2, dl.ShardOptions(h, 2)) for h in range(2)]
     for it in its:
         next(it)

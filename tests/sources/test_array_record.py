@@ -121,12 +121,19 @@ def test_source_reads_in_spawned_process(two_files):
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)  # spawned interpreters: seconds idle, far more on a loaded machine
-def test_source_reopens_readers_in_forked_process(two_files):
+def test_source_reopens_readers_in_forked_process(tmp_path):
     """A fork inherits open readers; the child must open its own.
 
     The fork happens in a fresh interpreter: forking the test process itself, where JAX
-    and other tests may have started threads, can deadlock.
+    and other tests may have started threads, can deadlock. The files are uncompressed:
+    after a read of zstd chunks, riegeli (under array_record) starts a background thread
+    that recycles decompressors, and a fork taken while it holds its lock leaves the
+    child's next reader waiting for ever (2 runs in 10 here). granary never forks a
+    process that has read records (its workers come from a fresh fork server).
     """
+    two_files = [tmp_path / "a.array_record", tmp_path / "b.array_record"]
+    for number, (path, count) in enumerate(zip(two_files, (7, 5))):
+        write_array_record(path, [record(number, i) for i in range(count)], options="uncompressed")
     script = textwrap.dedent(
         f"""
         import multiprocessing, os, sys

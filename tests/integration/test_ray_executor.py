@@ -212,8 +212,14 @@ def test_a_closed_stream_lends_its_actors_to_the_next_and_close_ends_them(cluste
     assert [flat(x) for x in again] == run(loader(PIPELINES["batch"]))
     assert sorted(map(str, ex.actors())) == sorted(map(str, handles))  # no new actor started
     again.close()
+    # Another pipeline starts actors of its own, and the idle ones of the first, which
+    # may hold the CPUs they need, end (ray.kill is asynchronous: hence the wait).
+    other = iter(loader(PIPELINES["elements"], executor=ex))
+    assert flat(next(other)) == run(loader(PIPELINES["elements"]), 1)[0]
+    assert wait_until(lambda: all(map(_dead, handles)), timeout=60)
+    handles = ex.actors()
+    other.close()
     ex.close()
-    # ray.kill is asynchronous: a call made just after it may still be answered.
     assert wait_until(lambda: all(map(_dead, handles)), timeout=60)
 
 
@@ -560,4 +566,32 @@ def test_a_restore_with_ray_refuses_a_changed_map(cluster):
         it.set_state(state)
     assert [first, *run(it, 3)] == want  # a refused set_state leaves the iterator where it was
     it.close()
+    ex.close()
+
+
+def test_an_elastic_restore_with_ray_is_checked_on_the_actors(cluster, tmp_path):
+    """Every old host's states (two hosts, batches of 4) restored on one host (batches of
+    8): the steps are recomputed on actors of their own (no operation in the trainer),
+    and the stream is the one the in-process restore gives. (The check's actors, parked
+    for a plan of their own, once held the cluster's 3 CPUs: the stream's actors never
+    started.)"""
+    log = str(tmp_path / "pids")
+
+    def sharded(shard, batch, **kw):
+        sampler = dl.IndexSampler(N, dl.ShardOptions(*shard), shuffle=True, seed=3, num_epochs=2)
+        return dl.DataLoader(dl.RangeDataSource(N), sampler,
+                             [dl.MapTransform(RecordPid(log)), Decode(), dl.Batch(batch)], **kw)
+
+    old = []
+    for host in range(2):
+        it = iter(sharded((host, 2), 4))
+        run(it, 3)
+        old.append(it.get_state())
+    want = run(sharded((0, 1), 8).iterator(old))
+    os.remove(log)
+    ex = dl.RayExecutor(num_workers=2)
+    it = sharded((0, 1), 8, executor=ex).iterator(old)
+    ran = pids(log)
+    assert ran and os.getpid() not in ran
+    assert run(it) == want
     ex.close()

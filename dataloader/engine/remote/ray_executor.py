@@ -217,10 +217,19 @@ class RayExecutor:
         self._parked.append((digest, handle))
 
     def _unpark(self, digest: bytes) -> Any:
+        """A parked actor for ``digest`` (plan digest + locality byte), or None: then the
+        caller starts one, and the parked actors of other plans are killed first, since
+        they may hold the CPUs it needs (a fingerprint check's actors, of a plan of its
+        own, would otherwise keep the restored stream's actors from ever starting on a
+        full cluster)."""
         for i, (d, handle) in enumerate(self._parked):
             if d == digest:
                 del self._parked[i]
                 return handle
+        others = [handle for d, handle in self._parked if d[:-1] != digest[:-1]]
+        if others:
+            self._parked[:] = [(d, h) for d, h in self._parked if d[:-1] == digest[:-1]]
+            kill_actors(self._ray, others)
         return None
 
     def describe(self) -> dict[str, Any]:

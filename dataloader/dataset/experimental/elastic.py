@@ -19,7 +19,9 @@ as ``H'`` divides ``n`` (always so when it stays the same).
 The ``IterDataset`` path, Grain's ``get_shard_states``/``set_shard_states``: a stream on
 the engine with filters or flat maps (``ds.to_iter_dataset().filter(...)``, a Parquet
 stream's ``map``/``filter``/...), or a first-fit, best-fit or concat-then-split packer
-or a ``WindowShuffleIterDataset`` over one (or over each other), unbatched and unsharded. Each shard yields ``global_batch_size / H`` elements
+or a ``WindowShuffleIterDataset`` over one (or over each other, with ``map``/``filter``
+calls after them, which run on the workers given), unbatched and unsharded. Each shard
+yields ``global_batch_size / H`` elements
 (or rows) per step, the last batch short (Grain's IterDataset path keeps it too). Its
 states differ by shard, so the restore needs them all: ``get_shard_states()`` is this
 shard's ``{shard_index: state}``; gather every shard's (e.g. every process's file of the
@@ -226,16 +228,27 @@ def _shard_state_loader(ds: Any, shard_options: ShardOptions, read_options: Read
     """The loader of the IterDataset path (see the module docstring), or None when ``ds``
     takes the ``MapDataset`` path."""
     from dataloader.dataset.iter_dataset import LoaderIterDataset
+    from dataloader.dataset.transformations.elementwise import ElementwiseIterDataset
     from dataloader.dataset.transformations.packing import PackIterDataset
     from dataloader.dataset.transformations.window_shuffle import WindowShuffleIterDataset
     from dataloader.loader import DataLoader
     from dataloader.operations import Batch
 
-    packers: list[Any] = []  # stages over the stream: packers and window shuffles
-    stream = ds
-    while isinstance(stream, (PackIterDataset, WindowShuffleIterDataset)):
-        packers.insert(0, stream.packer if isinstance(stream, PackIterDataset) else stream.stage_operation)
-        stream = stream._parent
+    # Stages over the stream: packers, window shuffles and the maps and filters after
+    # them (the loader runs those after its packer, on its workers when it has some).
+    packers: list[Any] = []
+    stream, bottom = ds, None
+    while isinstance(stream, (PackIterDataset, WindowShuffleIterDataset, ElementwiseIterDataset)):
+        if isinstance(stream, ElementwiseIterDataset):
+            packers[:0] = stream.ops
+        else:
+            packers.insert(0, stream.packer if isinstance(stream, PackIterDataset) else stream.stage_operation)
+        stream, bottom = stream._parent, stream
+    if isinstance(bottom, ElementwiseIterDataset):
+        raise ValueError(
+            f"ElasticIterator takes map/filter calls over a stream on the engine only after a "
+            f"packer or window shuffle, got {ds!r}; put them before to_iter_dataset()"
+        )
     if type(stream) is not LoaderIterDataset or not (packers or stream._reshaped() or stream._parent._filtered):
         if packers:
             raise ValueError(

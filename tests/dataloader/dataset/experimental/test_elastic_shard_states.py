@@ -60,14 +60,30 @@ CASES = {
             length_struct={"tokens": 16}, num_packing_bins=2),
         sorted(x for x in range(N) if keep(x) for _ in range(1 + x % 5)),
     ),
+    # A map and a filter after the packer: the loader's stage after its packer (on the
+    # pool with workers), passing every old state down.
+    "map, filter over first-fit": (
+        lambda: dl.experimental.FirstFitPackIterDataset(
+            stream().filter(keep).map(tokens), length_struct={"tokens": 8}, num_packing_bins=2,
+        ).map(same_row).filter(any_row),
+        [x for x in range(N) if keep(x)],
+    ),
 }
+
+
+def same_row(row):
+    return {k: np.asarray(v).copy() for k, v in row.items()}
+
+
+def any_row(row) -> bool:
+    return bool(np.asarray(row["tokens_segment_ids"]).max() > 0)  # every row: rows differ after a restore
 
 
 def ids(name: str, batch) -> list[int]:
     if name == "first-fit over first-fit":
         tokens = np.asarray(batch["tokens"])
         return [int(t) - 1 for t in tokens[tokens > 0]]  # not the inner rows' padding
-    if not name.endswith("first-fit"):
+    if "first-fit" not in name:
         return np.asarray(batch).reshape(-1).tolist()
     out = []
     for row, seg in zip(batch["tokens"], batch["tokens_segment_ids"]):
@@ -77,11 +93,30 @@ def ids(name: str, batch) -> list[int]:
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_shard_states_restore_on_other_shard_counts_with_every_record_once(name):
+    _restore_on_other_counts(name)
+
+
+def test_a_map_after_a_packer_on_worker_processes_restores_with_every_record_once():
+    from dataloader.engine.shipped import ShippedElementwiseIterator
+
+    it = ElasticIterator(CASES["map, filter over first-fit"][0](), 6, dl.ShardOptions(0, 2),
+                         multiprocessing_options=dl.MultiprocessingOptions(num_workers=2))
+    stage, kinds = it._inner, []
+    while stage is not None:
+        kinds.append(type(stage))
+        parents = getattr(stage, "_parents", ())
+        stage = parents[0] if len(parents) == 1 else None
+    it.close()
+    assert ShippedElementwiseIterator in kinds  # the map and filter run on the pool
+    _restore_on_other_counts("map, filter over first-fit", dl.MultiprocessingOptions(num_workers=2))
+
+
+def _restore_on_other_counts(name: str, mp=None) -> None:
     make, want = CASES[name]
     used: list[int] = []
     shard_states: dict[int, dict] = {}
     for count, steps in [(2, 2), (3, 1), (1, None)]:
-        its = [ElasticIterator(make(), 6, dl.ShardOptions(h, count)) for h in range(count)]
+        its = [ElasticIterator(make(), 6, dl.ShardOptions(h, count), multiprocessing_options=mp) for h in range(count)]
         for it in its:
             if shard_states:
                 it.set_shard_states(shard_states)

@@ -300,23 +300,6 @@ def test_a_config_with_a_ray_section_runs_on_actors(cluster):
     assert got == want
 
 
-@pytest.mark.parametrize(("section", "match"), [
-    ({"ray": {"num_workers": 0}}, r"loader\.ray\.num_workers: expected at least one actor"),
-    ({"ray": {"local_workers": -1}}, r"loader\.ray\.local_workers: expected an integer >= 0, got -1"),
-    ({"ray": {"adress": "auto"}}, r"loader\.ray\.adress: unknown key"),
-    ({"worker_count": 2, "ray": {}}, r"loader\.ray: computes the units: set loader\.worker_count to 0"),
-    ({"ray": {"unit_timeout_s": 0}}, r"loader\.ray\.unit_timeout_s: expected a number > 0, got 0"),
-    ({"unit_timeout_s": 5, "ray": {}}, r"loader\.unit_timeout_s: .* set loader\.ray\.unit_timeout_s instead"),
-])
-def test_a_bad_ray_section_is_named(section, match):
-    from dataloader.config import parse_config
-    from dataloader.errors import ConfigError
-
-    with pytest.raises(ConfigError, match=match):
-        parse_config({"source": {"kind": "dataloader.sources.RangeDataSource", "options": {"start": 4}},
-                      "loader": section})
-
-
 def test_the_device_feed_reads_a_ray_loader_as_any_other(cluster):
     pytest.importorskip("jax")
     ops = PIPELINES["batch"]

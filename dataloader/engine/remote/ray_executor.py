@@ -167,7 +167,8 @@ class RayExecutor:
         # compute() one unit at a time (the default group); drop() runs beside it.
         self._actor_class = self._ray.remote(concurrency_groups={"control": 1})(UnitActor)
         # Actors of finished streams, kept for the next stream of the same plan (its
-        # first batch then costs no actor start-up): (plan digest, handle).
+        # first batch then costs no actor start-up): (plan digest, handle). A stream of
+        # another plan that has to start an actor ends them (see _unpark).
         self._parked: list[tuple[bytes, Any]] = []
         self._finalizer = weakref.finalize(self, _kill_parked, self._ray, self._parked)
 

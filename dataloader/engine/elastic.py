@@ -315,8 +315,10 @@ def head_state(state: Any) -> tuple[dict[str, Any], list[tuple[int, int, Any]]]:
                 f"it does not name as positions, so an elastic restore would lose or repeat them: "
                 f"rows of a round handed out so that a middle piece of an element cut into pieces "
                 f"came out before both its neighbours, an element-wise stage inside one "
-                f"element's outputs, or a packer or window shuffle over a stage that is not the "
-                f"engine's element stream; save at another step or restore on the same host count"
+                f"element's outputs, or a packer or window shuffle over a stage that cannot say which "
+                f"engine elements its outputs hold (a flat map after an iterator-level stage, a "
+                f"packer cutting another packer's rows); save at another step or restore on the "
+                f"same host count"
             )
         used += [(int(q), int(sub), u) for q, sub, u in node.get("used", ())]
         node = node.get("parent")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -117,11 +118,16 @@ def test_a_worker_stuck_on_a_unit_left_behind_by_set_state_is_replaced_without_a
     with caplog.at_level(logging.WARNING, logger="dataloader"):
         it.set_state(state)
         assert [b.tolist() for b in it] == [list(range(i, i + 4)) for i in range(20, 40, 4)]
-    # Whether the old unit was still stuck when it was looked at depends on timing;
-    # if it was, it was named as a unit of the earlier stream, not as an error.
-    for message in stall_messages(caplog):
-        assert "unit 3 of an earlier stream (before a set_state)" in message
     it.close()
+    # Whether a unit holding record 13 was stuck when it was looked at depends on
+    # timing; if it was, it was named (and killed), never raised as an error. Which one:
+    # unit 3 of the first stream, or unit 1 (positions [12, 16)) of the stream the
+    # restore's fingerprint check ran from position 8, whose workers read ahead into
+    # record 13 too, named while the check ran or after it, as an earlier stream's.
+    for message in stall_messages(caplog):
+        assert re.search(
+            r"unit (3|1) of an earlier stream \(before a set_state\)|unit 1 \(positions \[12, 16\)", message
+        ), message
 
 
 def test_pickled_timeout_error_keeps_its_fields():

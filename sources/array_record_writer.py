@@ -24,6 +24,25 @@ def _as_bytes(record: object, position: int) -> bytes:
         ) from None
 
 
+def _staging_path(path: str) -> str:
+    """Creates the folder of ``path`` (and its parents) if missing, as ``convert`` does,
+    and returns a hidden temporary name beside ``path``, to rename into place once written.
+
+    Raises:
+        OSError: the folder cannot be made (a file stands where a folder must be, no
+            permission); the message names ``path`` and the folder.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as error:
+        raise type(error)(
+            error.errno, f"cannot write {path!r}: cannot create its folder {directory!r} "
+            f"({error.strerror}); check the path"
+        ) from error
+    return os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex[:12]}.tmp")
+
+
 def write_array_record(
     path: str | os.PathLike,
     records: Iterable[bytes],
@@ -41,7 +60,8 @@ def write_array_record(
     The records go to a temporary file in the same directory, renamed to
     ``path`` only once the writer has closed cleanly, so a failure (an error in
     ``records``, a full disk, Ctrl-C) never leaves a half-written file under
-    ``path``. An existing file at ``path`` is replaced.
+    ``path``. An existing file at ``path`` is replaced; missing folders on the way
+    to it are created.
 
     Args:
         path: The file to write.
@@ -56,8 +76,7 @@ def write_array_record(
     Raises:
         TypeError: A record is not bytes-like; the message names its position.
         ValueError: ``group_size`` < 1, or ``options`` is invalid.
-        FileNotFoundError: The directory of ``path`` does not exist.
-        OSError: The writer failed.
+        OSError: The folder of ``path`` cannot be created, or the writer failed.
 
     Example:
         >>> from sources import write_array_record
@@ -81,12 +100,7 @@ def write_array_record(
                 "the keyword argument instead"
             )
         writer_options += f",{options}"
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise FileNotFoundError(
-            f"cannot write {path!r}: directory {directory!r} does not exist; create it first"
-        )
-    temp_path = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex[:12]}.tmp")
+    temp_path = _staging_path(path)
     try:
         writer = ArrayRecordWriter(temp_path, writer_options)
     except ValueError as error:

@@ -43,12 +43,11 @@ import contextlib
 import gzip
 import os
 import struct
-import uuid
 import zlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .array_record_writer import _as_bytes
+from .array_record_writer import _as_bytes, _staging_path
 
 _HEADER = struct.Struct("<QI")  # length, masked CRC of the length
 _FOOTER = struct.Struct("<I")  # masked CRC of the data
@@ -274,20 +273,16 @@ def write_tfrecord(path: str | os.PathLike, records: Iterable[bytes]) -> int:
     """Writes ``records`` to a TFRecord file (as TensorFlow would) and returns how many.
 
     The records go to a temporary file in the same directory, renamed to ``path``
-    once complete, so a failure never leaves a half-written file under ``path``.
+    once complete, so a failure never leaves a half-written file under ``path``;
+    missing folders on the way to it are created.
 
     Raises:
         TypeError: a record is not bytes-like; the message names its position.
-        FileNotFoundError: the directory of ``path`` does not exist.
+        OSError: the folder of ``path`` cannot be created.
     """
     path = os.fspath(path)
     crc32c = _crc32c()
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise FileNotFoundError(
-            f"cannot write {path!r}: directory {directory!r} does not exist; create it first"
-        )
-    temp_path = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex[:12]}.tmp")
+    temp_path = _staging_path(path)
     count = 0
     try:
         with open(temp_path, "wb", buffering=_BUFFER_BYTES) as out:

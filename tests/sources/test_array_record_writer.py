@@ -96,6 +96,14 @@ def test_invalid_options_are_named(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_missing_directory_is_named(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"directory '.*missing' does not exist"):
-        write_array_record(tmp_path / "missing" / "out.array_record", [b"a"])
+def test_missing_folders_are_created_as_convert_creates_them(tmp_path):
+    path = tmp_path / "data" / "train" / "out.array_record"
+    assert write_array_record(path, [b"a", b"b"]) == 2
+    assert _read_all(path) == [b"a", b"b"]
+    assert sorted(p.name for p in path.parent.iterdir()) == ["out.array_record"]
+
+
+def test_a_file_where_a_folder_must_be_is_named(tmp_path):
+    (tmp_path / "data").write_bytes(b"not a folder")
+    with pytest.raises(OSError, match=r"cannot write '.*data/out.array_record': cannot create its folder '.*data'"):
+        write_array_record(tmp_path / "data" / "out.array_record", [b"a"])

@@ -41,6 +41,13 @@ def test_the_writer_matches_tensorflow_byte_for_byte(tmp_path):
     assert (tmp_path / "m.tfrecord").read_bytes() == MORRIS_FILE
 
 
+def test_the_writer_creates_missing_folders(tmp_path):
+    path = tmp_path / "data" / "part-0.tfrecord"
+    assert write_tfrecord(path, MORRIS) == 5
+    assert path.read_bytes() == MORRIS_FILE
+    assert sorted(p.name for p in path.parent.iterdir()) == ["part-0.tfrecord"]
+
+
 def test_a_file_tensorflow_wrote_reads_back(tmp_path):
     (tmp_path / "m.tfrecord").write_bytes(MORRIS_FILE)
     with TFRecordReader(tmp_path / "m.tfrecord") as reader:

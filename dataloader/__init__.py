@@ -147,6 +147,8 @@ _EXPORTS: dict[str, str] = {
     "PipelineConfig": "dataloader.config",
     "load_config": "dataloader.config",
     "parse_config": "dataloader.config",
+    "shipped_config": "dataloader.config",
+    "shipped_configs": "dataloader.config",
 }
 
 # Subpackages reachable as attributes (``dl.samplers``) before anything imported them.

@@ -10,6 +10,10 @@
     python -m dataloader demo [key=value ...] [--demo=lm|digits] [--out_dir=demo_out] [--config=...]
     python -m dataloader audit LOG_A LOG_B
 
+``CONFIG`` is a YAML file, or the name of a config shipped with granary
+(``array_record_images``, ``parquet``, ``demo``: :func:`dataloader.config.shipped_config`),
+found through the package from any working directory.
+
 ``run`` iterates a pipeline config with a progress bar on stderr, then reports the
 records read, elements and batches out, the time to the first batch, the waiting, each
 worker's busy share, where the time went and advice, from the iterator's ``stats()``
@@ -72,7 +76,7 @@ _VERIFY = flags.DEFINE_boolean(
     "verify", False, "convert: read the output back and compare counts and checksums")
 _OUT_DIR = flags.DEFINE_string("out_dir", "demo_out", "demo: where data and checkpoints go")
 _CONFIG = flags.DEFINE_string(
-    "config", None, "demo: the config (default: configs/lm_demo.yaml, or configs/demo.yaml for digits)")
+    "config", None, "demo: the config, a YAML file or a shipped config's name (default: lm_demo, or demo for digits)")
 _DEMO = flags.DEFINE_enum(
     "demo", "lm", ["lm", "digits"], "demo: the language model on the standard library's text (lm), "
     "or the MLP on scikit-learn's digits (digits)")

@@ -111,7 +111,8 @@ def run_command(
     """``run CONFIG [overrides]``: iterates the pipeline; returns what to print.
 
     Args:
-        args: the config's path, then ``key.sub=value`` overrides.
+        args: the config (a YAML file, or a shipped config's name), then ``key.sub=value``
+            overrides.
         max_batches: stop after this many batches (default: see :func:`_default_limit`).
         report_dir: also write ``stats.json`` and ``report.html`` there.
         step_ms: sleep this long after each batch, like a training step.

@@ -8,6 +8,7 @@ Every reader takes ``where``, the dotted key of the value (``"sampler.seed"``,
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -16,6 +17,16 @@ import yaml
 from dataloader.errors import ConfigError
 
 _MISSING: Any = object()
+
+
+def _shipped_hint(path: str) -> str:
+    from dataloader.config.shipped import shipped_configs
+
+    name = os.path.basename(path)
+    stem = name[:-5] if name.endswith(".yaml") else name
+    if stem in shipped_configs():
+        return f"; granary ships a config named {stem!r}: pass {stem!r} to read it from the package"
+    return ""
 
 
 def read_yaml_file(path: str) -> Any:
@@ -29,7 +40,7 @@ def read_yaml_file(path: str) -> Any:
         with open(path, encoding="utf-8") as f:
             return yaml.safe_load(f)
     except FileNotFoundError:
-        raise ConfigError(f"config file {path!r} does not exist") from None
+        raise ConfigError(f"config file {path!r} does not exist{_shipped_hint(path)}") from None
     except yaml.YAMLError as error:
         raise ConfigError(f"{path}: not valid YAML: {error}") from None
 

@@ -27,7 +27,7 @@ the returned :class:`PipelineConfig` builds the loader::
       end: null                      # pad (or {lookahead: 8, mask_key: mask}): finite data ends on one step on every host
       ray: null                      # or {address: auto, num_workers: 8, resources: {data: 1}}:
                                      # units on Ray actors (dl.RayExecutor; worker_count 0)
-      audit_log: null                # or audit-{shard}.jsonl: a JSON line per step (README "Fingerprint audit")
+      audit_log: null                # or audit-{shard}.jsonl: a JSON line per step (docs/fingerprint-audit.md)
     device:                          # the device queue (device_prefetch)
       enabled: false
       cpu_buffer_size: 2
@@ -42,7 +42,7 @@ take. Each message starts with the key. Loading opens no data file; the
 ``build_*`` methods construct the objects.
 
 Example:
-    >>> config = load_config("configs/demo.yaml", ["loader.worker_count=0"])  # doctest: +SKIP
+    >>> config = load_config("demo", ["loader.worker_count=0"])  # doctest: +SKIP
     >>> loader = config.build_loader()                                         # doctest: +SKIP
 """
 
@@ -58,6 +58,7 @@ from dataloader.config import checks as check
 from dataloader.config.import_path import ImportPathError, resolve_import
 from dataloader.config.operations import build_operations
 from dataloader.config.overrides import apply_overrides
+from dataloader.config.shipped import config_file
 from dataloader.engine.stages.finite import PadEnd
 from dataloader.errors import ConfigError
 from dataloader.loader import DataLoader
@@ -469,7 +470,9 @@ def load_config(
     (and overrides) you would run as a Python script.
 
     Args:
-        path: the YAML file.
+        path: the YAML file, or the name of a config shipped with granary
+            (``"array_record_images"``, ``.yaml`` optional; see
+            :func:`~dataloader.config.shipped_config`), read when no file of that name exists.
         overrides: strings like ``"sampler.seed=7"`` or ``"operations.1.batch.batch_size=32"``
             (values are read as YAML), applied in order.
         check_files: look up the source's paths (False: check everything else, e.g.
@@ -480,7 +483,7 @@ def load_config(
             wrong type, or names a missing file or an unknown operation; the message
             starts with the key.
     """
-    path = os.fspath(path)
+    path = config_file(path)
     data = check.read_yaml_file(path)
     if data is None:
         data = {}

@@ -32,6 +32,7 @@ import jax
 import numpy as np
 
 from dataloader.config import checks as check
+from dataloader.config.shipped import shipped_config
 from dataloader.demo import loop
 from dataloader.demo.text import train_tokenizer, write_text_shards
 from dataloader.demo.transformer import ModelShape, eval_step, init_state, train_step
@@ -52,7 +53,7 @@ _DEFAULTS: dict[str, Any] = {
 
 
 def default_config_path() -> str:
-    return loop.packaged_config("lm_demo.yaml")
+    return shipped_config("lm_demo")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,7 +13,6 @@ import dataclasses
 import os
 import time
 from collections.abc import Callable
-from importlib import resources
 from typing import Any
 
 import jax
@@ -23,11 +22,6 @@ from dataloader.checkpoint import CheckpointRestore, CheckpointSave
 from dataloader.config import checks as check
 from dataloader.demo.model import fingerprint
 from dataloader.engine.stats import sorted_stages
-
-
-def packaged_config(name: str) -> str:
-    """The path of a config shipped in ``dataloader.configs``."""
-    return str(resources.files("dataloader.configs") / name)
 
 
 def check_schedule(preempt_key: str, every_key: str, every: int, preempt_at: int, steps: int) -> None:

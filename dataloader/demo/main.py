@@ -32,6 +32,7 @@ import numpy as np
 
 from dataloader.config import checks as check
 from dataloader.config.pipeline import PipelineConfig, load_config
+from dataloader.config.shipped import shipped_config
 from dataloader.demo import loop
 from dataloader.demo.data import load_digits, write_digits
 from dataloader.demo.model import accuracy, init_params, train_step
@@ -44,7 +45,7 @@ _TRAIN_DEFAULTS = {"steps": 400, "checkpoint_every": None, "preempt_at": None, "
 
 
 def default_config_path() -> str:
-    return loop.packaged_config("demo.yaml")
+    return shipped_config("demo")
 
 
 @dataclasses.dataclass(frozen=True)

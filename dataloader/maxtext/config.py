@@ -109,6 +109,7 @@ from absl import logging
 
 from dataloader.config import checks as check
 from dataloader.config.overrides import apply_overrides
+from dataloader.config.shipped import config_file
 from dataloader.errors import ConfigError
 from dataloader.maxtext.mixture import KEY as KEY_MIXTURE
 from dataloader.maxtext.mixture import Component, load_mixture_config
@@ -406,10 +407,14 @@ def load_maxtext_config(
 ) -> MaxTextConfig:
     """Reads a MaxText-style YAML file (flat keys) and checks it (see :func:`parse_maxtext_config`).
 
+    ``path`` is a YAML file, or the name of a config shipped with granary (``"maxtext"``,
+    ``"lm_demo"``; see :func:`dataloader.config.shipped_config`) when no file of that
+    name exists.
+
     Raises:
         ConfigError: the file is missing or not YAML, or a key is unknown or invalid.
     """
-    path = os.fspath(path)
+    path = config_file(path)
     data = check.read_yaml_file(path)
     if not isinstance(data, Mapping):
         raise ConfigError(f"{path}: expected a mapping of MaxText keys, got {data!r}")

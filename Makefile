@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install test test-fast lint bench bench-convert demo clean
+.PHONY: install test test-fast lint bench bench-convert demo docs docs-serve clean
 
 $(STAMP): setup.cfg setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -45,5 +45,19 @@ demo: $(VENV)/.demo-stamp
 	$(PY) -m dataloader demo
 	$(PY) -m dataloader demo --demo=digits
 
+# The documentation site (docs/, mkdocs.yml): the docs extra (MkDocs, Material,
+# mkdocstrings, and what the pages' examples import) on top of the base install.
+# `docs` builds it strictly (a broken link, a missing anchor or a docstring that names a
+# parameter the code lacks fails it) into site/; `docs-serve` serves it while you edit.
+$(VENV)/.docs-stamp: $(STAMP)
+	$(PY) -m pip install -q -e '.[docs]'
+	touch $@
+
+docs: $(VENV)/.docs-stamp
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+
+docs-serve: $(VENV)/.docs-stamp
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve --dev-addr 127.0.0.1:8000
+
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) build dist site *.egg-info .pytest_cache .hypothesis

@@ -54,9 +54,11 @@ class Tokenize(MapTransform):
             ``tokenizer_type``); by default told from ``tokenizer``'s form.
         feature: the key of the text when elements are dicts.
         output_key: the key of the token array in the output dict.
-        add_bos, add_eos: put the tokenizer's BOS id first, its EOS id last.
-        bos_token, eos_token: which special tokens (by text) are BOS and EOS, where the
-            tokenizer's own are not wanted or not known (a tiktoken encoding has no BOS).
+        add_bos: put the tokenizer's BOS id first.
+        add_eos: put the tokenizer's EOS id last.
+        bos_token: which special token (by text) is BOS, where the tokenizer's own is
+            not wanted or not known (a tiktoken encoding has no BOS).
+        eos_token: which special token (by text) is EOS, likewise.
         max_length: keep at most this many ids (BOS and EOS included), as MaxText's
             ``TokenizeAndTrim`` does; ``None`` keeps all (packing splits long sequences).
         keep_text: keep ``feature`` in the output dict.

@@ -190,14 +190,16 @@ def test_read_record_files_then_write_to_array_record_keeps_order_within_each_sh
         WriteToArrayRecord(str(tmp_path / "run0" / "w"), num_shards=3)
 
 
-def test_the_readmes_cluster_commands_pass_only_flags_that_beam_or_convert_know():
-    """The Dataflow, Flink and Spark lines cannot run here; their flags are checked instead."""
+def test_the_docs_cluster_commands_pass_only_flags_that_beam_or_convert_know():
+    """The Dataflow, Flink and Spark lines of docs/conversion.md cannot run here; their
+    flags are checked instead."""
     import re
 
     from dataloader.beam import pipeline_options
-    from tests.test_readme import README
+    from tests.test_docs import ROOT
 
-    blocks = re.findall(r"^```text\n(.*?)^```", README.read_text(), re.S | re.M)
+    page = ROOT / "docs" / "conversion.md"
+    blocks = re.findall(r"^```text\n(.*?)^```", page.read_text(), re.S | re.M)
     lines = [line for block in blocks for line in block.splitlines() if "python -m dataloader convert" in line]
     runners = set()
     for line in lines:

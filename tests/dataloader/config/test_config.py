@@ -90,7 +90,7 @@ def test_function_args_are_bound_as_keywords():
 
 
 def test_a_config_is_code_loading_runs_the_modules_it_names_and_an_override_names_any_callable(tmp_path, monkeypatch):
-    """What the README's "a config is code" warns of: load_config imports (runs) the
+    """What docs/configs-and-cli.md's "a config is code" warns of: load_config imports (runs) the
     modules it names, and an override may put any callable in place of an operation."""
     (tmp_path / "side_effects.py").write_text(
         "import pathlib\npathlib.Path(__file__).with_name('ran').write_text('imported')\n"

@@ -8,13 +8,13 @@ tests/dataloader/cli/test_run.py); this script checks it the way a person meets 
 2. loads a copy of the page, with a check added at its end, in headless Chromium with
    every host name unresolvable (so anything fetched from the network would fail), and
    reads back from the DOM how many images decoded and how big they are;
-3. takes a screenshot of the page itself (``--screenshot=PATH``, the README's by
+3. takes a screenshot of the page itself (``--screenshot=PATH``, docs/images/report.png by
    default), shrunk to a small palette PNG.
 
 Chromium comes from Debian's packages (``apt-get install -y chromium``, as root); the
 browser is not a dependency of the project or of its CI. Usage::
 
-    python benchmarks/report_in_browser.py [--screenshot benchmarks/report_screenshot.png]
+    python benchmarks/report_in_browser.py [--screenshot docs/images/report.png]
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def shrink(png: Path, out: Path, width: int = 900) -> None:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--screenshot", type=Path, default=HERE / "report_screenshot.png")
+    parser.add_argument("--screenshot", type=Path, default=HERE.parent / "docs" / "images" / "report.png")
     parser.add_argument("--height", type=int, default=1700, help="pixels of the page in the screenshot")
     args = parser.parse_args(argv)
     browser = chromium()

@@ -1,7 +1,7 @@
 """``dl.experimental``: the names of ``grain.experimental``, on granary's engine.
 
 Code written against ``grain.experimental`` runs with ``import dataloader as grain``.
-Where granary's version differs on purpose, the README's Grain table says how.
+Where granary's version differs on purpose, the dataset table of docs/migrating-from-grain.md says how.
 """
 
 from __future__ import annotations

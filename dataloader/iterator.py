@@ -135,7 +135,7 @@ class DataLoaderIterator(DatasetIterator[Any]):
         return cursor
 
     def _check_in_workers(self, fp: dict[str, Any], cursor: Cursor) -> None:
-        """The fingerprint check with workers: no user code runs in this process (DESIGN.md,
+        """The fingerprint check with workers: no user code runs in this process (docs/design.md,
         "Where user code runs"). The executor starts at the step's first position and
         its workers compute the step's units with their digests; the units from
         ``cursor`` on are kept for the stream (:attr:`_primed`), so the check costs
@@ -259,7 +259,7 @@ class DataLoaderIterator(DatasetIterator[Any]):
         Given a list of every old host's states (of one step, on another host count,
         this loader built as one host of the new count), it reads this host's share of
         what they left unread: each record of the stream exactly once across the change,
-        for every pipeline (README "Elastic restore", :mod:`dataloader.engine.elastic`).
+        for every pipeline (docs/elastic-restore.md, :mod:`dataloader.engine.elastic`).
 
         Raises:
             StateMismatchError: the state was made for another data set, seed, sharding

@@ -232,7 +232,7 @@ class DatasetOptions:
             block per work unit whatever the size of their arrays.
         audit_log: granary's own: ``DataLoader(audit_log=...)`` for the dataset's
             iterators, a path to append a JSON line per step to (``{shard}``: the shard
-            index; README "Fingerprint audit"), or None.
+            index; docs/fingerprint-audit.md), or None.
 
     Options set explicitly win over those of :meth:`merge`'s argument, which win over
     the defaults.

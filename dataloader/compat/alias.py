@@ -42,7 +42,7 @@ from dataloader.errors import GranaryError
 
 ENV_VAR = "GRANARY_GRAIN_ALIAS"
 _ENV_VALUES = {"": None, "0": None, "1": False, "force": True}  # value -> force (None: off)
-_README = "the README's 'Migrating from Grain' section"
+_GUIDE = "docs/migrating-from-grain.md (Migrating from Grain)"
 
 
 class RealGrainError(GranaryError, ImportError):
@@ -54,9 +54,9 @@ def missing_message(module: str, name: str) -> str:
     if name in MODULES[module].names:
         return (f"granary does not provide Grain's {module}.{name}: the grain alias maps Grain's "
                 f"names to granary's where granary has them, and this one has no counterpart; "
-                f"see {_README} for what is mapped, or write this step with granary's API")
+                f"see {_GUIDE} for what is mapped, or write this step with granary's API")
     return (f"{module}.{name} is neither a name of Grain's {module} nor one granary provides "
-            f"under it; check the spelling (dir({module}) lists its names; see {_README})")
+            f"under it; check the spelling (dir({module}) lists its names; see {_GUIDE})")
 
 
 def resolve(module: str, name: str) -> Any:

@@ -320,7 +320,7 @@ class MapDataset(Generic[T]):
         ``ds[indices[i] + e * len(ds)]``), as every index-level call does.
 
         ``ds[h::H]`` is Grain's way to shard; ``to_iter_dataset(shard_options=...)`` is
-        ours (see the README): the same elements, plus elastic restore.
+        ours (see docs/multi-host.md): the same elements, plus elastic restore.
 
         Raises:
             TypeError: ``sl`` is neither a slice nor a sequence of integers (a hole of a

@@ -1,6 +1,6 @@
 """Elastic restore for every pipeline: what the hosts of a new host count read next.
 
-The global stream is positions ``g = 0, 1, 2, ...`` (DESIGN.md, "Global stream"). A
+The global stream is positions ``g = 0, 1, 2, ...`` (docs/design.md, "The global stream"). A
 *layout* says which of them are still to be read, as a finite sorted set ``E`` (the
 leftovers) and everything from a frontier ``F`` on, and how ``H`` hosts share them:
 the unread positions in order, ``U = sorted(E) + [F, F+1, ...]``, are dealt out

@@ -1,6 +1,6 @@
 """``ElasticIterator``: Grain's iterator whose state restores on another number of shards.
 
-Built on the loader's own elastic restore (README "Elastic restore",
+Built on the loader's own elastic restore (docs/elastic-restore.md,
 :func:`dataloader.engine.state.resolve_state`): the dataset is read with interleaved
 sharding (shard ``h`` of ``H`` reads global positions ``g % H == h``, after the
 global shuffle) and batched ``global_batch_size / H`` rows per shard, so global batch
@@ -27,7 +27,7 @@ states differ by shard, so the restore needs them all: ``get_shard_states()`` is
 shard's ``{shard_index: state}``; gather every shard's (e.g. every process's file of the
 checkpoint) and hand their union to ``set_shard_states`` on each shard of the new shard
 count, which reads what the old shards left unread, each record exactly once
-(:func:`dataloader.elastic_iterator`, README "Elastic restore"). ``get_state`` and
+(:func:`dataloader.elastic_iterator`, docs/elastic-restore.md). ``get_state`` and
 ``set_state`` restore on the same shard count. Grain keys its shard states by the files
 of an interleave instead; such states are not read.
 """

@@ -15,7 +15,7 @@ and interleaved, rows window-shuffled), that costs one window of memory at most.
   (:class:`WindowShuffleDatasetIterator` below says how its state and restore work).
   Over a stream on the engine (``MapDataset...to_iter_dataset()`` with maps, filters,
   flat maps), its states also name the window's elements already handed out as the
-  engine's positions, so they restore on another host count (README "Elastic restore"):
+  engine's positions, so they restore on another host count (docs/elastic-restore.md):
   through ``ElasticIterator``'s ``set_shard_states``, or ``set_state`` with every old
   host's states.
 

@@ -118,7 +118,7 @@ class DatasetIterator(Iterator[T], abc.ABC):
         return checkpoint.v1_load(self, directory)
 
     def stats(self) -> dict[str, Any]:
-        """Where the time went, in the shape every iterator shares (see the README's
+        """Where the time went, in the shape every iterator shares (see docs/tuning.md,
         "Where the time goes"): the totals of the iterators under this one, this
         stage's own seconds, what it handed out, and the same over the last seconds."""
         return collect.stats_of(self)

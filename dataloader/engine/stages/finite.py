@@ -37,7 +37,7 @@ some other way (a source of their own each) use
 dtypes and shapes, so a restore in the padded tail can make padding without reading a
 batch). Batches read ahead are not in it: a restore continues with the very next step.
 
-**Elastic restore** (README "Elastic restore"): ``set_state`` also takes every old
+**Elastic restore** (docs/elastic-restore.md): ``set_state`` also takes every old
 host's state (a list, as an Orbax restore on another process count hands it). The
 padding keys are dropped from each (padding batches hold no records, so a host that was
 in its padded tail simply has nothing left over), the loader's iterator reads this

@@ -93,7 +93,7 @@ def publish(
     pipeline: dict[str, Any],
     queues: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The public ``stats()`` dict (see the README's "Where the time goes").
+    """The public ``stats()`` dict (see docs/tuning.md, "Where the time goes").
 
     Args:
         totals: the iterator's totals now.

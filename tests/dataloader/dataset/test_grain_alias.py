@@ -3,7 +3,8 @@
 The code below follows Grain's JAX training guide (docs/tutorials/jax_training_tutorial:
 the minimal pipeline, ThreadPrefetchIterDataset with a device_put map, the two-stage
 ``grain.experimental.device_put``, a sharded batch), with an in-memory source standing
-in for the guide's MNIST. The README's Grain-style examples run under the alias too.
+in for the guide's MNIST. The Grain-style examples of docs/dataset-api.md run under
+``import dataloader as grain`` too.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pytest
 
 import dataloader as grain
 from tests.helpers import REPO_ROOT
-from tests.test_readme import prepare
+from tests.test_docs import environment, expected_prints
 
 SOURCE = [{"image": np.full((4, 4, 1), i % 256, np.uint8), "label": i % 10} for i in range(512)]
 
@@ -93,23 +94,23 @@ def test_grains_module_names_resolve():
 
 
 def _dataset_api_blocks() -> list[str]:
-    text = (pathlib.Path(REPO_ROOT) / "README.md").read_text()
-    start = text.index("## The dataset API")
-    end = text.index("\n## ", start + 5)
-    return re.findall(r"^```python\n(.*?)^```", text[start:end], re.S | re.M)
+    """The blocks of the dataset API's page; each writes the data it reads."""
+    text = (pathlib.Path(REPO_ROOT) / "docs" / "dataset-api.md").read_text()
+    return re.findall(r"^```python\n(.*?)^```", text, re.S | re.M)
 
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("number", range(len(_dataset_api_blocks())))
-def test_the_readmes_grain_style_examples_run_as_grain_code(number, tmp_path):
+def test_the_docs_grain_style_examples_run_as_grain_code(number, tmp_path):
     block = _dataset_api_blocks()[number]
     assert "import dataloader as dl" in block
     as_grain = block.replace("import dataloader as dl", "import dataloader as grain")
     as_grain = re.sub(r"(?<![\w.])dl\.", "grain.", as_grain)
     script = tmp_path / "grain_code.py"
     script.write_text(as_grain)
-    out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=prepare(tmp_path),
+    out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=environment(),
                          capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines() == expected_prints(block)

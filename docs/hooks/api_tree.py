@@ -17,6 +17,8 @@ import os
 import shutil
 from typing import Any
 
+from mkdocs.plugins import event_priority
+
 # installed package -> folder in the repository (the mapping of setup.py)
 MAPPED = {"samplers": "samplers", "sources": "sources", "operations": "operations", "configs": "configs"}
 TREE = os.path.join("build", "docs-api")
@@ -37,6 +39,9 @@ def build_tree(root: str) -> str:
     return tree
 
 
+# Before mkdocstrings' own on_config: it keeps only the search paths that exist when it
+# reads them, so on a fresh clone (no build/ yet) it would miss the tree.
+@event_priority(100)
 def on_config(config: Any, **kwargs: Any) -> Any:
     build_tree(os.path.dirname(os.path.abspath(config.config_file_path)))
     return config

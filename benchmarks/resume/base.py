@@ -1,0 +1,67 @@
+"""What a column is: one loader used one documented way, opened per host and scenario.
+
+A column answers, without importing its loader (the parent process may not have it):
+
+* ``name``, ``packages`` (the distributions whose versions the table lists);
+* ``missing()``: why it cannot run here (not installed, and the installer's reason), or None;
+* ``unsupported(scenario)``: the loader's documented reason it has no way to do that
+  scenario (quoted, with where it says so), or None;
+* ``fmt(scenario)``: which of :data:`data.FORMATS` it reads;
+* ``promises_order(scenario)``: whether its documentation promises the same order
+  after a resume as without one (then a different order makes the cell fail);
+
+and in the child process ``open(ctx, state)`` returns a :class:`Run` for one host:
+``state`` is None (from the start), this host's checkpoint bytes, or (elastic) the list
+of every old host's.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+
+class Run(Protocol):
+    def __iter__(self) -> Iterator[list[int]]:
+        """The ids of each step (one batch), over every epoch of the scenario."""
+
+    def save(self) -> bytes:
+        """The checkpoint of the last step handed out, as bytes."""
+
+    def close(self) -> None: ...
+
+
+class Column:
+    name = ""
+    packages: tuple[str, ...] = ()
+
+    def missing(self) -> str | None:
+        for package in self.packages:
+            try:
+                importlib.metadata.version(package)
+            except importlib.metadata.PackageNotFoundError:
+                return f"{package} is not installed in this environment"
+        return None
+
+    def unsupported(self, scenario: str) -> str | None:
+        return None
+
+    def fmt(self, scenario: str) -> str:
+        return "array_record"
+
+    def promises_order(self, scenario: str) -> bool:
+        return scenario != "elastic"
+
+    def open(self, ctx: Any, state: Any) -> Run:
+        raise NotImplementedError
+
+
+def versions(packages: tuple[str, ...]) -> dict[str, str]:
+    found = {}
+    for package in packages:
+        try:
+            found[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            found[package] = "not installed"
+    return found

@@ -144,8 +144,9 @@ class Matrix:
                     "note": f"not installed: {missing}"}
         reason = col.unsupported(scenario)
         if reason:
+            what = "not measured here" if reason.startswith("not measured here") else "not supported"
             return {"ok": False, "lost": 0, "repeated": 0, "order": None, "supported": False,
-                    "note": f"not supported: {reason}"}
+                    "note": f"{what}: {reason.removeprefix('not measured here: ')}"}
         fmt = col.fmt(scenario)
         cell_dir = os.path.join(self.root, "cells", name, scenario)
         shutil.rmtree(cell_dir, ignore_errors=True)
@@ -191,8 +192,8 @@ class Matrix:
                         "note": "; ".join([note, *notes])}
             return {"ok": False, "lost": got["lost"], "repeated": got["repeated"], "order": None,
                     "supported": True, "note": "; ".join([note, *notes])}
-        if second.error:
-            return {"ok": False, "lost": compare["lost"], "repeated": compare["repeated"], "order": None,
+        if second.error:  # a refusal or a crash: nothing was used silently, the run cannot go on
+            return {"ok": False, "lost": 0, "repeated": 0, "order": None,
                     "supported": True, "note": "; ".join([f"the resume raised: {second.error}", *notes])}
         order = compare["same_order"] if scenario != "elastic" else None
         ok = compare["lost"] == 0 and compare["repeated"] == 0 and not (order_promised and order is False)
@@ -212,7 +213,7 @@ class Matrix:
 
 def short(cell: dict) -> str:
     if not cell.get("supported", True):
-        return "not installed" if cell["note"].startswith("not installed") else "not supported"
+        return cell["note"].split(":")[0]  # not installed, not supported, not measured here
     if cell["ok"]:
         return "ok"
     parts = []
@@ -222,8 +223,10 @@ def short(cell: dict) -> str:
         parts.append(f"{cell['repeated']} repeated")
     if cell.get("order") is False and cell.get("order_promised"):
         parts.append("order differs")
-    if "raised" in cell["note"] or "failed" in cell["note"] or "never saved" in cell["note"]:
-        parts.append("error")
+    if cell["note"].startswith("the resume raised"):
+        parts.append("the resume raised")
+    elif "raised" in cell["note"] or "failed" in cell["note"] or "never saved" in cell["note"]:
+        parts.append("the run raised")
     if "not noticed" in cell["note"]:
         parts.insert(0, "not noticed")
     return "NO: " + ", ".join(parts) if parts else "NO"

@@ -29,6 +29,13 @@ PEERS=(
   "psutil"
   "google-cloud-storage"
   "pandas"  # Ray Data (ray_executor.py's peer row) needs it; ray itself comes with the ray extra
+  # resume_matrix.py's peers. torchvision (LitData needs it) is pinned to the release built
+  # for torch 2.13: the newest pulls torch 2.14 and CUDA. mosaicml-streaming is not here:
+  # every release requires numpy<2.2 and transformers<5 (see benchmarks/resume/mosaic_cols.py).
+  "torchdata==0.11.0"
+  "datasets==5.2.0"
+  "litdata==0.2.76"
+  "torchvision==0.28.0"
 )
 # The project's extras the benchmarks need (tfrecord: streaming.py writes TFRecord files;
 # beam: convert.py runs the Beam conversion; ray: ray_executor.py's RayExecutor and Ray Data rows).
@@ -67,8 +74,12 @@ import apache_beam  # noqa: F401
 import array_record.beam.arrayrecordio  # noqa: F401
 import google.cloud.storage  # noqa: F401
 import ray.data  # noqa: F401
+import torchdata.stateful_dataloader  # noqa: F401
+import datasets  # noqa: F401
+import litdata  # noqa: F401
 
-for name in ("numpy", "jax", "array_record", "grain", "torch", "pillow", "psutil", "apache-beam", "ray", "pandas"):
+for name in ("numpy", "jax", "array_record", "grain", "torch", "pillow", "psutil", "apache-beam", "ray", "pandas",
+             "torchdata", "datasets", "litdata", "torchvision"):
     try:
         version = md.version(name)
     except md.PackageNotFoundError:

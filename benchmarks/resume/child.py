@@ -100,7 +100,13 @@ def _run(request: dict[str, Any], column: Any, ctx: list[Context], log: Any) -> 
                 for ids in r:
                     log.write(json.dumps({"host": h, "ids": ids}) + "\n")
     except Exception as error:  # the loader's own words go into the cell's note
-        detail = f"{type(error).__name__}: {error}"
+        lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
+        if len(lines) > 2:  # a worker's error with its traceback: the first and last lines
+            lines = [lines[0], "...", lines[-1]]
+        detail = f"{type(error).__name__}: {' '.join(lines)}"
+        if not str(error):  # an assert with no message: say where it fired
+            frame = traceback.extract_tb(error.__traceback__)[-1]
+            detail += f"(at {frame.filename.split('site-packages/')[-1]}:{frame.lineno}: {frame.line})"
         with open(os.path.join(out, "result.json"), "w") as f:
             json.dump({"error": detail, "traceback": traceback.format_exc()}, f)
     finally:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from resume import common
 
 SHARDS = 4
-FORMATS = ("array_record", "parquet", "litdata", "litdata_tokens")
+FORMATS = ("array_record", "parquet", "litdata", "litdata_tokens", "litdata_filter", "litdata_flat_map")
 
 
 def _split(order: Sequence[int]) -> list[Sequence[int]]:
@@ -45,17 +45,16 @@ def write(fmt: str, directory: str, order: Sequence[int]) -> str:
             table = pa.table({"tokens": pa.array([common.record(i) for i in part], pa.list_(pa.int32()))})
             pq.write_table(table, os.path.join(directory, f"part-{k:05d}.parquet"))
         return os.path.join(directory, "part-*.parquet")
-    if fmt in ("litdata", "litdata_tokens"):
+    if fmt.startswith("litdata"):
         import litdata
 
-        # One optimize call per shard file order: litdata writes chunks in input order
-        # with one worker; chunk_size keeps several chunks, as a real data set has.
-        fn = _litdata_tokens if fmt == "litdata_tokens" else _litdata_item
+        # One worker writes the chunks in input order; several chunks, as a real data set has.
+        tokens = fmt == "litdata_tokens"
         litdata.optimize(
-            fn=fn, inputs=list(order), output_dir=directory, num_workers=1,
-            chunk_size=max(1, -(-len(order) // SHARDS)) if fmt == "litdata" else None,
-            chunk_bytes=None if fmt == "litdata" else "4KB",
-            item_loader=_tokens_loader() if fmt == "litdata_tokens" else None,
+            fn=_LITDATA_FNS[fmt], inputs=list(order), output_dir=directory, num_workers=1,
+            chunk_size=None if tokens else max(1, -(-len(order) // SHARDS)),
+            chunk_bytes=f"{max(1, len(order) * 7 * 4 // SHARDS // 1000)}KB" if tokens else None,
+            item_loader=_tokens_loader() if tokens else None,
             mode=None, verbose=False,
         )
         return directory
@@ -70,6 +69,20 @@ def _litdata_tokens(i: int):
     import torch
 
     return torch.from_numpy(common.record(i))
+
+
+def _litdata_filter(i: int):
+    """The filter where LitData puts it: in the function that writes the data set."""
+    if common.keep({"id": i}):
+        yield {"id": i}
+
+
+def _litdata_flat_map(i: int):
+    yield from ({"id": e["id"]} for e in common.fan_out({"id": i, "tokens": None}))
+
+
+_LITDATA_FNS = {"litdata": _litdata_item, "litdata_tokens": _litdata_tokens,
+                "litdata_filter": _litdata_filter, "litdata_flat_map": _litdata_flat_map}
 
 
 def _tokens_loader():

@@ -66,6 +66,12 @@ FULL = Sizes(records=1000, batch=10, save_step=37, save_every=10, kill_step=44, 
 QUICK = Sizes(records=200, batch=8, save_step=9, save_every=4, kill_step=10, packed_batch=4)
 
 
+def elastic_batch(sizes: Sizes, hosts: int) -> int:
+    """Per-host batch of the elastic scenario: the global batch ``6 * (batch // 2)``
+    stays the same on 2 and on 3 hosts (it divides by both), as a training job keeps it."""
+    return 6 * (sizes.batch // 2) // hosts
+
+
 def length(i: int) -> int:
     return 1 + (7 * i) % 13
 

@@ -123,7 +123,7 @@ class GrainDataset(Column):
             ds = ds.repeat(ctx.epochs)
         options = gp.MultiprocessingOptions(num_workers=ctx.workers)
         if sc == "elastic":
-            it = ge.ElasticIterator(ds.map(t.IdOnly()), 6 * (sizes.batch // 2),
+            it = ge.ElasticIterator(ds.map(t.IdOnly()), common.elastic_batch(sizes, 1),
                                     gp.ShardOptions(ctx.host, ctx.hosts), multiprocessing_options=options)
             if state is not None:
                 it.set_state(json.loads(state[0]))  # any old shard's state restores every shard

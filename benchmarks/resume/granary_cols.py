@@ -21,12 +21,6 @@ def _ids(scenario: str, batch: Any) -> list[int]:
     return [int(x) for x in batch["id"]]
 
 
-def _elastic_batch(ctx: Any) -> int:
-    """Per-host batch of the elastic scenario: a global batch of ``6 * (batch // 2)``
-    split over the hosts (it divides by 2 and by 3)."""
-    return 6 * (ctx.sizes.batch // 2) // ctx.hosts
-
-
 class _Run:
     def __init__(self, scenario: str, iterator: Any) -> None:
         self._scenario, self._it = scenario, iterator
@@ -65,7 +59,7 @@ class GranaryLoader(Column):
             a = dl.MapDataset.source(source).map(common.decode)
             b = dl.MapDataset.source(dl.ArrayRecordDataSource(ctx.data["b"])).map(common.decode).map(common.shift_b)
             source, head = dl.MapDataset.mix([a, b], weights=[0.3, 0.7]), []
-        batch = _elastic_batch(ctx) if sc == "elastic" else sizes.batch
+        batch = common.elastic_batch(sizes, ctx.hosts) if sc == "elastic" else sizes.batch
         middle: list[Any] = [dl.MapTransform(common.id_only), dl.Batch(batch)]
         if sc == "filter":
             middle.insert(0, dl.FilterTransform(common.keep))
@@ -103,7 +97,7 @@ class GranaryDataset(Column):
         options = dl.MultiprocessingOptions(num_workers=ctx.workers)
         if sc == "elastic":
             it = dl.experimental.ElasticIterator(
-                ds.map(common.id_only), 6 * (sizes.batch // 2), dl.ShardOptions(ctx.host, ctx.hosts),
+                ds.map(common.id_only), common.elastic_batch(sizes, 1), dl.ShardOptions(ctx.host, ctx.hosts),
                 multiprocessing_options=options,
             )
             if state is not None:

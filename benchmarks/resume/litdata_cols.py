@@ -7,11 +7,15 @@ per-item ``transform`` but no filter or flat map: those run where its docs put t
 in the ``optimize(fn=...)`` that writes the data set (a generator ``fn`` may yield no
 item or several), so the resume reads the already filtered or flattened items. Packing
 is its ``TokensLoader(block_size=...)`` over a token stream (concatenate, then cut
-blocks). The mixture is ``CombinedStreamingDataset(weights=...)``.
+blocks). The mixture is ``CombinedStreamingDataset(weights=...)``. On another number of
+hosts, every new rank loads a state of the old run and LitData restripes the rest (its
+``StreamingDataset`` elastic resume: "Elastic resume rebuilds remaining IDs from that
+first-run shuffler assignment").
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -40,26 +44,65 @@ def _ids(scenario: str, batch: Any) -> list[int]:
     return [int(x) for x in batch["id"]]
 
 
+class _OnHost:
+    """One host of several in this process: LitData reads the world size and rank from
+    the environment (``WORLD_SIZE``, ``GLOBAL_RANK``, as a launcher sets them) when it
+    builds, iterates (its workers fork then) and saves; each call runs with this host's."""
+
+    def __init__(self, host: int, hosts: int) -> None:
+        self.env = {"WORLD_SIZE": str(hosts), "GLOBAL_RANK": str(host)}
+
+    def __enter__(self) -> _OnHost:
+        os.environ.update(self.env)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+    def wrap(self, run: EpochRun) -> _HostRun:
+        return _HostRun(self, run)
+
+
+class _HostRun:
+    def __init__(self, host: _OnHost, run: EpochRun) -> None:
+        self.host, self.run = host, run
+
+    def __iter__(self):
+        it = iter(self.run)
+        while True:
+            with self.host:
+                try:
+                    ids = next(it)
+                except StopIteration:
+                    return
+            yield ids
+
+    def save(self) -> bytes:
+        with self.host:
+            return self.run.save()
+
+    def close(self) -> None:
+        self.run.close()
+
+
 class LitData(Column):
     name = "litdata"
     packages = ("litdata",)
-
-    def unsupported(self, scenario: str) -> str | None:
-        if scenario == "elastic":
-            return (
-                "not measured here: LitData reads the world size from torch.distributed "
-                "(_DistributedEnv.detect() in every __iter__), and this harness runs the hosts "
-                "of one phase in one process; LitData 0.2.76 documents an elastic resume "
-                "(StreamingDataset(num_canonical_nodes=...): \"Elastic resume rebuilds remaining "
-                "IDs from that first-run shuffler assignment\")"
-            )
-        return None
 
     def fmt(self, scenario: str) -> str:
         return {"packing": "litdata_tokens", "filter": "litdata_filter",
                 "flat_map": "litdata_flat_map"}.get(scenario, "litdata")
 
-    def open(self, ctx: Any, state: Any) -> EpochRun:
+    def open(self, ctx: Any, state: Any) -> Any:
+        if ctx.hosts == 1:
+            return self._open(ctx, state)
+        host = _OnHost(ctx.host, ctx.hosts)
+        with host:
+            # Every rank's state counts the samples of all ranks (num_samples_yielded x
+            # world_size); LitData restripes what is left over the new world size.
+            return host.wrap(self._open(ctx, state[0] if isinstance(state, list) else state))
+
+    def _open(self, ctx: Any, state: Any) -> EpochRun:
         import litdata
         from litdata.streaming.item_loader import TokensLoader
 
@@ -77,5 +120,7 @@ class LitData(Column):
             ds = litdata.CombinedStreamingDataset([ds, b], seed=common.SEED, weights=(0.3, 0.7),
                                                   iterate_over_all=False)
         batch = ctx.sizes.packed_batch if sc == "packing" else ctx.sizes.batch
+        if sc == "elastic":
+            batch = common.elastic_batch(ctx.sizes, ctx.hosts)
         loader = litdata.StreamingDataLoader(ds, batch_size=batch, num_workers=ctx.workers)
         return EpochRun(loader, sc, ctx.epochs, state, ids=_ids)

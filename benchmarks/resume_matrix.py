@@ -26,6 +26,7 @@ import importlib
 import json
 import os
 import platform
+import resource
 import shutil
 import signal
 import subprocess
@@ -302,11 +303,15 @@ def main() -> None:
             result["loaders"][n][sc] = cell
             print(f"{n:16s} {sc:16s} {short(cell):28s} {cell['seconds']:6.1f}s  {cell['note'][:150]}", flush=True)
     result["seconds"] = round(time.monotonic() - started, 1)
+    # CPU of every process the cells ran (those reaped; workers a SIGKILL ended are not):
+    # what the matrix costs a quiet machine, whatever else ran beside it.
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    result["child_cpu_seconds"] = round(children.ru_utime + children.ru_stime, 1)
     result["machine"]["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     table = markdown(result)
     print()
     print(table)
-    print(f"\n{result['seconds']:.0f} s; load average at start {result['machine']['load_average_start']}, "
+    print(f"\n{result['seconds']:.0f} s wall, {result['child_cpu_seconds']:.0f} s CPU in child processes; load average at start {result['machine']['load_average_start']}, "
           f"at end {result['machine']['load_average_end']}")
     if args.json:
         with open(args.json, "w") as f:

@@ -73,6 +73,7 @@ class Phase:
     saved: bool
     error: str | None
     notes: list[str]
+    harness_error: str | None = None
 
 
 def run_child(request: dict, timeout: float) -> Phase:
@@ -122,7 +123,8 @@ def run_child(request: dict, timeout: float) -> Phase:
         with open(os.path.join(out, "stderr.txt")) as f:
             tail = [ln for ln in f.read().splitlines() if ln.strip()] or ["no output"]
         error = f"exit status {process.returncode}: {tail[-1][:300]}"
-    return Phase([i for s in steps for i in s], last_save is not None, error, result.get("notes", []))
+    return Phase([i for s in steps for i in s], last_save is not None, error, result.get("notes", []),
+                 result.get("harness_error"))
 
 
 class Matrix:
@@ -169,15 +171,24 @@ class Matrix:
         if reference.error:
             return self._failed("the uninterrupted run failed", reference.error)
         first = run_child({**base, "role": "first", "out": os.path.join(cell_dir, "first")}, self.timeout)
+        if first.harness_error:
+            return {"ok": False, "lost": 0, "repeated": 0, "order": None, "supported": None,
+                    "note": f"not measured here: {first.harness_error}"}
         notes = list(first.notes)
         if not first.saved:
             return self._failed("the interrupted run never saved", first.error)
         if first.error:
             notes.append(f"the interrupted run raised after its save: {first.error}")
-        if scenario == "source_changed":
-            data.write(fmt, os.path.join(cell_dir, "data"), common.order_for_change(self.sizes.records))
         resume = {**base, "role": "resume", "out": os.path.join(cell_dir, "resume"),
                   "state": os.path.join(cell_dir, "first", "state.bin")}
+        if scenario == "source_changed":
+            # A refusal counts as noticing the change only if the same resume on the
+            # unchanged files goes through: run it first, in a process of its own.
+            control = run_child({**resume, "out": os.path.join(cell_dir, "control")}, self.timeout)
+            if control.error:
+                return {"ok": False, "lost": 0, "repeated": 0, "order": None, "supported": True,
+                        "note": f"not measured: the resume raises on the unchanged files too: {control.error}"}
+            data.write(fmt, os.path.join(cell_dir, "data"), common.order_for_change(self.sizes.records))
         if scenario == "worker_count":
             resume["workers"] = 1
         if scenario == "elastic":
@@ -213,6 +224,8 @@ class Matrix:
 
 
 def short(cell: dict) -> str:
+    if cell["note"].startswith("not measured"):
+        return "not measured"
     if not cell.get("supported", True):
         return cell["note"].split(":")[0]  # not installed, not supported, not measured here
     if cell["ok"]:

@@ -144,6 +144,10 @@ def _first(request: dict[str, Any], runs: list[Any], log: Any) -> None:
                 os.killpg(0, signal.SIGKILL)  # a preemption: this process and its workers
     if scenario == "worker_replaced":
         victim = _kill_a_worker(os.environ["RESUME_MATRIX_PIDS"])
+        if victim is None:  # the harness's failure, not the loader's: say so, measure nothing
+            with open(os.path.join(out, "result.json"), "w") as f:
+                json.dump({"harness_error": "no live worker process had run the pipeline's functions"}, f)
+            return
         notes.append(f"killed worker pid {victim}")
     save(last)
     if scenario == "worker_replaced":

@@ -27,14 +27,17 @@ ELASTIC = (
 
 
 def add_id(example: dict) -> dict:
+    common.note_worker()
     return {"id": int(example["tokens"][0]) - 1}
 
 
 def keep(example: dict) -> bool:
+    common.note_worker()
     return common.keep({"id": int(example["tokens"][0]) - 1})
 
 
 def fan_out_batch(batch: dict) -> dict:
+    common.note_worker()
     ids = [10 * (int(t[0]) - 1) + k for t in batch["tokens"] for k in range(1 + (int(t[0]) - 1) % 3)]
     return {"id": ids}
 
@@ -46,6 +49,7 @@ def shift_b(example: dict) -> dict:
 def group_texts(batch: dict) -> dict:
     """Concatenate the batch's documents and cut rows of ROW tokens (the rest is kept
     as a short last row, padded with 0)."""
+    common.note_worker()
     flat = [t for tokens in batch["tokens"] for t in tokens]
     rows = [flat[k:k + common.ROW] for k in range(0, len(flat), common.ROW)]
     return {"tokens": [r + [0] * (common.ROW - len(r)) for r in rows]}
@@ -72,7 +76,11 @@ def _pipeline(ds: Any, ctx: Any, other: Any = None) -> Any:
 
 
 def collate(rows: list[dict]) -> dict:
+    """The batch as tensors; it runs in the worker processes (so it marks them), where a
+    map-style Dataset's map ran ahead in this process."""
     import torch
+
+    common.note_worker()
 
     if "tokens" in rows[0]:
         return {"tokens": torch.tensor([r["tokens"] for r in rows])}

@@ -115,7 +115,10 @@ def run_child(request: dict, timeout: float) -> Phase:
     result_path = os.path.join(out, "result.json")
     if os.path.exists(result_path):
         with open(result_path) as f:
-            result = json.load(f)
+            try:
+                result = json.load(f)
+            except ValueError:
+                result = {"error": "its result file is unreadable (the process died writing it)"}
     error = result.get("error")
     if timed_out:
         error = f"timed out after {timeout:.0f} s (a hang)"
@@ -315,6 +318,9 @@ def main() -> None:
             cell["seconds"] = round(time.monotonic() - t, 1)
             result["loaders"][n][sc] = cell
             print(f"{n:16s} {sc:16s} {short(cell):28s} {cell['seconds']:6.1f}s  {cell['note'][:150]}", flush=True)
+            if args.json:  # as it goes: a run cut short keeps the cells it has
+                with open(args.json, "w") as f:
+                    json.dump(result, f, indent=1)
     result["seconds"] = round(time.monotonic() - started, 1)
     # CPU of every process the cells ran (those reaped; workers a SIGKILL ended are not):
     # what the matrix costs a quiet machine, whatever else ran beside it.

@@ -56,6 +56,19 @@ def _write_atomic(path: str, blob: bytes) -> None:
     os.replace(path + ".tmp", path)
 
 
+def _write_result(out: str, result: dict[str, Any]) -> None:
+    """Writes result.json whole or not at all. A loader whose worker died may raise again
+    from its SIGCHLD handler in the middle of the write (torch's does): try again."""
+    blob = json.dumps(result).encode()
+    for attempt in range(5):
+        try:
+            _write_atomic(os.path.join(out, "result.json"), blob)
+            return
+        except Exception:
+            if attempt == 4:
+                raise
+
+
 def _kill_a_worker(pid_dir: str) -> int | None:
     """SIGKILLs one live process (not this one) that ran the pipeline's functions."""
     for name in sorted(os.listdir(pid_dir)):
@@ -107,8 +120,7 @@ def _run(request: dict[str, Any], column: Any, ctx: list[Context], log: Any) -> 
         if not str(error):  # an assert with no message: say where it fired
             frame = traceback.extract_tb(error.__traceback__)[-1]
             detail += f"(at {frame.filename.split('site-packages/')[-1]}:{frame.lineno}: {frame.line})"
-        with open(os.path.join(out, "result.json"), "w") as f:
-            json.dump({"error": detail, "traceback": traceback.format_exc()}, f)
+        _write_result(out, {"error": detail, "traceback": traceback.format_exc()})
     finally:
         for r in runs:
             with contextlib.suppress(Exception):  # a loader that fails to close: its error came first
@@ -145,8 +157,7 @@ def _first(request: dict[str, Any], runs: list[Any], log: Any) -> None:
     if scenario == "worker_replaced":
         victim = _kill_a_worker(os.environ["RESUME_MATRIX_PIDS"])
         if victim is None:  # the harness's failure, not the loader's: say so, measure nothing
-            with open(os.path.join(out, "result.json"), "w") as f:
-                json.dump({"harness_error": "no live worker process had run the pipeline's functions"}, f)
+            _write_result(out, {"harness_error": "no live worker process had run the pipeline's functions"})
             return
         notes.append(f"killed worker pid {victim}")
     save(last)
@@ -156,5 +167,4 @@ def _first(request: dict[str, Any], runs: list[Any], log: Any) -> None:
             for it in iters:
                 next(it)
         notes.append("the run went on after the kill")
-    with open(os.path.join(out, "result.json"), "w") as f:
-        json.dump({"notes": notes}, f)
+    _write_result(out, {"notes": notes})

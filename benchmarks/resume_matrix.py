@@ -100,6 +100,11 @@ def run_child(request: dict, timeout: float) -> Phase:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+    return read_phase(out, request["role"], process.returncode, timeout if timed_out else None)
+
+
+def read_phase(out: str, role: str, returncode: int, timed_out_after: float | None = None) -> Phase:
+    """What a finished child left in ``out`` (see :mod:`resume.child`)."""
     steps: list[list[int]] = []
     last_save = None
     with open(os.path.join(out, "ids.jsonl")) as f:
@@ -109,7 +114,7 @@ def run_child(request: dict, timeout: float) -> Phase:
                 last_save = len(steps)
             else:
                 steps.append(entry["ids"])
-    if request["role"] == "first":
+    if role == "first":
         steps = steps[:last_save] if last_save is not None else []
     result: dict = {}
     result_path = os.path.join(out, "result.json")
@@ -120,14 +125,33 @@ def run_child(request: dict, timeout: float) -> Phase:
             except ValueError:
                 result = {"error": "its result file is unreadable (the process died writing it)"}
     error = result.get("error")
-    if timed_out:
-        error = f"timed out after {timeout:.0f} s (a hang)"
-    elif error is None and process.returncode not in (0, -signal.SIGKILL):
+    if timed_out_after is not None:
+        error = f"timed out after {timed_out_after:.0f} s (a hang)"
+    elif error is None and returncode not in (0, -signal.SIGKILL):
         with open(os.path.join(out, "stderr.txt")) as f:
             tail = [ln for ln in f.read().splitlines() if ln.strip()] or ["no output"]
-        error = f"exit status {process.returncode}: {tail[-1][:300]}"
+        error = f"exit status {returncode}: {tail[-1][:300]}"
     return Phase([i for s in steps for i in s], last_save is not None, error, result.get("notes", []),
                  result.get("harness_error"))
+
+
+def judge(scenario: str, order_promised: bool, reference: Phase, first: Phase, second: Phase,
+          notes: list[str]) -> dict:
+    """The cell, from the reference, the interrupted run (up to its save) and the resume."""
+    compare = common.compare(reference.ids, first.ids + second.ids)
+    if scenario == "source_changed":
+        if second.error is not None:
+            return {"ok": True, "lost": 0, "repeated": 0, "order": None, "supported": True,
+                    "note": "; ".join([f"noticed: {second.error}", *notes])}
+        return {"ok": False, "lost": compare["lost"], "repeated": compare["repeated"], "order": None,
+                "supported": True, "note": "; ".join(["the change was not noticed: the resume read on", *notes])}
+    if second.error:  # a refusal or a crash: nothing was used silently, the run cannot go on
+        return {"ok": False, "lost": 0, "repeated": 0, "order": None,
+                "supported": True, "note": "; ".join([f"the resume raised: {second.error}", *notes])}
+    order = compare["same_order"] if scenario != "elastic" else None
+    ok = compare["lost"] == 0 and compare["repeated"] == 0 and not (order_promised and order is False)
+    return {"ok": ok and first.error is None, "lost": compare["lost"], "repeated": compare["repeated"],
+            "order": order, "order_promised": order_promised, "supported": True, "note": "; ".join(notes)}
 
 
 class Matrix:
@@ -197,25 +221,7 @@ class Matrix:
         if scenario == "elastic":
             resume["hosts"] = 3
         second = run_child(resume, self.timeout)
-        got = compare = common.compare(reference.ids, first.ids + second.ids)
-        order_promised = col.promises_order(scenario)
-        if scenario == "source_changed":
-            noticed = second.error is not None
-            note = f"noticed: {second.error}" if noticed else "the change was not noticed: the resume read on"
-            if noticed:
-                return {"ok": True, "lost": 0, "repeated": 0, "order": None, "supported": True,
-                        "note": "; ".join([note, *notes])}
-            return {"ok": False, "lost": got["lost"], "repeated": got["repeated"], "order": None,
-                    "supported": True, "note": "; ".join([note, *notes])}
-        if second.error:  # a refusal or a crash: nothing was used silently, the run cannot go on
-            return {"ok": False, "lost": 0, "repeated": 0, "order": None,
-                    "supported": True, "note": "; ".join([f"the resume raised: {second.error}", *notes])}
-        order = compare["same_order"] if scenario != "elastic" else None
-        ok = compare["lost"] == 0 and compare["repeated"] == 0 and not (order_promised and order is False)
-        if first.error:
-            ok = False
-        return {"ok": ok, "lost": compare["lost"], "repeated": compare["repeated"], "order": order,
-                "order_promised": order_promised, "supported": True, "note": "; ".join(notes)}
+        return judge(scenario, col.promises_order(scenario), reference, first, second, notes)
 
     @staticmethod
     def _failed(what: str, error: str | None) -> dict:

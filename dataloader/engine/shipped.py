@@ -42,6 +42,7 @@ import numpy as np
 
 from dataloader.engine.executor import InProcessExecutor
 from dataloader.engine.plan import ELEMENTS, Plan, Step
+from dataloader.engine.pool.shm import new_memfd
 from dataloader.engine.sizing import Units
 from dataloader.engine.stages.base import DatasetIterator, expect_state
 from dataloader.engine.stages.packing import _last_tag
@@ -111,7 +112,7 @@ def write_elements(elements: list[Any]) -> tuple[int, int]:
         table[i] = offset, raw.nbytes
         offset = _round_up(offset + raw.nbytes)
     size = max(offset, _ALIGN)
-    fd = os.memfd_create("granary-inputs", os.MFD_CLOEXEC)
+    fd = new_memfd("granary-inputs")
     try:
         os.ftruncate(fd, size)
         with mmap.mmap(fd, size) as target:
@@ -165,7 +166,7 @@ class ShippedInputs:
         self._table: np.ndarray | None = None
         self._mapped: Any = None
         if shared:
-            self._table_fd = os.memfd_create("granary-input-table", os.MFD_CLOEXEC)
+            self._table_fd = new_memfd("granary-input-table")
             os.ftruncate(self._table_fd, _SLOTS * 3 * 8)
             self._mapped = mmap.mmap(self._table_fd, _SLOTS * 3 * 8)
             self._table = np.frombuffer(self._mapped, dtype=np.int64).reshape(_SLOTS, 3)

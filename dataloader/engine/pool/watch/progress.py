@@ -24,6 +24,8 @@ import os
 import time
 from typing import NamedTuple
 
+from dataloader.engine.pool.shm import new_memfd
+
 _FIELDS = 4
 GENERATION, UNIT, STAGE, STARTED = range(_FIELDS)
 SENDING = -1  # the stage of a worker pickling and sending its result
@@ -52,7 +54,7 @@ class Board:
     """The parent's side: one slot per worker index (a replacement reuses its slot)."""
 
     def __init__(self, workers: int) -> None:
-        self.fd = os.memfd_create("granary-progress", os.MFD_CLOEXEC)
+        self.fd = new_memfd("granary-progress")
         try:
             self._map, self._view = _map(self.fd, workers)
         except BaseException:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -389,3 +390,44 @@ def test_the_workers_see_the_environment_of_iter_and_a_changed_import_setting_ge
     assert last == {("set", "set after the server started")}
     assert first is not None and other not in (None, first)
     assert not os.path.exists(f"/proc/{first}")  # the old one ended (its pools were done)
+
+
+def test_a_training_process_with_more_than_1024_open_files_keeps_its_fork_server():
+    """A mixture of ~1,000 files, or many sockets, puts the fork server's socket beyond
+    descriptor 1024 (``pass_fds`` keeps its number): ``select()`` cannot wait on it. Its
+    workers must still be forked by it, with no warning."""
+    script = """
+        import json, logging, os, resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft < 4096:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (4096 if hard == resource.RLIM_INFINITY else min(4096, hard), hard))
+        held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+        said = []
+        class Keep(logging.Handler):
+            def emit(self, record):
+                said.append(record.getMessage())
+        logging.getLogger("dataloader").addHandler(Keep(logging.WARNING))
+        import dataloader as dl
+        from dataloader.engine.pool import zygote
+        from tests.integration import workers_pipelines as wp
+        ld = dl.DataLoader(dl.RangeDataSource(400), dl.SequentialSampler(400),
+                           [dl.MapTransform(wp.to_array), dl.Batch(8)], worker_count=2)
+        it = iter(ld)
+        got = [next(it)["id"].tolist()]
+        server, workers = zygote.server_pid(), list(it._executor.pids)
+        def parent(pid):
+            with open(f"/proc/{pid}/stat") as f:
+                return int(f.read().rsplit(")", 1)[1].split()[1])
+        parents = {parent(pid) for pid in workers}
+        got += [b["id"].tolist() for b in it]
+        print(json.dumps({"highest": max(held), "server": server, "parents": sorted(parents),
+                          "server_after": zygote.server_pid(), "said": said,
+                          "right": got == [list(range(i, i + 8)) for i in range(0, 400, 8)]}))
+        """
+    with python_script(script) as proc:
+        assert proc.wait(90) == 0, proc.stderr.read()
+        out = json.loads(proc.stdout.read())
+    assert out["highest"] > 1024
+    assert out["parents"] == [out["server"]], f"workers started as interpreters: {out}"
+    assert out["server_after"] == out["server"] and out["right"]
+    assert out["said"] == []

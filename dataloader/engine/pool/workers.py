@@ -206,6 +206,8 @@ class WorkerSet:
         """Waits until some worker has something to say, or ``timeout`` seconds (for a
         thread that holds no lock: the pipes may be closed under it)."""
         conns = [w.results for w in self.workers]
+        # multiprocessing's wait() polls where poll exists (never select(), which cannot
+        # wait on a descriptor beyond 1024: a trainer with many open files has those).
         with contextlib.suppress(OSError, ValueError):  # a pipe closed under us
             wait(conns, timeout)
 

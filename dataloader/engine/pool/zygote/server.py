@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import select
 import signal
 import socket
 import sys
@@ -63,12 +64,14 @@ class Server:
         self.orphans: set[int] = set()  # killed when their pool closed; reaped quietly
 
     def run(self) -> None:
-        import select
-
+        # poll, never select(): the socket keeps the number it had in the training process
+        # (pass_fds), beyond 1024 in one with many open files, which select() cannot wait on.
+        poller = select.poll()
+        poller.register(self.sock, select.POLLIN)
         while True:
-            wait = 0.002 if self.reaps else (0.1 if self.orphans else None)
+            wait_ms = 2 if self.reaps else (100 if self.orphans else None)
             try:
-                readable = select.select([self.sock], [], [], wait)[0]
+                readable = poller.poll(wait_ms)
             except OSError:
                 break
             if readable and not self.handle():

@@ -127,7 +127,8 @@ def test_a_stopped_fork_server_is_left_behind_quickly_and_changes_no_batch():
         os.kill(executor.pids[0], signal.SIGKILL)
         got += [b["id"].tolist() for b in it]
     finally:
-        os.kill(server.proc.pid, signal.SIGCONT)
+        with contextlib.suppress(ProcessLookupError):  # killed and reaped already
+            os.kill(server.proc.pid, signal.SIGCONT)
     assert got == expected
     assert executor._workers.zygote is None and not server.alive
     assert server.proc.wait(10) == -signal.SIGKILL
@@ -431,3 +432,41 @@ def test_a_training_process_with_more_than_1024_open_files_keeps_its_fork_server
     assert out["parents"] == [out["server"]], f"workers started as interpreters: {out}"
     assert out["server_after"] == out["server"] and out["right"]
     assert out["said"] == []
+
+
+def zombie_children() -> set[int]:
+    """This process's children that exited and were never reaped (state ``Z``)."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                with open(f"/proc/{entry}/stat") as f:
+                    state, parent = f.read().rsplit(")", 1)[1].split()[:2]
+                if state == "Z" and int(parent) == os.getpid():
+                    found.add(int(entry))
+    return found
+
+
+def test_a_fork_server_that_died_is_reaped_by_the_pool_that_noticed_and_when_idle():
+    """Not left a zombie child of the training process until its exit (nor until the next
+    pool happens to replace it): reaped by the pool that finds it dead, by close() at the
+    latest, or, dying between pools, as soon as its socket closes."""
+    expected = reference(1000)
+    it = iter(loader(1000, slow=True))
+    got = [next(it)["id"].tolist()]
+    server = it._executor._workers.zygote
+    os.kill(server.proc.pid, signal.SIGKILL)  # not waited for here: the loader must
+    got += [b["id"].tolist() for b in it]
+    it.close()
+    assert got == expected
+    assert not server.alive
+    assert server.proc.pid not in zombie_children()
+    # Between pools: the next server dies while no pool uses it.
+    it = iter(loader(64))
+    next(it)
+    it.close()
+    idle = fork_server.server_pid()
+    assert idle is not None and idle != server.proc.pid
+    os.kill(idle, signal.SIGKILL)
+    assert wait_until(lambda: fork_server.server_pid() is None)  # its loss was noticed
+    assert wait_until(lambda: idle not in zombie_children()), f"fork server {idle} is a zombie"

@@ -51,7 +51,9 @@ Failure modes the pool survives: a server that dies, refuses or cannot start (wo
 start as interpreters), and a *stopped* one (``SIGSTOP``): a parent that waits for an
 answer, or for forked workers to be ready, looks at the server's state every
 ``LOOK_S`` and, finding it stopped, kills it and goes on without it within a second,
-rather than waiting ``ANSWER_WAIT_S`` (or for ever). The next pool gets a new server.
+rather than waiting ``ANSWER_WAIT_S`` (or for ever). The next pool gets a new server. A
+server lost is reaped as soon as its socket closes (and by the pool that found it gone,
+at the latest when it closes): it never stays a zombie child of the training process.
 A ``fork()`` that fails in the server (``EAGAIN`` at a pids limit) is answered, not
 fatal to it: the pool raises an error naming the limit.
 """

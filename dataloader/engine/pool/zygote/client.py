@@ -30,6 +30,9 @@ from dataloader.engine.pool.zygote import (
 
 logger = logging.getLogger("dataloader")
 
+# How long a server found gone (or killed: SIGKILL ends even a stopped one) is waited for.
+REAP_S = 5.0
+
 _BOOT = boot_script("dataloader.engine.pool.zygote.server", "serve", "serve(int(sys.argv[1]))", cpus_arg=2)
 
 
@@ -159,6 +162,7 @@ class Zygote:
                 data = b""
             if not data:
                 self._lose("it exited")
+                self._reap()  # it is gone (its socket closed with it), or killed just now
                 return
             answer = pickle.loads(data)
             with self._cond:
@@ -209,6 +213,14 @@ class Zygote:
             with contextlib.suppress(OSError):
                 self.proc.kill()
 
+    def _reap(self) -> None:
+        """Collects the exit status of a server that is gone, so it does not stay a zombie
+        child of this process (for the rest of its life when no other pool comes)."""
+        if os.getpid() != self.owner:  # not ours to wait for
+            return
+        with contextlib.suppress(subprocess.TimeoutExpired, ChildProcessError):
+            self.proc.wait(REAP_S)
+
     # -- what pools ask ---------------------------------------------------------------------
 
     def preload(self, modules: Iterable[str]) -> None:
@@ -242,6 +254,8 @@ class Zygote:
             last = self._retiring and self._open_pools <= 0
         if last:
             self.close()
+        elif not self.alive:  # lost: reaped now, whether or not the reader thread got to it
+            self._reap()
 
     def retire(self) -> None:
         """Another server replaces this one for new pools: close it once the pools it

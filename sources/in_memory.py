@@ -7,13 +7,47 @@ full source surface (``__len__``, ``__getitem__``, ``__getitems__``, a stable
 
 from __future__ import annotations
 
+import errno
 import operator
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, SupportsIndex
 
 import numpy as np
 
 from ._indexing import as_index_array, check_index
+
+_SHARING = threading.Lock()
+
+
+def _shareable(elements: Any) -> bool:
+    """Whether ``elements`` is an array the source shares with workers (see its class):
+    a plain or memory-mapped numpy array of at least ``SHARE_BYTES`` without Python
+    objects (a masked array or a matrix is pickled as it is: a copy of its data alone
+    would lose what it adds)."""
+    return (
+        type(elements) in (np.ndarray, np.memmap)
+        and elements.ndim >= 1
+        and not elements.dtype.hasobject
+        and elements.nbytes >= InMemoryDataSource.SHARE_BYTES
+    )
+
+
+class _Closed:
+    """The elements of a source whose shared records ``close()`` freed: the length is
+    kept, a read says so."""
+
+    def __init__(self, length: int) -> None:
+        self._length = length
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, index: Any) -> Any:
+        raise ValueError(
+            "this InMemoryDataSource was closed: close() freed the shared memory its records "
+            "were held in; read from a source that is open"
+        )
 
 
 class RangeDataSource:
@@ -90,12 +124,30 @@ class RangeDataSource:
 class InMemoryDataSource:
     """A data source over a sequence held in memory.
 
-    The sequence is used as given, not copied: do not mutate it while a loader
-    reads it, or the stream stops being deterministic. Anything with ``__len__``
-    and integer ``__getitem__`` works (a list, a tuple, a numpy array).
+    Anything with ``__len__`` and integer ``__getitem__`` works (a list, a tuple, a numpy
+    array). The ``repr`` names the type and length of the sequence, never its elements,
+    so it stays short and the same in every process.
 
-    The ``repr`` names the type and length of the sequence, never its
-    elements, so it stays short and the same in every process.
+    What it costs with worker processes. Workers are started by a fork server, a fresh
+    interpreter, not forked from the training process: they cannot inherit its memory.
+    So the first time the source is pickled for them (when a ``DataLoader`` with workers
+    is built), a numpy array of :attr:`SHARE_BYTES` or more (without Python objects) is
+    copied into memory without a name (a ``memfd``) that the training process and every
+    worker map read-only; from then on the source reads that copy, and lets go of the
+    array it was given. So:
+
+    * handed over (the caller keeps no other reference:
+      ``InMemoryDataSource(np.load(path))``, or ``del array`` after building the source),
+      the array is held **once** for the whole process tree, whatever the number of
+      workers (while the copy is made, the original and the copy both exist);
+    * kept by the caller as well, the tree holds it **twice**: the caller's array and
+      the shared copy (which do not change together: the source reads the copy);
+    * with ``worker_count=0`` nothing is copied: the source reads the array it was given.
+
+    The shared copy is bounded by memory, not by ``/dev/shm``'s size (see
+    :mod:`._array_block`). Do not mutate a sequence while a loader reads it; once shared,
+    records are read-only views. Smaller arrays and other sequences are pickled into each
+    worker as they are.
 
     Grain's ``InMemoryDataSource`` (``grain.python``'s name for its
     ``SharedMemoryDataSource``) is this class: it takes the same arguments, and
@@ -161,39 +213,48 @@ class InMemoryDataSource:
         elements = self._elements
         return [elements[i] for i in as_index_array(indices, len(elements)).tolist()]
 
-    # Arrays at least this large travel to worker processes through shared memory.
+    # Arrays at least this large are shared with worker processes, held once for the tree.
     SHARE_BYTES = 1 << 20
 
     def __getstate__(self) -> dict[str, Any]:
         """A large numpy array goes to other processes once, through shared memory.
 
-        The first pickling places the array in a :class:`SharedMemoryDataSource` that this
-        source keeps (and frees with itself); every process that unpickles the source maps
-        that block read-only, so the process tree holds the array once whatever the
-        number of workers. Other elements are pickled as they are.
+        The first pickling copies it into an :class:`~._array_block.ArrayBlock` (where
+        ``memfd`` is refused, a :class:`SharedMemoryDataSource`), which this source reads
+        from then on instead of the array it was given: see the class docstring for what
+        that costs. Other elements are pickled as they are.
         """
-        elements = self._elements
-        if (
-            isinstance(elements, np.ndarray)
-            and elements.ndim >= 1
-            and elements.dtype != object
-            and elements.nbytes >= self.SHARE_BYTES
-        ):
-            shared = self.__dict__.get("_shared")
-            if shared is None:
-                from .shared_memory import SharedMemoryDataSource
+        if _shareable(self._elements) and "_held" not in self.__dict__:
+            with _SHARING:  # two threads pickling at once make one block
+                if _shareable(self._elements) and "_held" not in self.__dict__:
+                    self._share()
+        held = self.__dict__.get("_held")
+        return {"_elements": self._elements} if held is None else {"_held": held}
 
-                shared = self.__dict__["_shared"] = SharedMemoryDataSource(elements)
-            return {"_shared_source": shared}
-        return {"_elements": elements}
+    def _share(self) -> None:
+        """Moves the elements into memory shared with other processes, letting go of the
+        array given."""
+        from ._array_block import ArrayBlock
+
+        try:
+            held = ArrayBlock(self._elements)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSYS, errno.EPERM, errno.EACCES, errno.EINVAL):
+                raise  # memory ran out: the error names the size
+            # No memfd here (an old kernel, a seccomp filter): a named /dev/shm block,
+            # which pickles itself by name.
+            from .shared_memory import SharedMemoryDataSource
+
+            self._elements = self._shared = SharedMemoryDataSource(self._elements)
+            return
+        self._held, self._elements = held, held.array
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        shared = state.get("_shared_source")
-        if shared is None:
+        held = state.get("_held")
+        if held is None:
             self._elements = state["_elements"]
         else:
-            self._elements = shared._parts["data"]  # a read-only view of the shared block
-            self._shared = shared
+            self._held, self._elements = held, held.array
 
     def _blocks(self) -> list[Any]:
         """The shared-memory sources behind this one (made here, or read by name)."""
@@ -208,12 +269,17 @@ class InMemoryDataSource:
     def close(self) -> None:
         """Frees what this process holds in shared memory (Grain's ``close``).
 
-        A block this source made (with ``name``, or to send a large array to worker
-        processes) is removed; a given sequence stays readable, a named block does not.
+        A block this source made (with ``name``, or to share a large array with worker
+        processes) is removed, and reading it afterwards is an error; a given sequence
+        the source still reads stays readable.
         """
         for block in self._blocks():
             block.close()
         self.__dict__.pop("_shared", None)
+        held = self.__dict__.pop("_held", None)
+        if held is not None:
+            held.close()
+            self._elements = _Closed(len(self._elements))
 
     def unlink(self) -> None:
         """Removes the name of the shared-memory block behind this source (Grain's ``unlink``)."""

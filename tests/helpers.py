@@ -55,6 +55,18 @@ def take(iterator: Any, limit: int | None) -> list[Any]:
 PATIENCE_S = 60.0
 
 
+def memfds(prefix: str = "/memfd:granary-") -> dict[int, str]:
+    """This process's open memfds whose link starts with ``prefix``: descriptor -> link
+    (``/memfd:<name> (deleted)``)."""
+    found = {}
+    for entry in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the listing's own descriptor, closed by now
+            target = os.readlink(f"/proc/self/fd/{entry}")
+            if target.startswith(prefix):
+                found[int(entry)] = target
+    return found
+
+
 def wait_until(predicate: Callable[[], bool], timeout: float = PATIENCE_S) -> bool:
     """Polls ``predicate`` until it is true or ``timeout`` seconds pass; returns its last value."""
     deadline = time.monotonic() + timeout

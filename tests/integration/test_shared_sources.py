@@ -3,11 +3,13 @@ number of workers (issue: a 400 MB array read by 2 workers cost the tree 2.4 GB)
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 import dataloader as dl
-from tests.helpers import assert_streams_equal
+from tests.helpers import assert_streams_equal, python_script
 from tests.integration.conftest import child_pids
 
 
@@ -53,3 +55,70 @@ def test_two_workers_share_one_copy_of_an_in_memory_array():
     assert extra < 1.4 * big.nbytes, f"the tree holds {extra / big.nbytes:.2f} copies of the array"
     in_process, _ = _run(big, workers=0)
     assert_streams_equal(with_big, in_process)
+
+
+_HANDED_OVER = """
+    import gc, json, os
+    import numpy as np
+    import dataloader as dl
+
+    def tree_pss():
+        parents = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/stat") as f:
+                        parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+                except OSError:
+                    pass
+        tree, frontier = {os.getpid()}, {os.getpid()}
+        while frontier:
+            frontier = {p for p, parent in parents.items() if parent in frontier} - tree
+            tree |= frontier
+        total = 0
+        for pid in tree:
+            try:
+                with open(f"/proc/{pid}/smaps_rollup") as f:
+                    total += next(int(line.split()[1]) * 1024 for line in f if line.startswith("Pss:"))
+            except (OSError, StopIteration):
+                pass
+        return total
+
+    def row_sum(row):
+        return float(row.sum())
+
+    rows = ROWS  # set by the test
+    array = np.random.default_rng(0).random((rows, 4096))  # 32 KiB a row
+    nbytes = array.nbytes
+    source = dl.InMemoryDataSource(array)
+    del array  # handed over: the caller keeps no reference
+    loader = dl.DataLoader(source, dl.IndexSampler(rows, shuffle=True, seed=1, num_epochs=1),
+                           [dl.MapTransform(row_sum), dl.Batch(max(1, rows // 100))], worker_count=2)
+    it = iter(loader)
+    read = sum(len(b) for b in it)  # every row, so every page, read by some worker
+    gc.collect()
+    print(json.dumps({"pss": tree_pss(), "nbytes": nbytes, "read": read}))
+    it.close()
+"""
+
+
+def _tree_pss_with(rows: int) -> dict:
+    with python_script(_HANDED_OVER.replace("ROWS", str(rows))) as proc:
+        assert proc.wait(150) == 0, proc.stderr.read()
+        return json.loads(proc.stdout.read())
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_an_array_handed_over_costs_the_tree_its_size_once():
+    """InMemoryDataSource(array) then ``del array``, 2 workers from the fork server: the
+    training process, the server and the workers together hold the array once (it cost
+    twice its size when the source kept the array after copying it for the workers).
+    PSS of the script's own tree: other processes on the machine do not change it."""
+    baseline = _tree_pss_with(32)  # 1 MiB: the same interpreters and pipeline, no array to speak of
+    big = _tree_pss_with(8192)  # 256 MiB
+    assert big["read"] == 8192 and baseline["read"] == 32
+    extra = big["pss"] - baseline["pss"]
+    assert extra <= 1.15 * big["nbytes"], (
+        f"the tree holds {extra / big['nbytes']:.2f} copies of the array "
+        f"({big['pss'] / 2**20:.0f} MiB against {baseline['pss'] / 2**20:.0f} MiB without it)")

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import errno
+import gc
 import os
 import pickle
+import stat
+import weakref
 
 import numpy as np
 import pytest
 
 from dataloader.sources import InMemoryDataSource, RangeDataSource
+from tests.helpers import memfds
 
 
 def test_range_source_has_range_semantics():
@@ -132,14 +137,119 @@ def test_in_memory_source_with_a_name_is_read_by_name_and_freed_by_close():
     assert not os.path.exists(f"/dev/shm/{name}")
 
 
-def test_close_frees_the_block_a_large_array_was_sent_through_and_reads_go_on():
-    array = np.arange(300_000, dtype=np.int64)
+def _held_blocks() -> dict[int, str]:
+    """This process's descriptors of in-memory sources' blocks."""
+    return memfds("/memfd:granary-in-memory")
+
+
+def _large(rows: int = 300) -> np.ndarray:
+    return np.arange(rows * 1000, dtype=np.int64).reshape(rows, 1000)  # 2.4 MB: shared
+
+
+def test_a_large_array_is_copied_once_into_private_memory_without_a_name_and_let_go():
+    """Pickling (what a loader with workers does) moves the array into a memfd: the
+    source reads that from then on, so an array handed over is held once, not twice."""
+    before = set(_held_blocks())
+    array = _large()
+    expected = array.copy()
+    given = weakref.ref(array)
     source = InMemoryDataSource(array)
-    block = pickle.loads(pickle.dumps(source))._shared.name
-    assert os.path.exists(f"/dev/shm/{block}")
+    del array
+    assert given() is not None  # worker_count=0: nothing copied, the array is read as given
+    first, second = pickle.dumps(source), pickle.dumps(source)
+    gc.collect()
+    assert given() is None, "the source still holds the array it copied"
+    assert first == second and len(first) < 1000  # one block, made on the first pickling
+    made = set(_held_blocks()) - before  # the source's descriptor (and its mapping's)
+    assert made and {stat.S_IMODE(os.fstat(fd).st_mode) for fd in made} == {0o600}  # no other user's
+    assert not any(n.startswith("granary_") for n in os.listdir("/dev/shm"))
+    copy = pickle.loads(first)
+    for reader in (source, copy):
+        np.testing.assert_array_equal(reader.__getitems__([299, 0])[0], expected[299])
+        assert len(reader) == 300 and not reader[5].flags.writeable
+    assert pickle.loads(pickle.dumps(copy))[7].tolist() == expected[7].tolist()  # re-sent by a copy
+    copy.close()
     source.close()
-    assert not os.path.exists(f"/dev/shm/{block}")
-    assert source[7] == 7 and str(source) == repr(source)
+    assert set(_held_blocks()) <= before
+
+
+def test_an_array_the_caller_keeps_is_not_changed_by_the_source_nor_changes_it():
+    array = _large()
+    source = InMemoryDataSource(array)
+    pickle.dumps(source)
+    array[3] = -1  # the caller's array and the shared copy are two arrays
+    assert source[3][0] == 3000 and pickle.loads(pickle.dumps(source))[3][0] == 3000
+    source.close()
+
+
+def test_small_arrays_and_arrays_of_objects_or_subclasses_are_pickled_as_they_are():
+    masked = np.ma.masked_array(_large(), mask=False)
+    for elements in (np.arange(10), np.array([{"a": 1}] * 200_000, dtype=object), masked):
+        source = InMemoryDataSource(elements)
+        copy = pickle.loads(pickle.dumps(source))
+        assert source.elements is elements and type(copy.elements) is type(elements)
+
+
+def test_close_frees_a_shared_array_and_reading_it_afterwards_says_so():
+    source = InMemoryDataSource(_large())
+    sent = pickle.dumps(source)
+    early = pickle.loads(sent)
+    source.close()
+    with pytest.raises(ValueError, match=r"InMemoryDataSource was closed: close\(\) freed the shared memory"):
+        source[7]
+    assert len(source) == 300
+    assert early[7][0] == 7000  # a process that mapped it reads on
+    with pytest.raises(OSError, match=r"cannot be read at /proc/\d+/fd/\d+ .*keep the source open while workers read it"):
+        pickle.loads(sent)
+    early.close()
+
+
+def test_a_descriptor_number_reused_after_close_is_not_taken_for_the_block():
+    before = set(_held_blocks())
+    source = InMemoryDataSource(_large())
+    sent = pickle.dumps(source)
+    numbers = set(_held_blocks()) - before  # the one the pickle names among them
+    source.close()
+    gc.collect()
+    assert not numbers & set(_held_blocks())
+    other = os.memfd_create("not-a-block")
+    try:
+        os.ftruncate(other, 64 + 300 * 1000 * 8)  # the very size, not the block
+        for fd in numbers:
+            os.dup2(other, fd)
+        with pytest.raises(OSError, match=r"that descriptor is another file now \(the source was closed\)"):
+            pickle.loads(sent)
+    finally:
+        for fd in {*numbers, other}:  # other may have taken one of the numbers itself
+            os.close(fd)
+
+
+def test_without_memfd_a_large_array_is_shared_through_a_named_dev_shm_block(monkeypatch):
+    def refused(name, flags=0):
+        raise OSError(errno.ENOSYS, "Function not implemented")  # an old kernel, or seccomp
+
+    monkeypatch.setattr(os, "memfd_create", refused)
+    source = InMemoryDataSource(_large())
+    copy = pickle.loads(pickle.dumps(source))
+    blocks = [n for n in os.listdir("/dev/shm") if n.startswith(f"granary_{os.getpid()}_src_")]
+    assert len(blocks) == 1 and copy[299][999] == 299_999
+    copy.close()
+    source.close()
+    assert not os.path.exists(f"/dev/shm/{blocks[0]}")
+
+
+def test_memory_that_runs_out_while_sharing_is_an_error_naming_the_size(monkeypatch):
+    def no_room(fd, offset, size):
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    before = set(_held_blocks())
+    monkeypatch.setattr(os, "posix_fallocate", no_room)
+    source = InMemoryDataSource(_large())
+    with pytest.raises(OSError, match=r"no memory left to hold an array of shape \(300, 1000\) and dtype int64 "
+                       r"\(2\.3 MiB\) once for the worker processes \(\d+ MiB available .*read the records from files"):
+        pickle.dumps(source)
+    assert set(_held_blocks()) == before  # nothing left open
+    assert source[3][0] == 3000  # still reads the array it was given
 
 
 def test_in_memory_source_needs_elements_or_a_name():

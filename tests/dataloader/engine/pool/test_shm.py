@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import os
 import re
@@ -15,6 +14,7 @@ import pytest
 from dataloader.engine.pool import shm
 from dataloader.engine.pool.watch.progress import Board
 from dataloader.engine.shipped import ShippedInputs, write_elements
+from tests.helpers import memfds
 
 
 def _roundtrip(pool: shm.BlockPool, value):
@@ -149,28 +149,17 @@ def test_closing_the_pool_closes_every_descriptor():
     assert pool.acquire() is None
 
 
-def _memfds() -> dict[int, str]:
-    """This process's memfds of the loader's: descriptor -> name."""
-    found = {}
-    for entry in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(OSError):
-            target = os.readlink(f"/proc/self/fd/{entry}")
-            if target.startswith("/memfd:granary-"):
-                found[int(entry)] = target
-    return found
-
-
 def test_every_memfd_the_engine_makes_is_readable_by_its_owner_only():
     """memfd_create makes mode 0777; without /proc's own 0500 on fd folders another user
     could open a result block through /proc/<pid>/fd. Each kind the engine makes is 0600."""
-    before = set(_memfds())
+    before = set(memfds())
     pool = shm.BlockPool()
     pool.acquire()
     board = Board(2)
     fd, _ = write_elements(["a", np.arange(3)])
     inputs = ShippedInputs(4, shared=True)
     try:
-        made = {fd: name for fd, name in _memfds().items() if fd not in before}
+        made = {fd: name for fd, name in memfds().items() if fd not in before}
         kinds = {re.sub(r"(-\d+)? \(deleted\)$", "", name) for name in made.values()}
         assert kinds == {"/memfd:granary-result", "/memfd:granary-progress", "/memfd:granary-inputs",
                          "/memfd:granary-input-table"}, kinds

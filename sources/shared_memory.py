@@ -42,6 +42,7 @@ Workers that still map an unlinked block keep reading it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import mmap
@@ -81,18 +82,43 @@ def create_block(name: str, size: int) -> tuple[mmap.mmap, int]:
 
     The lock is taken before anything is written, so no sweep takes a block being made.
     The space is reserved up front (``posix_fallocate``), so a full ``/dev/shm`` fails
-    here, not as a ``SIGBUS`` when the mapping is written; on failure nothing is left.
+    here (an ``OSError`` saying how much was asked, how much is free and what to do),
+    not as a ``SIGBUS`` when the mapping is written; on failure nothing is left.
     """
     path = os.path.join(SHM_DIR, name)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH)
-        os.posix_fallocate(fd, 0, size)
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.ENOMEM):
+                raise
+            raise _no_room(path, size, exc.errno) from None
         return mmap.mmap(fd, size), fd
     except BaseException:
         _unlink(path)
         os.close(fd)
         raise
+
+
+def _no_room(path: str, size: int, code: int) -> OSError:
+    """The error of a block that ``/dev/shm`` has no room for (``errno`` kept: ENOSPC)."""
+    try:
+        fs = os.statvfs(SHM_DIR)
+        room = f"{fs.f_bavail * fs.f_frsize / 2**20:.1f} MiB free of {fs.f_blocks * fs.f_frsize / 2**20:.0f} MiB"
+    except OSError:
+        room = "free space unknown"
+    return OSError(
+        code,
+        f"{SHM_DIR} has no room for a shared-memory block of {size / 2**20:.1f} MiB ({room}): it is "
+        f"a memory file system of a fixed size, which Docker makes 64 MiB unless told otherwise; "
+        f"give it more (docker run --shm-size=4g ..., or on Kubernetes an emptyDir volume with "
+        f"medium: Memory mounted at {SHM_DIR}), or, for a numpy array, use "
+        f"InMemoryDataSource(array), which shares it with worker processes in memory that "
+        f"{SHM_DIR}'s size does not bound",
+        path,
+    )
 
 
 def _unlink(path: str) -> None:

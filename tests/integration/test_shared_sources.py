@@ -4,6 +4,13 @@ number of workers (issue: a 400 MB array read by 2 workers cost the tree 2.4 GB)
 from __future__ import annotations
 
 import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -122,3 +129,46 @@ def test_an_array_handed_over_costs_the_tree_its_size_once():
     assert extra <= 1.15 * big["nbytes"], (
         f"the tree holds {extra / big['nbytes']:.2f} copies of the array "
         f"({big['pss'] / 2**20:.0f} MiB against {baseline['pss'] / 2**20:.0f} MiB without it)")
+
+
+_SMALL_SHM = """
+    import json, pickle
+    import numpy as np
+    import dataloader as dl
+
+    def row_sum(row):
+        return float(row.sum())
+
+    array = np.arange(2048 * 1024, dtype=np.float64).reshape(2048, 1024)  # 16 MiB
+    expected = array.sum(axis=1).tolist()
+    try:
+        dl.SharedMemoryDataSource(array)
+        named = "made"
+    except OSError as exc:
+        named = str(exc)
+    loader = dl.DataLoader(dl.InMemoryDataSource(array), dl.SequentialSampler(2048),
+                           [dl.MapTransform(row_sum), dl.Batch(256)], worker_count=2)
+    got = [x for b in loader for x in b.tolist()]
+    print(json.dumps({"named": named, "right": got == expected}))
+"""
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_an_in_memory_array_needs_no_room_in_dev_shm_and_a_named_block_says_it_does():
+    """Under a 1 MiB /dev/shm (Docker's is 64 MiB) a 16 MiB array still reaches 2 workers
+    through an InMemoryDataSource (a memfd), and a SharedMemoryDataSource refuses with the
+    error that names /dev/shm: a real full file system, in a mount namespace of its own."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare to mount a small /dev/shm in a namespace of its own")
+    command = ("mount -t tmpfs -o size=1m tmpfs /dev/shm && exec " + shlex.quote(sys.executable)
+               + " -c " + shlex.quote(textwrap.dedent(_SMALL_SHM)))
+    out = subprocess.run(["unshare", "--mount", "sh", "-c", command], capture_output=True, text=True,
+                         timeout=100, cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    if out.returncode and "mount" in out.stderr and "Traceback" not in out.stderr:
+        pytest.skip(f"cannot mount a tmpfs here: {out.stderr.strip()}")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.splitlines()[-1])
+    assert result["right"]
+    assert re.match(r"\[Errno 28\] /dev/shm has no room for a shared-memory block of 16\.0 MiB "
+                    r"\(1\.0 MiB free of 1 MiB\): .*--shm-size.*InMemoryDataSource\(array\)", result["named"]), result["named"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
 import multiprocessing
 import os
@@ -311,3 +312,20 @@ def test_a_block_some_process_holds_is_never_swept_whatever_its_name_says():
         # Its maker removes the name it made, not this one: the test does.
         with contextlib.suppress(FileNotFoundError, NameError):
             os.unlink(f"/dev/shm/{held}")
+
+
+@pytest.mark.parametrize("name", [None, "gtest_full"])
+def test_a_full_dev_shm_is_an_error_naming_it_the_size_the_room_and_what_to_do(monkeypatch, name):
+    """What posix_fallocate says on a full /dev/shm (Docker's 64 MiB), injected: the real
+    one is not filled. Nothing is left behind."""
+    def full(fd, offset, size):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    name = name and _shm_name(name)
+    before = set(os.listdir("/dev/shm"))
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    with pytest.raises(OSError, match=r"^\[Errno 28\] /dev/shm has no room for a shared-memory block of 7\.6 MiB "
+                       r"\(\d+\.\d MiB free of \d+ MiB\): .*docker run --shm-size=.*InMemoryDataSource\(array\)") as info:
+        SharedMemoryDataSource(np.zeros((1000, 1000)), name=name)
+    assert info.value.errno == errno.ENOSPC and info.value.filename.startswith("/dev/shm/")
+    assert set(os.listdir("/dev/shm")) <= before

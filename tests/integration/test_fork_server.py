@@ -57,6 +57,7 @@ def reference(n=400):
 
 
 def test_workers_are_children_of_the_fork_server_which_outlives_the_pool():
+    before = child_pids()  # what earlier tests keep (multiprocessing's resource tracker)
     it = iter(loader())
     next(it)
     executor = it._executor
@@ -70,7 +71,7 @@ def test_workers_are_children_of_the_fork_server_which_outlives_the_pool():
     # The pool's workers are gone; the server stays for the next pool of this process.
     assert wait_until(lambda: not any(os.path.exists(f"/proc/{p}") for p in workers))
     assert server.proc.poll() is None and server.alive
-    assert not child_pids()
+    assert child_pids() <= before
 
 
 def test_one_server_serves_every_loader_and_iterator_of_the_process():

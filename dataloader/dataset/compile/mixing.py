@@ -46,6 +46,13 @@ MAX_TABLE = 2**20
 LOOKUP_PERIOD = 2**16
 # Above this total, products ``r * S`` could overflow int64: locate with Python ints.
 _INT64_SAFE = 2**31
+# From this many components on, positions are located by walking runs of consecutive
+# positions down the levels in Python (:meth:`MixSchedule._walk`) rather than by one numpy
+# pass a level over every position: per level a run costs two integer divisions, where
+# numpy costs a dozen calls. Measured on a 2-core VM, 32 consecutive positions of 512
+# components (period 204,800): 13 ms vectorised, 0.2 ms walked; at 8 components both are
+# about 0.1 ms.
+WALK_COMPONENTS = 8
 
 
 def check_weights(weights: Sequence[Any] | None, count: int) -> list[Any] | None:
@@ -126,6 +133,12 @@ class MixSchedule:
         self._rest = [sum(counts[c:]) for c in range(len(counts))]
         self._table: tuple[np.ndarray, np.ndarray] | None = None
         self._counts = np.asarray(counts, dtype=np.int64)
+        # The layout depends on the ratios p_c / rest_c only, so proportions with a common
+        # factor g repeat a layout g times shorter: Grain's [100, 200] is [1, 2] repeated.
+        g = math.gcd(*counts)
+        self._reduced = MixSchedule.__new__(MixSchedule) if g > 1 else self
+        if g > 1:
+            self._reduced._build([c // g for c in counts])
 
     def __len__(self) -> int:
         return len(self.counts)
@@ -145,10 +158,16 @@ class MixSchedule:
     def locate(self, positions: Any) -> tuple[np.ndarray, np.ndarray]:
         """``(component, index within the component)`` of each position (int64 arrays).
 
-        A period of up to :data:`LOOKUP_PERIOD` positions is laid out once and read by
-        index (3 numpy calls instead of ~8 per component); longer ones are computed.
+        A period of up to :data:`LOOKUP_PERIOD` positions (once common factors of the
+        proportions are taken out) is laid out once and read by index (3 numpy calls
+        instead of ~8 per component); longer ones are computed, or walked from
+        :data:`WALK_COMPONENTS` components on.
         """
+        if self._reduced is not self:
+            return self._reduced.locate(positions)
         if self.period > LOOKUP_PERIOD:
+            if len(self.counts) >= WALK_COMPONENTS:
+                return self._walk(positions)
             return self._compute(positions)
         pos = np.asarray(positions, dtype=np.int64)
         table, rank = self._laid_out()
@@ -174,6 +193,56 @@ class MixSchedule:
         idx[open_] = a[open_]
         counts = np.asarray(self.counts, dtype=object if self.period > _INT64_SAFE else np.int64)
         return comp, (q * counts[comp] + idx).astype(np.int64)
+
+    def _walk(self, positions: Any) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`locate` by walking each run of consecutive positions down the levels.
+
+        At level ``c`` a run is a range ``[lo, hi)`` of that level's positions; component
+        ``c`` holds the draws ``k`` at ``k * rest // p`` for ``k`` in ``[H(lo), H(hi))``
+        with ``H(a) = ceil(a * p / rest)``, and the other positions of the run are the
+        range ``[lo - H(lo), hi - H(hi))`` of level ``c + 1``, in order. So a run costs
+        O(1) a level plus its draws, in Python integers (exact for any period).
+        """
+        pos = np.asarray(positions, dtype=np.int64).reshape(-1)
+        comp = np.empty(pos.shape, dtype=np.int64)
+        idx = np.empty(pos.shape, dtype=np.int64)
+        if not pos.size:
+            return comp, idx
+        order = np.argsort(pos, kind="stable")
+        ordered = pos[order].tolist()
+        where = order.tolist()
+        counts, rests, last = self.counts, self._rest, len(self.counts) - 1
+        start = 0
+        while start < len(ordered):
+            q, r0 = divmod(ordered[start], self.period)
+            end = start + 1  # the run: consecutive positions (repeats too) in one period
+            while end < len(ordered) and ordered[end] - ordered[end - 1] <= 1 \
+                    and ordered[end] - ordered[start] < self.period - r0:
+                end += 1
+            r1 = ordered[end - 1] - q * self.period + 1
+            # survivors[j]: the level-0 offset (from r0) of the run's j-th position at this level
+            survivors = list(range(r1 - r0))
+            found: dict[int, tuple[int, int]] = {}
+            lo, hi = r0, r1
+            for c in range(last):
+                p, rest = counts[c], rests[c]
+                h_lo, h_hi = -(-lo * p // rest), -(-hi * p // rest)
+                if h_hi > h_lo:
+                    hits = [k * rest // p - lo for k in range(h_lo, h_hi)]
+                    for k, j in zip(range(h_lo, h_hi), hits):
+                        found[survivors[j]] = (c, q * p + k)
+                    for j in reversed(hits):
+                        del survivors[j]
+                lo, hi = lo - h_lo, hi - h_hi
+                if lo == hi:
+                    break
+            for j, offset in enumerate(survivors):
+                found[offset] = (last, q * counts[last] + lo + j)
+            for i in range(start, end):
+                c, k = found[ordered[i] - q * self.period - r0]
+                comp[where[i]], idx[where[i]] = c, k
+            start = end
+        return comp, idx
 
     def position_of(self, component: int, k: int) -> int:
         """The position of component ``component``'s ``k``-th draw (0-based)."""

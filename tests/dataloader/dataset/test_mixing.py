@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dataloader as dl
-from dataloader.dataset.compile.mixing import MixSchedule, parse_mixture_spec
+from dataloader.dataset.compile.mixing import LOOKUP_PERIOD, MixSchedule, parse_mixture_spec
 from dataloader.dataset.experimental.mix import MixIterDataset
 
 
@@ -108,6 +110,11 @@ def test_locate_follows_the_nested_rule_and_position_of_inverts_it(weights):
     assert list(zip(comp.tolist(), ks.tolist())) == expected
     computed = s._compute(np.arange(n))  # the path of periods too long for a table
     assert computed[0].tolist() == comp.tolist() and computed[1].tolist() == ks.tolist()
+    # ... and the walk of many components, over runs and over scattered positions
+    shuffled = np.random.default_rng(len(weights)).permutation(n)
+    for positions in (np.arange(n), shuffled, shuffled[: n // 3]):
+        walked = s._walk(positions)
+        assert list(zip(*(a.tolist() for a in walked))) == [expected[p] for p in positions]
     assert [s.locate_one(i) for i in range(0, n, 7)] == expected[::7]
     assert [s.position_of(c, k) for c, k in expected] == list(range(n))
 
@@ -154,6 +161,24 @@ def test_a_long_period_is_located_without_a_table():
     assert [s.position_of(int(c), int(k)) for c, k in zip(comp, ks)] == positions.tolist()
     with pytest.raises(ValueError, match=r"period is 100000000100 positions .* use locate"):
         _ = s.table
+
+
+def test_a_mixture_of_thousands_of_components_locates_runs_and_single_positions_alike():
+    weights = [1 + (i % 7) * 0.37 for i in range(3000)]
+    s = MixSchedule(weights)
+    assert s.period > LOOKUP_PERIOD and math.gcd(*s.counts) == 1
+    positions = np.concatenate([np.arange(5000, 5100), [7, 3 * s.period + 11, 10**15]])
+    comp, ks = s.locate(positions)
+    assert [s.locate_one(int(p)) for p in positions] == list(zip(comp.tolist(), ks.tolist()))
+    assert [s.position_of(int(c), int(k)) for c, k in zip(comp, ks)] == positions.tolist()
+
+
+def test_proportions_with_a_common_factor_locate_as_their_reduced_layout():
+    s = MixSchedule([1, 2, 4] * 3000)  # Grain's proportions 100, 200, 400: a table of 21,000
+    assert s.period == 2_100_000 > LOOKUP_PERIOD
+    positions = np.arange(s.period - 50, s.period + 50)
+    comp, ks = s.locate(positions)
+    assert [s.locate_one(int(p)) for p in positions] == list(zip(comp.tolist(), ks.tolist()))
 
 
 def test_grain_map_length_is_grains_float_formula():

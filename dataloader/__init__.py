@@ -72,7 +72,9 @@ _EXPORTS: dict[str, str] = {
     "SharedMemoryDataSource": "dataloader.sources",
     "TFRecordReader": "dataloader.sources",
     "expand_paths": "dataloader.sources",
+    "max_open_files": "dataloader.sources",
     "read_records": "dataloader.sources",
+    "set_max_open_files": "dataloader.sources",
     "write_array_record": "dataloader.sources",
     "write_tfrecord": "dataloader.sources",
     # operations

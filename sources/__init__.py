@@ -5,7 +5,9 @@ A data source is anything with ``__len__`` and ``__getitem__`` (see
 sources over ranges, in-memory sequences, ArrayRecord files and Parquet files,
 the sequential TFRecord reader and writer (:mod:`.tfrecord`), :func:`read_records`, the one function through which the loader reads, and
 :func:`expand_paths`, which turns paths and globs into files the way the
-file-backed sources do (for tools that check paths before building a source).
+file-backed sources do (for tools that check paths before building a source), and
+:func:`set_max_open_files`, the bound on the files a process keeps open across all its
+sources (:mod:`.handles`).
 
 It depends on numpy, array_record and pyarrow only, and knows nothing of
 samplers, operations or workers. ``ParquetDataSource`` is imported on first
@@ -21,6 +23,7 @@ from ._files import expand_paths
 from .array_record import ArrayRecordDataSource
 from .array_record_writer import write_array_record
 from .base import RandomAccessDataSource, read_records
+from .handles import max_open_files, set_max_open_files
 from .in_memory import InMemoryDataSource, RangeDataSource
 from .remote import RemoteOptions
 from .shared_memory import SharedMemoryDataSource
@@ -39,7 +42,9 @@ __all__ = [
     "SharedMemoryDataSource",
     "TFRecordReader",
     "expand_paths",
+    "max_open_files",
     "read_records",
+    "set_max_open_files",
     "write_array_record",
     "write_tfrecord",
 ]

@@ -11,8 +11,8 @@ file really named ``data[1].parquet`` can be read.
 A URL (``s3://bucket/train-*.parquet``, any fsspec URL) is listed through its store
 (:func:`.remote.urls.expand_urls`): a glob is one listing, its matches sorted.
 
-Handles (:class:`PerProcessHandles`) are opened lazily and never pickled or shared
-across a fork.
+Handles are opened lazily, in the process that reads, through the process's one bounded
+cache of open files (:mod:`.handles`); they are never pickled or shared across a fork.
 """
 
 from __future__ import annotations
@@ -21,8 +21,11 @@ import glob
 import os
 import re
 import threading
-from collections.abc import Sequence
+import weakref
+from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
+
+from .handles import OPEN_FILES, adopt_limit
 
 PathArg = str | os.PathLike | Sequence[str | os.PathLike]
 
@@ -111,26 +114,36 @@ def format_paths(paths: Sequence[str]) -> str:
 
 
 class PerProcessHandles:
-    """Mixin for sources that hold open files.
+    """Mixin for sources that read files.
 
-    Subclasses list the attributes that belong to one process in ``_TRANSIENT`` and
-    rebuild them (closed) in ``_reset_handles``; ``_close_handles`` closes what is open.
-    Handles are dropped when the source is pickled and rebuilt in a new process, so a
-    source travels to workers as its paths alone.
+    Open files live in the process's shared cache (:data:`.handles.OPEN_FILES`, bounded
+    whatever the number of sources) under keys that :meth:`_file_keys` lists, so a
+    source itself holds none. What else belongs to one process (decoded row groups, a
+    fetcher) is listed in ``_TRANSIENT`` and rebuilt (closed) in ``_reset_handles``;
+    ``_close_handles`` closes it. Both are dropped when the source is pickled and rebuilt
+    in a new process, so a source travels to workers as its paths and metadata alone,
+    with the limit on open files of the process that pickled it.
     """
 
     _TRANSIENT: tuple[str, ...] = ()
 
+    def _file_keys(self) -> Iterable[Hashable]:
+        """The keys of this source's files in the shared cache (closed by ``close``)."""
+        return ()
+
     def _reset_handles(self) -> None:
-        raise NotImplementedError
+        """Rebuilds the per-process state of ``_TRANSIENT`` (none by default)."""
 
     def _close_handles(self) -> None:
-        raise NotImplementedError
+        """Closes the per-process state of ``_TRANSIENT`` (none by default)."""
 
     def _init_process_state(self) -> None:
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self._reset_handles()
+        # A source that is gone leaves no file open (another source of the same file
+        # reopens it if it reads on).
+        self._closer = weakref.finalize(self, OPEN_FILES.close, tuple(self._file_keys()))
 
     def _ensure_own_process(self) -> None:
         if self._pid != os.getpid():
@@ -140,6 +153,7 @@ class PerProcessHandles:
 
     def close(self) -> None:
         """Closes the open files; a later read opens them again."""
+        OPEN_FILES.close(self._file_keys())
         with self._lock:
             self._close_handles()
             self._reset_handles()
@@ -152,10 +166,12 @@ class PerProcessHandles:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for name in (*self._TRANSIENT, "_lock", "_pid"):
+        for name in (*self._TRANSIENT, "_lock", "_pid", "_closer"):
             state.pop(name, None)
+        state["_open_file_limit"] = OPEN_FILES.limit
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        adopt_limit(state.pop("_open_file_limit", None))
         self.__dict__.update(state)
         self._init_process_state()

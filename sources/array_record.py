@@ -68,6 +68,7 @@ from array_record.python.array_record_module import ArrayRecordReader
 
 from ._files import PathArg, PerProcessHandles, expand_paths, format_paths
 from ._indexing import PartIndex, as_index_array, check_index
+from .handles import OPEN_FILES
 from .remote import array_record as _remote
 from .remote.urls import expand_urls, is_url
 
@@ -160,6 +161,11 @@ def _open_reader(path: str, options: str = READER_OPTIONS) -> ArrayRecordReader:
     )
 
 
+def _open_key(key: tuple[str, str, str]) -> ArrayRecordReader:
+    """Opens the reader of a key of the shared cache, ``("array_record", path, options)``."""
+    return _open_reader(key[1], key[2])
+
+
 def _group_size(reader: ArrayRecordReader) -> int | None:
     """Returns the group size the file was written with, None when unknown."""
     match = _GROUP_SIZE.search(reader.writer_options_string() or "")
@@ -172,8 +178,10 @@ class ArrayRecordDataSource(PerProcessHandles):
     Records are numbered file after file, in the order of ``paths`` (files
     matched by a glob are sorted). Every file is opened once at construction
     to count its records and check it; readers for reading are then opened
-    lazily, in the process that reads, and reopened after unpickling or a
-    fork. The source is thread-safe and picklable.
+    lazily, in the process that reads, through the process's bounded cache of
+    open files (:func:`~dataloader.sources.set_max_open_files`): a mixture of
+    thousands of these sources keeps at most that many files open. The source
+    is thread-safe and picklable.
 
     Args:
         paths: A path, a glob pattern, or a list of those.
@@ -209,7 +217,7 @@ class ArrayRecordDataSource(PerProcessHandles):
         (b'c', [b'b', b'a', b'b'])
     """
 
-    _TRANSIENT = ("_readers", "_fetcher")
+    _TRANSIENT = ("_fetcher", "_keys")
 
     def __init__(
         self,
@@ -305,15 +313,18 @@ class ArrayRecordDataSource(PerProcessHandles):
         self._init_process_state()
 
     def _reset_handles(self) -> None:
-        self._readers: list[ArrayRecordReader | None] = [None] * len(self._paths)
         self._fetcher: _remote.RemoteFiles | None = None
+        # One key a local file: readers of the same file with the same options are shared.
+        self._keys = () if self._remote_files else tuple(
+            ("array_record", path, self._options) for path in self._paths
+        )
 
     def _close_handles(self) -> None:
-        for reader in self._readers:
-            if reader is not None:
-                reader.close()
         if self._fetcher is not None:
             self._fetcher.close()
+
+    def _file_keys(self) -> tuple[tuple[str, str, str], ...]:
+        return self._keys
 
     def _fetch_state(self) -> _remote.RemoteFiles:
         self._ensure_own_process()
@@ -375,19 +386,6 @@ class ArrayRecordDataSource(PerProcessHandles):
         """
         return self._group_sizes
 
-    def _reader(self, file_index: int) -> ArrayRecordReader:
-        if self._remote_files:
-            return self._fetch_state().reader(file_index)
-        self._ensure_own_process()
-        reader = self._readers[file_index]
-        if reader is None:
-            with self._lock:
-                reader = self._readers[file_index]
-                if reader is None:
-                    reader = _open_reader(self._paths[file_index], self._options)
-                    self._readers[file_index] = reader
-        return reader
-
     def record_location(self, index: SupportsIndex) -> str:
         """Where record ``index`` lives: its file and its number in that file.
 
@@ -406,17 +404,21 @@ class ArrayRecordDataSource(PerProcessHandles):
         i = check_index(index, self._index.total)
         if self._remote_files:
             return self.__getitems__(np.array([i], dtype=np.int64))[0]
-        if len(self._paths) == 1:
-            return self._reader(0).read(i, i + 1)[0]
-        file_index, position = self._index.locate(i)
-        return self._reader(file_index).read(position, position + 1)[0]
+        file_index, position = (0, i) if len(self._paths) == 1 else self._index.locate(i)
+        key = self._keys[file_index]
+        reader = OPEN_FILES.acquire(key, _open_key)
+        try:
+            return reader.read(position, position + 1)[0]
+        finally:
+            OPEN_FILES.release(key)
 
     def __getitems__(self, indices: Sequence[int] | np.ndarray) -> list[bytes]:
         """Returns the records at ``indices`` in the order given.
 
         Duplicates and any order are allowed. See the module docstring for why
         this is one ``read(i, i + 1)`` per record rather than one
-        ``read(list)`` per file.
+        ``read(list)`` per file. The readers of the files touched are held (never
+        closed by another thread) until the call returns.
         """
         array = as_index_array(indices, self._index.total)
         if self._remote_files:
@@ -426,13 +428,17 @@ class ArrayRecordDataSource(PerProcessHandles):
                 reads = {f: readers[f].read for f in set(file_list)}
                 pairs = zip(file_list, positions.tolist(), strict=True)
                 return [reads[f](p, p + 1)[0] for f, p in pairs]
+        keys = self._keys
         if len(self._paths) == 1:
-            read = self._reader(0).read
-            return [read(i, i + 1)[0] for i in array.tolist()]
+            with OPEN_FILES.hold(keys, _open_key) as (reader,):
+                read = reader.read
+                return [read(i, i + 1)[0] for i in array.tolist()]
         files, positions = self._index.locate_many(array)
         file_list = files.tolist()
-        reads = {f: self._reader(f).read for f in set(file_list)}
-        return [reads[f](p, p + 1)[0] for f, p in zip(file_list, positions.tolist(), strict=True)]
+        touched = list(set(file_list))
+        with OPEN_FILES.hold([keys[f] for f in touched], _open_key) as readers:
+            reads = {f: reader.read for f, reader in zip(touched, readers)}
+            return [reads[f](p, p + 1)[0] for f, p in zip(file_list, positions.tolist(), strict=True)]
 
     def __repr__(self) -> str:
         options = f", reader_options={self._reader_options!r}" if self._reader_options else ""

@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 from ._files import PathArg, PerProcessHandles, expand_paths, format_paths
 from ._indexing import PartIndex, as_index_array, check_index
 from ._parquet_rows import DecodedRowGroup
+from .handles import OPEN_FILES
 from .remote.urls import is_url, parquet_file
 
 
@@ -35,6 +36,11 @@ def _read_metadata(path: str) -> pq.FileMetaData:
                 f"Parquet file {path!r} is empty (0 bytes); remove it from paths"
             ) from None
         raise ValueError(f"{path!r} is not a readable Parquet file: {error}") from None
+
+
+def open_parquet(key: tuple[str, str]) -> pq.ParquetFile:
+    """Opens the file of a key of the shared cache, ``("parquet", path)``."""
+    return parquet_file(key[1])
 
 
 def _check_columns(columns: Sequence[str] | None) -> list[str] | None:
@@ -67,8 +73,8 @@ class ParquetDataSource(PerProcessHandles):
     ``None`` (the full table is in ``sources._parquet_rows``).
 
     Row counts come from the files' metadata at construction; file handles are
-    opened lazily in the process that reads and reopened after unpickling or a
-    fork. Reads are thread-safe (one lock guards the handles and the cache, so
+    opened lazily in the process that reads, through the process's bounded cache of
+    open files, and reopened after unpickling, a fork or an eviction. Reads are thread-safe (one lock guards the handles and the cache, so
     threads of one process decode one row group at a time).
 
     Args:
@@ -90,7 +96,7 @@ class ParquetDataSource(PerProcessHandles):
         {'x': np.int64(3)}
     """
 
-    _TRANSIENT = ("_files", "_cache")
+    _TRANSIENT = ("_cache",)
 
     def __init__(
         self,
@@ -136,13 +142,10 @@ class ParquetDataSource(PerProcessHandles):
         self._init_process_state()
 
     def _reset_handles(self) -> None:
-        self._files: list[pq.ParquetFile | None] = [None] * len(self._paths)
         self._cache: collections.OrderedDict[int, DecodedRowGroup] = collections.OrderedDict()
 
-    def _close_handles(self) -> None:
-        for handle in self._files:
-            if handle is not None:
-                handle.close()
+    def _file_keys(self) -> list[tuple[str, str]]:
+        return [("parquet", path) for path in self._paths]
 
     @property
     def paths(self) -> tuple[str, ...]:
@@ -166,12 +169,9 @@ class ParquetDataSource(PerProcessHandles):
             if decoded is not None:
                 self._cache.move_to_end(group)
                 return decoded
-            file_index = self._group_file[group]
-            handle = self._files[file_index]
-            if handle is None:
-                handle = parquet_file(self._paths[file_index])
-                self._files[file_index] = handle
-            table = handle.read_row_group(self._group_local[group], columns=list(self._columns))
+            key = ("parquet", self._paths[self._group_file[group]])
+            with OPEN_FILES.hold([key], open_parquet) as (handle,):
+                table = handle.read_row_group(self._group_local[group], columns=list(self._columns))
             decoded = DecodedRowGroup(table)
             self._cache[group] = decoded
             while len(self._cache) > self._cache_row_groups:

@@ -222,3 +222,14 @@ def two_array_record_files(folder: Any, corrupt: int) -> str:
     with open(path, "wb") as f:
         f.write(bytes(data))
     return os.path.join(str(folder), "*.array_record")
+
+
+def run_threads(function: Callable[[int], None], count: int) -> None:
+    """Runs ``function(0)`` ... ``function(count - 1)`` in threads at once; waits for all."""
+    import threading
+
+    threads = [threading.Thread(target=function, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()

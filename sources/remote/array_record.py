@@ -43,10 +43,10 @@ from typing import Any
 
 import numpy as np
 
+from ..handles import OPEN_FILES, check_limit
 from . import urls
 from .cache import Budget, SparseFile
 from .chunk_index import BLOCK, ChunkIndex, NotAnIndexError, parse, tail_start
-from .readers import OPEN_READERS
 
 COALESCE_GAP = 64 << 10
 """Neighbouring ranges closer than this many bytes are always fetched as one; closer
@@ -88,9 +88,11 @@ class RemoteOptions:
             request; when it does not, the first process to build the source writes
             it. Delete it when the files change.
         retries: Attempts per request before a transient failure is an error.
-        max_open_readers: The most array_record readers kept open in a process, across
-            sources (a reader holds its file's record offsets in memory): the least
-            recently used is closed beyond it and reopened locally when needed again.
+        max_open_readers: When given, the most files the processes that read this source
+            keep open, across sources (it sets ``dl.set_max_open_files`` there; None
+            leaves the process's limit, 128 unless set). A reader holds its file's
+            record offsets in memory; the least recently used is closed beyond the limit
+            and reopened locally when needed again.
         fetch_ahead: Fetch the records of the units the loader computes next while it
             computes the current one (the loader passes them to ``prefetch``); False
             makes ``prefetch`` do nothing.
@@ -102,7 +104,7 @@ class RemoteOptions:
     whole_file_bytes: int | None = None
     index_cache: str | None = None
     retries: int = urls.RETRIES
-    max_open_readers: int = 128
+    max_open_readers: int | None = None
     fetch_ahead: bool = True
 
     def __post_init__(self) -> None:
@@ -119,9 +121,8 @@ class RemoteOptions:
             )
         if not isinstance(self.retries, int) or self.retries < 1:
             raise ValueError(f"retries is {self.retries!r}; pass a count >= 1")
-        if isinstance(self.max_open_readers, bool) or not isinstance(self.max_open_readers, int) \
-                or self.max_open_readers < 1:
-            raise ValueError(f"max_open_readers is {self.max_open_readers!r}; pass a count >= 1")
+        if self.max_open_readers is not None:
+            check_limit(self.max_open_readers, "max_open_readers")
         if not isinstance(self.fetch_ahead, bool):
             raise ValueError(f"fetch_ahead is {self.fetch_ahead!r}; pass True or False")
 
@@ -315,7 +316,8 @@ class RemoteFiles:
         self._paths = [self._fs._strip_protocol(f.url) for f in files]
         self._url_of = dict(zip(self._paths, (f.url for f in files), strict=True))
         self._sparse: list[SparseFile | None] = [None] * len(files)
-        self._readers: list[Any] = [None] * len(files)
+        if options.max_open_readers is not None:
+            OPEN_FILES.set_limit(options.max_open_readers)
         self._budget = _shared_budget(options.directory(), options.cache_bytes)
         self._lock = threading.RLock()
         self._prefetcher: concurrent.futures.ThreadPoolExecutor | None = None
@@ -333,29 +335,20 @@ class RemoteFiles:
         """Makes the chunks of these records present and pinned while the block runs;
         yields their files' readers, which stay open until it ends."""
         keys = self._fetch(files, positions, keep_pinned=True)
-        held: dict[int, Any] = {}
         try:
-            for f in np.unique(files).tolist():
-                held[f] = OPEN_READERS.acquire(self, f, self._options.max_open_readers)
-            yield held
+            touched = np.unique(files).tolist()
+            with OPEN_FILES.hold([self._reader_key(f) for f in touched], self._open_key) as readers:
+                yield dict(zip(touched, readers, strict=True))
         finally:
-            for f in held:
-                OPEN_READERS.release(self, f)
             self._budget.unpin(keys)
 
-    def reader(self, file_index: int) -> Any:
-        """A file's reader, opened if need be but not held (it may be closed later)."""
+    def _reader_key(self, f: int) -> tuple[str, str]:
+        """File ``f``'s reader in the shared cache of open files (over its sparse file)."""
         with self._lock:
-            self._sparse_file(file_index)
-        reader = OPEN_READERS.acquire(self, file_index, self._options.max_open_readers)
-        OPEN_READERS.release(self, file_index)
-        return reader
+            return ("remote_array_record", self._sparse_file(f).path)
 
-    def _open_file_reader(self, f: int) -> Any:
-        """Opens array_record's reader on file ``f``'s sparse file (made beforehand)."""
-        sparse = self._sparse[f]
-        assert sparse is not None, "a reader opens on a sparse file made beforehand"
-        return self._open_reader(sparse.path)
+    def _open_key(self, key: tuple[str, str]) -> Any:
+        return self._open_reader(key[1])
 
     def prefetch(self, files: np.ndarray, positions: np.ndarray) -> None:
         """Fetches these records' chunks in the background (for records to come)."""
@@ -515,9 +508,9 @@ class RemoteFiles:
         if self._prefetcher is not None:
             self._prefetcher.shutdown(wait=True, cancel_futures=True)
             self._prefetcher = None
-        OPEN_READERS.forget(self)
         for i, sparse in enumerate(self._sparse):
             if sparse is not None:
+                OPEN_FILES.close([("remote_array_record", sparse.path)])
                 with self._budget.lock:
                     self._budget.forget(sparse)
                 sparse.close()

@@ -20,10 +20,14 @@ import collections
 import contextlib
 import ctypes
 import ctypes.util
+import io
 import os
 import threading
 import warnings
 import weakref
+from collections.abc import Iterator
+
+from ..handles import OPEN_FILES
 
 _FALLOC_FL_KEEP_SIZE = 0x01
 _FALLOC_FL_PUNCH_HOLE = 0x02
@@ -46,11 +50,14 @@ def _punch(fd: int, offset: int, length: int) -> bool:
     return result == 0
 
 
-def _remove(fd: int, path: str) -> None:
-    with contextlib.suppress(OSError):
-        os.close(fd)
+def _remove(key: tuple[str, str], path: str) -> None:
+    OPEN_FILES.close([key])
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
+
+
+def _open_read_write(key: tuple[str, str]) -> io.FileIO:
+    return io.FileIO(key[1], "r+")
 
 
 class Budget:
@@ -113,24 +120,38 @@ class SparseFile:
         self.path = path
         self.offsets = offsets or []
         self.present = bytearray(max(len(self.offsets) - 1, 0))
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.ftruncate(self._fd, size)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.ftruncate(fd, size)
+        finally:
+            os.close(fd)
+        # Its descriptor is opened when written to, in the process's bounded cache of
+        # open files: a mixture of thousands of remote files holds few descriptors.
+        self._key = ("sparse", path)
         self._warned = False
         # A process that ends without close() (killed worker aside) still removes it.
-        self._finalizer = weakref.finalize(self, _remove, self._fd, path)
+        self._finalizer = weakref.finalize(self, _remove, self._key, path)
+
+    @contextlib.contextmanager
+    def _fd(self) -> Iterator[int]:
+        with OPEN_FILES.hold([self._key], _open_read_write) as (file,):
+            yield file.fileno()
 
     def write(self, offset: int, data: bytes) -> None:
         view = memoryview(data)
-        while view:
-            written = os.pwrite(self._fd, view, offset)
-            view = view[written:]
-            offset += written
+        with self._fd() as fd:
+            while view:
+                written = os.pwrite(fd, view, offset)
+                view = view[written:]
+                offset += written
 
     def drop(self, chunk: int) -> None:
         """Returns chunk ``chunk``'s disk space (a hole again) and marks it absent."""
         self.present[chunk] = 0
         start, end = self.offsets[chunk], self.offsets[chunk + 1]
-        if not _punch(self._fd, start, end - start):
+        with self._fd() as fd:
+            punched = _punch(fd, start, end - start)
+        if not punched:
             # Without hole punching zeros keep the space but still make the chunk unreadable.
             if not self._warned:
                 warnings.warn(
@@ -144,12 +165,10 @@ class SparseFile:
 
     def allocated(self) -> int:
         """Bytes of disk the file takes (holes are free)."""
-        return os.fstat(self._fd).st_blocks * 512
+        return os.stat(self.path).st_blocks * 512
 
     def close(self) -> None:
-        if self._fd >= 0:
-            self._fd = -1
-            self._finalizer()
+        self._finalizer()
 
     def __hash__(self) -> int:
         return id(self)

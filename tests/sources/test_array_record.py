@@ -8,13 +8,13 @@ import pickle
 import subprocess
 import sys
 import textwrap
-import threading
 import warnings
 
 import numpy as np
 import pytest
 
 from dataloader.sources import ArrayRecordDataSource, RandomAccessDataSource, write_array_record
+from tests.helpers import run_threads
 from tests.sources._child import read_in_child
 from tests.sources._data import record
 
@@ -92,11 +92,7 @@ def test_concurrent_reads_from_threads_are_correct(make_array_record):
         if source.__getitems__(indices) != [record(0, i) for i in indices.tolist()]:
             failures.append(seed)
 
-    threads = [threading.Thread(target=read, args=(seed,)) for seed in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_threads(read, 6)
     assert failures == []
 
 

@@ -184,8 +184,14 @@ def test_a_chunk_missing_from_the_cache_is_an_error_never_a_wrong_record(store, 
         sparse = fetcher._sparse[0]
         chunk = int(source._remote_files[0].index.chunks_of(np.array([10]))[0])
         sparse.drop(chunk)  # as if evicted behind the reader's back
-        with pytest.raises(RuntimeError, match=r"(?i)corrupt|hash|checksum"):
-            fetcher.reader(0).read(10, 11)
+        from array_record.python.array_record_module import ArrayRecordReader
+
+        reader = ArrayRecordReader(sparse.path, "readahead_buffer_size:0,max_parallelism:0")
+        try:
+            with pytest.raises(RuntimeError, match=r"(?i)corrupt|hash|checksum"):
+                reader.read(10, 11)
+        finally:
+            reader.close()
 
 
 def test_dropped_connections_are_retried(store, proxy):
@@ -322,56 +328,27 @@ def test_a_pipeline_config_takes_urls_and_remote_options(tmp_path):
 
 
 def test_open_readers_are_capped_across_sources_least_recently_used_first(store, proxy):
-    from dataloader.sources.remote.readers import OPEN_READERS
+    from dataloader.sources.handles import OPEN_FILES
 
-    local = ArrayRecordDataSource(store["local"])
-    closed = OPEN_READERS.closed
-    with _source(store, proxy, max_open_readers=1) as one, _source(store, proxy, max_open_readers=1) as two:
-        for batch in ([3, 650], [699, 700], [1199], [5]):
-            assert one.__getitems__(batch) == local.__getitems__(batch)
-            assert two.__getitems__(batch) == local.__getitems__(batch)
-            # One call held both files' readers; once it returned, one stays open.
-            assert len(OPEN_READERS) == 1
-            opened = [r is not None for s in (one, two) for r in s._fetch_state()._readers]
-            assert opened.count(True) == 1
-        assert OPEN_READERS.closed - closed >= 7
-    assert len(OPEN_READERS) == 0
-
-
-class _Owner:
-    def __init__(self, n: int) -> None:
-        self._readers = [None] * n
-        self.opened: list[int] = []
-
-    def _open_file_reader(self, f: int):
-        self.opened.append(f)
-        owner = self
-
-        class Reader:
-            def close(self) -> None:
-                owner.opened.remove(f)
-
-        return Reader()
-
-
-def test_a_reader_in_use_is_never_closed_and_a_closed_one_reopens():
-    from dataloader.sources.remote.readers import OpenReaders
-
-    readers, owner = OpenReaders(), _Owner(3)
-    first = readers.acquire(owner, 0, 2)
-    for f in (1, 2):
-        readers.acquire(owner, f, 2)
-        readers.release(owner, f)
-    assert owner.opened == [0, 2]  # 1 was the least recently used not in use
-    assert owner._readers[0] is first
-    readers.release(owner, 0)
-    readers.acquire(owner, 1, 2)  # reopened; 0 is now the least recently used
-    readers.release(owner, 1)
-    assert sorted(owner.opened) == [1, 2] and len(readers) == 2
-    readers.forget(owner)
-    assert owner.opened == [] and len(readers) == 0
+    batches = ([3, 650], [699, 700], [1199], [5])
+    with ArrayRecordDataSource(store["local"]) as local:
+        expected = [local.__getitems__(batch) for batch in batches]
+    limit = OPEN_FILES.limit
+    try:
+        with _source(store, proxy, max_open_readers=1) as one, _source(store, proxy, max_open_readers=1) as two:
+            evicted = OPEN_FILES.evicted
+            for batch, records in zip(batches, expected):
+                assert one.__getitems__(batch) == records
+                assert two.__getitems__(batch) == records
+                # One call held both files' readers (and its sparse files' descriptors);
+                # once it returned, one handle stays open.
+                assert len(OPEN_FILES) == 1
+            assert OPEN_FILES.evicted - evicted >= 7
+        assert len(OPEN_FILES) == 0
+    finally:
+        OPEN_FILES.set_limit(limit)
 
 
 def test_max_open_readers_is_checked():
-    with pytest.raises(ValueError, match="max_open_readers is 0; pass a count >= 1"):
+    with pytest.raises(ValueError, match="max_open_readers is 0; pass the number of files"):
         RemoteOptions(max_open_readers=0)

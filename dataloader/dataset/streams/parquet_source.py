@@ -29,6 +29,7 @@ import numpy as np
 from dataloader.dataset.streams.order import InterleaveOrder
 from dataloader.errors import StateMismatchError
 from dataloader.sources._files import PerProcessHandles
+from dataloader.sources.handles import OPEN_FILES
 
 
 def _open(path: str, read_kwargs: dict[str, Any]) -> Any:
@@ -48,7 +49,7 @@ class ParquetStreamSource(PerProcessHandles):
         cycle_length: files read at a time.
     """
 
-    _TRANSIENT = ("_files", "_cache")
+    _TRANSIENT = ("_cache",)
 
     def __init__(
         self,
@@ -72,12 +73,20 @@ class ParquetStreamSource(PerProcessHandles):
         self._init_process_state()
 
     def _reset_handles(self) -> None:
-        self._files: dict[int, Any] = {}
         self._cache: collections.OrderedDict[tuple[int, int], Any] = collections.OrderedDict()
 
-    def _close_handles(self) -> None:
-        for handle in self._files.values():
-            handle.close()
+    def _key(self, file: int) -> tuple[Any, ...]:
+        """File ``file`` in the shared cache of open files: shared with ``ParquetDataSource``
+        when opened without keyword arguments, else this source's own."""
+        if not self._read_kwargs:
+            return ("parquet", self._paths[file])
+        return ("parquet", self._paths[file], id(self))
+
+    def _file_keys(self) -> list[tuple[Any, ...]]:
+        return [self._key(f) for f in range(len(self._paths))]
+
+    def _open_key(self, key: tuple[Any, ...]) -> Any:
+        return _open(key[1], self._read_kwargs)
 
     def __len__(self) -> int:
         return len(self.order)
@@ -93,15 +102,13 @@ class ParquetStreamSource(PerProcessHandles):
             if decoded is not None:
                 self._cache.move_to_end(key)
                 return decoded
-            handle = self._files.get(file)
-            if handle is None:
-                handle = self._files[file] = _open(self._paths[file], self._read_kwargs)
-            try:
-                table = handle.read_row_group(group, columns=self._columns)
-            except Exception as error:
-                raise ValueError(
-                    f"Parquet file {self._paths[file]!r}: row group {group} cannot be read: {error}"
-                ) from error
+            with OPEN_FILES.hold([self._key(file)], self._open_key) as (handle,):
+                try:
+                    table = handle.read_row_group(group, columns=self._columns)
+                except Exception as error:
+                    raise ValueError(
+                        f"Parquet file {self._paths[file]!r}: row group {group} cannot be read: {error}"
+                    ) from error
             decoded = self._cache[key] = DecodedRowGroup(table)
             while len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)

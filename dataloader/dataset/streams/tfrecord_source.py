@@ -39,6 +39,7 @@ from dataloader.dataset.streams.order import InterleaveOrder
 from dataloader.errors import StateMismatchError
 from dataloader.sources import TFRecordReader
 from dataloader.sources._files import PerProcessHandles
+from dataloader.sources.handles import OPEN_FILES, open_raw, read_range
 from dataloader.sources.tfrecord import _crc32c, masked_crc
 
 SHIPPED_RECORDS = 1 << 23
@@ -105,8 +106,6 @@ class TFRecordStreamSource(PerProcessHandles):
         cycle_length: files read at a time.
     """
 
-    _TRANSIENT = ("_files",)
-
     def __init__(self, paths: Sequence[str], indexes: Sequence[FileIndex], cycle_length: int) -> None:
         self._paths = list(paths)
         self._indexes: list[FileIndex | None] = list(indexes)
@@ -133,35 +132,18 @@ class TFRecordStreamSource(PerProcessHandles):
             self._indexes[file] = index
         return index
 
-    def _reset_handles(self) -> None:
-        # File objects, not bare descriptors: they close when the source is collected.
-        self._files: dict[int, Any] = {}
-
-    def _close_handles(self) -> None:
-        for file in self._files.values():
-            file.close()
+    def _file_keys(self) -> list[tuple[str, str]]:
+        return [("file", path) for path in self._paths]
 
     def __len__(self) -> int:
         return len(self.order)
 
     def _read(self, file: int, low: int, high: int) -> bytes:
         """The bytes of the good records ``low .. high - 1`` of ``file``, read at once."""
-        self._ensure_own_process()
         starts = self._index(file).starts
         begin, size = int(starts[low]), int(starts[high] - starts[low])
-        with self._lock:
-            handle = self._files.get(file)
-            if handle is None:
-                handle = self._files[file] = open(self._paths[file], "rb", buffering=0)  # noqa: SIM115 - closed by close()
-            fd = handle.fileno()
-        parts, done = [], 0
-        while done < size:  # pread returns less than asked only at the end of the file
-            part = os.pread(fd, size - done, begin + done)
-            if not part:
-                break
-            parts.append(part)
-            done += len(part)
-        return b"".join(parts)
+        with OPEN_FILES.hold([("file", self._paths[file])], open_raw) as (handle,):
+            return read_range(handle, begin, size)
 
     def _offset(self, file: int, row: int) -> int:
         """The byte offset of record ``row`` of ``file`` (the damaged frame's, past the

@@ -65,6 +65,7 @@ _EXPORTS: dict[str, str] = {
     # sources
     "ArrayRecordDataSource": "dataloader.sources",
     "InMemoryDataSource": "dataloader.sources",
+    "JsonlDataSource": "dataloader.sources",
     "ParquetDataSource": "dataloader.sources",
     "RandomAccessDataSource": "dataloader.sources",
     "RangeDataSource": "dataloader.sources",

@@ -2,12 +2,12 @@
 
 A data source is anything with ``__len__`` and ``__getitem__`` (see
 :class:`RandomAccessDataSource` for the obligations); this package provides
-sources over ranges, in-memory sequences, ArrayRecord files and Parquet files,
+sources over ranges, in-memory sequences, ArrayRecord, Parquet and JSON Lines files,
 the sequential TFRecord reader and writer (:mod:`.tfrecord`), :func:`read_records`, the one function through which the loader reads, and
 :func:`expand_paths`, which turns paths and globs into files the way the
 file-backed sources do (for tools that check paths before building a source), and
 :func:`set_max_open_files`, the bound on the files a process keeps open across all its
-sources (:mod:`.handles`).
+sources (:mod:`.files.handles`).
 
 It depends on numpy, array_record and pyarrow only, and knows nothing of
 samplers, operations or workers. ``ParquetDataSource`` is imported on first
@@ -19,12 +19,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._files import expand_paths
 from .array_record import ArrayRecordDataSource
 from .array_record_writer import write_array_record
 from .base import RandomAccessDataSource, read_records
-from .handles import max_open_files, set_max_open_files
+from .files.handles import max_open_files, set_max_open_files
+from .files.paths import expand_paths
 from .in_memory import InMemoryDataSource, RangeDataSource
+from .jsonl import JsonlDataSource
 from .remote import RemoteOptions
 from .shared_memory import SharedMemoryDataSource
 from .tfrecord import TFRecordReader, write_tfrecord
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ArrayRecordDataSource",
     "InMemoryDataSource",
+    "JsonlDataSource",
     "ParquetDataSource",
     "RandomAccessDataSource",
     "RangeDataSource",

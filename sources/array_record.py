@@ -66,11 +66,12 @@ from typing import Any, SupportsIndex
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader
 
-from ._files import PathArg, PerProcessHandles, expand_paths, format_paths
 from ._indexing import PartIndex, as_index_array, check_index
-from .handles import OPEN_FILES
+from .files.handles import OPEN_FILES
+from .files.metadata_index import FileStat, check_index_arg, received_stats, resolve, stat_local
+from .files.paths import PathArg, PerProcessHandles, expand_paths, format_paths
 from .remote import array_record as _remote
-from .remote.urls import expand_urls, is_url
+from .remote.urls import is_url, stat_urls
 
 # Documented by ArrayRecordReader as its random-access setting (see above).
 READER_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"
@@ -166,10 +167,23 @@ def _open_key(key: tuple[str, str, str]) -> ArrayRecordReader:
     return _open_reader(key[1], key[2])
 
 
-def _group_size(reader: ArrayRecordReader) -> int | None:
-    """Returns the group size the file was written with, None when unknown."""
-    match = _GROUP_SIZE.search(reader.writer_options_string() or "")
-    return int(match.group(1)) if match else None
+def read_metadata(
+    stats: Sequence[FileStat], options: str = READER_OPTIONS, remote: _remote.RemoteOptions | None = None
+) -> list[dict[str, Any]]:
+    """What the metadata index keeps of each ArrayRecord file: its record count and writer
+    options, read here (opening each local file; for URLs, the chunk indices, fetched
+    concurrently, and the small files' head and tail bytes)."""
+    if stats and is_url(stats[0].path):
+        files, _ = _remote.load_files([(s.path, s.size) for s in stats], remote or _remote.RemoteOptions())
+        return [file.to_meta() for file in files]
+    metas = []
+    for stat in stats:
+        reader = _open_reader(stat.path, options)
+        try:
+            metas.append({"records": reader.num_records(), "writer_options": reader.writer_options_string() or ""})
+        finally:
+            reader.close()
+    return metas
 
 
 class ArrayRecordDataSource(PerProcessHandles):
@@ -177,7 +191,8 @@ class ArrayRecordDataSource(PerProcessHandles):
 
     Records are numbered file after file, in the order of ``paths`` (files
     matched by a glob are sorted). Every file is opened once at construction
-    to count its records and check it; readers for reading are then opened
+    to count its records and check it, unless the metadata index has it (then
+    none is); readers for reading are then opened
     lazily, in the process that reads, through the process's bounded cache of
     open files (:func:`~dataloader.sources.set_max_open_files`): a mixture of
     thousands of these sources keeps at most that many files open. The source
@@ -195,13 +210,17 @@ class ArrayRecordDataSource(PerProcessHandles):
             ``remote=RemoteOptions(storage_options=...)``.
         remote: For URLs: cache, index cache and retry settings
             (:class:`~dataloader.sources.RemoteOptions`).
+        index: Where each file's record count (and, for a URL, its chunk index) is kept
+            (:mod:`~dataloader.sources.files.metadata_index`): None (the index beside the data
+            if there is one; for URLs ``remote.index_cache`` when set), True (beside the
+            data, written if need be), a path or URL, or False (none).
 
     Raises:
         TypeError: ``paths`` is not a path, a glob or a list of those, or
             ``reader_options`` is not a dict of str.
         ValueError: ``paths`` is empty, or a file is empty, has no records or
             is not an ArrayRecord file, or ``reader_options`` holds a key or a
-            value the reader does not understand.
+            value the reader does not understand, or the index has a stale entry.
         FileNotFoundError: A path does not exist or a glob matches nothing.
 
     Warns:
@@ -226,25 +245,32 @@ class ArrayRecordDataSource(PerProcessHandles):
         *,
         storage_options: Mapping[str, Any] | None = None,
         remote: _remote.RemoteOptions | None = None,
+        index: Any = None,
     ) -> None:
         self._reader_options = _check_reader_options(reader_options)
         self._options = _options_string(self._reader_options)
+        check_index_arg(index)
         items = [paths] if isinstance(paths, str | os.PathLike) else paths
         self._remote_files: tuple[_remote.RemoteFile, ...] = ()
         if isinstance(items, list | tuple) and items and any(is_url(p) for p in items):
-            self._init_remote(list(items), storage_options, remote)
+            self._init_remote(list(items), storage_options, remote, index)
             return
         self._remote_options: _remote.RemoteOptions | None = None
         self._paths = tuple(expand_paths(paths, what="ArrayRecord", example_glob="*.array_record"))
+        metas = resolve([stat_local(path) for path in self._paths], "array_record",
+                        lambda stats: read_metadata(stats, self._options), index)
+        self._set_files(metas)
+        self._init_process_state()
+
+    def _set_files(self, metas: Sequence[Mapping[str, Any]]) -> None:
+        """Record counts and group sizes from each file's metadata, checked (a file
+        without records is refused; a group size > 1 warned about)."""
         counts, group_sizes = [], []
-        for path in self._paths:
-            reader = _open_reader(path, self._options)
-            try:
-                count, group_size = reader.num_records(), _group_size(reader)
-            finally:
-                reader.close()
-            if count == 0:
+        for path, meta in zip(self._paths, metas, strict=True):
+            if meta["records"] == 0:
                 raise ValueError(f"ArrayRecord file {path!r} has no records; remove it from paths")
+            match = _GROUP_SIZE.search(meta["writer_options"])
+            group_size = int(match.group(1)) if match else None
             if group_size is not None and group_size > 1:
                 warnings.warn(
                     f"ArrayRecord file {path!r} was written with group_size={group_size}: "
@@ -252,22 +278,22 @@ class ArrayRecordDataSource(PerProcessHandles):
                     "every record read. Rewrite it with group_size=1 "
                     "(write_array_record does so by default) for fast random access.",
                     UserWarning,
-                    stacklevel=2,
+                    stacklevel=4,
                 )
-            counts.append(count)
+            counts.append(int(meta["records"]))
             group_sizes.append(group_size)
         self._index = PartIndex(counts)
         self._group_sizes = tuple(group_sizes)
-        self._init_process_state()
 
     def _init_remote(
         self,
         items: list[Any],
         storage_options: Mapping[str, Any] | None,
         options: _remote.RemoteOptions | None,
+        index: Any,
     ) -> None:
-        """Lists the URLs and reads each file's chunk index (or takes both from the index
-        cache), once, here: worker processes get them in the pickled source."""
+        """Lists the URLs and reads each file's chunk index (or takes them from the metadata
+        index), once, here: worker processes get them in the pickled source."""
         local = [p for p in items if not is_url(p)]
         if local:
             raise ValueError(
@@ -286,30 +312,23 @@ class ArrayRecordDataSource(PerProcessHandles):
         if storage_options is not None:
             options = dataclasses.replace(options, storage_options=storage_options)
         self._remote_options = options
-        files = None
-        if options.index_cache is not None:
-            cached = _remote.read_index_cache(options.index_cache, options)
-            files = _remote.files_from_cache(cached, items) if cached is not None else None
-        link = _remote.Link()
-        if files is None:
-            found = expand_urls(
-                items, what="ArrayRecord", example_glob="*.array_record",
-                storage_options=options.storage_options,
-            )
-            files, link = _remote.load_files(found, options)
-            if options.index_cache is not None:
-                _remote.write_index_cache(options.index_cache, items, files, options)
+        if index is None and options.index_cache is not None:
+            index = options.index_cache
+        self._link = _remote.Link()
+
+        def read(stats: list[FileStat]) -> list[dict[str, Any]]:
+            files, self._link = _remote.load_files([(s.path, s.size) for s in stats], options)
+            return [file.to_meta() for file in files]
+
+        stats = received_stats(index, items)
+        if stats is None:
+            stats = stat_urls(items, what="ArrayRecord", example_glob="*.array_record",
+                              storage_options=options.storage_options)
+        metas = resolve(stats, "array_record", read, index, options.storage_options)
+        files = [_remote.RemoteFile.from_meta(stat.path, meta) for stat, meta in zip(stats, metas)]
         self._remote_files = tuple(files)
-        self._link = link
         self._paths = tuple(f.url for f in files)
-        group_sizes = []
-        for file in files:
-            if file.index.num_records == 0:
-                raise ValueError(f"ArrayRecord file {file.url!r} has no records; remove it from paths")
-            match = _GROUP_SIZE.search(file.index.writer_options)
-            group_sizes.append(int(match.group(1)) if match else None)
-        self._index = PartIndex([f.index.num_records for f in files])
-        self._group_sizes = tuple(group_sizes)
+        self._set_files(metas)
         self._init_process_state()
 
     def _reset_handles(self) -> None:

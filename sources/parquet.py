@@ -13,29 +13,62 @@ from __future__ import annotations
 
 import collections
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, SupportsIndex
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ._files import PathArg, PerProcessHandles, expand_paths, format_paths
 from ._indexing import PartIndex, as_index_array, check_index
 from ._parquet_rows import DecodedRowGroup
-from .handles import OPEN_FILES
-from .remote.urls import is_url, parquet_file
+from .files.handles import OPEN_FILES
+from .files.metadata_index import FileStat, resolve, stat_local
+from .files.paths import PathArg, PerProcessHandles, expand_paths, format_paths
+from .remote.urls import is_url, parquet_file, stat_urls
 
 
-def _read_metadata(path: str) -> pq.FileMetaData:
+def _read_metadata(path: str, storage_options: Mapping[str, Any] | None = None) -> pq.FileMetaData:
     try:
-        return parquet_file(path).metadata
+        return parquet_file(path, storage_options).metadata
     except pa.ArrowInvalid as error:
         if not is_url(path) and os.path.getsize(path) == 0:
             raise ValueError(
                 f"Parquet file {path!r} is empty (0 bytes); remove it from paths"
             ) from None
         raise ValueError(f"{path!r} is not a readable Parquet file: {error}") from None
+
+
+def read_metadata(
+    stats: Sequence[FileStat], storage_options: Mapping[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """What the metadata index keeps of each Parquet file: its columns and the rows of each
+    row group, read from its footer here."""
+    metas = []
+    for stat in stats:
+        metadata = _read_metadata(stat.path, storage_options)
+        metas.append({
+            "columns": metadata.schema.to_arrow_schema().names,
+            "row_groups": [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)],
+        })
+    return metas
+
+
+def read_footers(
+    paths: Sequence[str], index: Any = None, storage_options: Mapping[str, Any] | None = None
+) -> list[tuple[list[str], list[int]]]:
+    """The column names and the rows of each row group of each file: from the metadata
+    index where it has them (:mod:`.files.metadata_index`), else from the files' footers (read
+    concurrently for URLs, by pyarrow's own threads).
+
+    Raises:
+        ValueError: a file is empty or not Parquet, or the index has a stale entry for it.
+    """
+    stats = (stat_urls(list(paths), what="Parquet", example_glob="*.parquet", storage_options=storage_options)
+             if paths and all(is_url(p) for p in paths) else [stat_local(p) for p in paths])
+    metas = resolve(stats, "parquet", lambda missing: read_metadata(missing, storage_options),
+                    index, storage_options)
+    return [(list(m["columns"]), [int(n) for n in m["row_groups"]]) for m in metas]
 
 
 def open_parquet(key: tuple[str, str]) -> pq.ParquetFile:
@@ -72,7 +105,8 @@ class ParquetDataSource(PerProcessHandles):
     ``str``, binary as ``bytes``, lists of numbers as 1-D numpy arrays, nulls as
     ``None`` (the full table is in ``sources._parquet_rows``).
 
-    Row counts come from the files' metadata at construction; file handles are
+    Row counts come from the files' metadata at construction (or from the metadata
+    index, which then spares reading every footer); file handles are
     opened lazily in the process that reads, through the process's bounded cache of
     open files, and reopened after unpickling, a fork or an eviction. Reads are thread-safe (one lock guards the handles and the cache, so
     threads of one process decode one row group at a time).
@@ -82,6 +116,10 @@ class ParquetDataSource(PerProcessHandles):
         columns: The columns to read, in the order of the row dicts; ``None``
             reads every column of the first file. Every file must have them.
         cache_row_groups: How many decoded row groups to keep (LRU), at least 1.
+        index: Where each file's columns and row groups are kept
+            (:mod:`~dataloader.sources.files.metadata_index`): None (the index beside the data
+            if there is one), True (beside the data, written if need be), a path or URL,
+            or False (none: every footer is read here).
 
     Raises:
         TypeError: ``paths``, ``columns`` or ``cache_row_groups`` has the wrong type.
@@ -104,6 +142,7 @@ class ParquetDataSource(PerProcessHandles):
         *,
         columns: Sequence[str] | None = None,
         cache_row_groups: int = 8,
+        index: Any = None,
     ) -> None:
         self._paths = tuple(expand_paths(paths, what="Parquet", example_glob="*.parquet"))
         if isinstance(cache_row_groups, bool) or not isinstance(cache_row_groups, int):
@@ -118,11 +157,9 @@ class ParquetDataSource(PerProcessHandles):
         group_rows: list[int] = []
         group_file: list[int] = []
         group_local: list[int] = []
-        for file_index, path in enumerate(self._paths):
-            metadata = _read_metadata(path)
-            if metadata.num_rows == 0:
+        for file_index, (path, (available, rows)) in enumerate(zip(self._paths, read_footers(self._paths, index))):
+            if sum(rows) == 0:
                 raise ValueError(f"Parquet file {path!r} has no rows; remove it from paths")
-            available = metadata.schema.to_arrow_schema().names
             if selected is None:
                 selected = list(available)
             missing = [name for name in selected if name not in available]
@@ -131,8 +168,8 @@ class ParquetDataSource(PerProcessHandles):
                     f"column {missing[0]!r} is not in Parquet file {path!r}; its columns "
                     f"are {available}"
                 )
-            for group in range(metadata.num_row_groups):
-                group_rows.append(metadata.row_group(group).num_rows)
+            for group, count in enumerate(rows):
+                group_rows.append(count)
                 group_file.append(file_index)
                 group_local.append(group)
         self._columns = tuple(selected or ())

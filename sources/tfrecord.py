@@ -44,10 +44,13 @@ import gzip
 import os
 import struct
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import numpy as np
+
 from .array_record_writer import _as_bytes, _staging_path
+from .files.metadata_index import FileStat, pack_ints, resolve, stat_local, unpack_ints
 
 _HEADER = struct.Struct("<QI")  # length, masked CRC of the length
 _FOOTER = struct.Struct("<I")  # masked CRC of the data
@@ -267,6 +270,53 @@ class TFRecordReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def scan_record_starts(path: str) -> tuple[np.ndarray, bool]:
+    """Where each record of the local TFRecord file ``path`` starts, from its 12-byte
+    headers alone (each length checked against its CRC, the data skipped with a seek),
+    then where the last good one ends; and whether a damaged frame follows the good
+    records there (a header whose CRC fails, or a length past the end of the file)."""
+    crc32c = _crc32c()
+    size = os.path.getsize(path)
+    starts, offset, damaged = [], 0, False
+    with open(path, "rb") as file:
+        while True:
+            header = file.read(_HEADER.size)
+            if not header:
+                break
+            length = int.from_bytes(header[:8], "little")
+            end = offset + _HEADER.size + length + _FOOTER.size
+            if (len(header) < _HEADER.size or end > size
+                    or masked_crc(header[:8], crc32c) != int.from_bytes(header[8:], "little")):
+                damaged = True
+                break
+            starts.append(offset)
+            offset = end
+            file.seek(offset)
+    starts.append(offset)
+    return np.asarray(starts, dtype=np.int64), damaged
+
+
+def record_starts(paths: Sequence[str], index: Any = None) -> list[tuple[np.ndarray, bool]]:
+    """:func:`scan_record_starts` of each file, through the metadata index (``index``: None
+    for the index beside the data, if any; see :mod:`.files.metadata_index`).
+
+    Raises:
+        ValueError: the index has a stale entry for a file.
+    """
+    metas = resolve([stat_local(path) for path in paths], "tfrecord", read_metadata, index)
+    return [(unpack_ints(m["starts"]), bool(m["damaged"])) for m in metas]
+
+
+def read_metadata(stats: Sequence[FileStat]) -> list[dict[str, Any]]:
+    """What the metadata index keeps of each local TFRecord file: where its records start
+    (:func:`scan_record_starts`), read here."""
+    metas = []
+    for stat in stats:
+        starts, damaged = scan_record_starts(stat.path)
+        metas.append({"starts": pack_ints(starts), "damaged": damaged})
+    return metas
 
 
 def write_tfrecord(path: str | os.PathLike, records: Iterable[bytes]) -> int:

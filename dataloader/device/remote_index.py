@@ -3,30 +3,29 @@
 Building :class:`~dataloader.sources.ArrayRecordDataSource` over URLs costs a listing
 and one ranged request per file (its chunk index). On a job of ``H`` hosts each would
 pay it, ``H`` times the requests at once at the store. :func:`shared_array_record_source`
-has JAX process 0 list the files and read their indices; it posts them (the index
-cache's JSON, about 16 bytes a chunk, compressed) in the **key-value store of JAX's
-distributed runtime**, and every other process builds its source from them without a
-request to the store. Workers of every host get the indices in the pickled source, as
+has JAX process 0 list the files and read their indices (or take them from the metadata
+index, :mod:`dataloader.sources.files.metadata_index`, checked against the listing); it posts
+the listing and the index entries (about 16 bytes a chunk, and the files' small head and
+tail bytes, compressed) in the **key-value store of JAX's distributed runtime**, and every
+other process builds its source from them without a request to the store: the metadata
+requests of a job are those of one host. Workers of every host get the indices in the pickled source, as
 usual. This lives here, not in ``sources``, because it needs JAX's runtime.
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
 import dataclasses
 import itertools
 import json
-import os
-import tempfile
 import time
 import zlib
 from collections.abc import Mapping
 from typing import Any
 
 from dataloader.sources import ArrayRecordDataSource, RemoteOptions
+from dataloader.sources.files.metadata_index import MetadataIndex
 from dataloader.sources.remote import is_url
-from dataloader.sources.remote.array_record import read_index_cache
 
 _calls = itertools.count()
 
@@ -84,28 +83,20 @@ def shared_array_record_source(
         )
     if storage_options is not None:
         options = dataclasses.replace(options, storage_options=storage_options)
-    folder = tempfile.mkdtemp(prefix="granary-index-")
-    local = os.path.join(folder, "index.json")
-    try:
-        if index == 0:
-            where = options.index_cache or local
-            source = ArrayRecordDataSource(
-                paths, reader_options, remote=dataclasses.replace(options, index_cache=where)
-            )
-            data = json.dumps(read_index_cache(where, options)).encode()
-            client.key_value_set(key, base64.b64encode(zlib.compress(data)).decode())
-            return source
-        posted = _wait(client, key, timeout_s)
-        with open(local, "wb") as out:
-            out.write(zlib.decompress(base64.b64decode(posted)))
-        return ArrayRecordDataSource(
-            paths, reader_options, remote=dataclasses.replace(options, index_cache=local)
-        )
-    finally:
-        with contextlib.suppress(OSError):
-            os.remove(local)
-        with contextlib.suppress(OSError):
-            os.rmdir(folder)
+    if index == 0:
+        # Process 0 uses (and writes) remote.index_cache when given, as any source does.
+        shared = (MetadataIndex.load(options.index_cache, options.storage_options)
+                  if options.index_cache is not None else MetadataIndex())
+        source = ArrayRecordDataSource(paths, reader_options, remote=options, index=shared)
+        posted = MetadataIndex()
+        posted.entries = {url: shared.entries[url] for url in source.paths}
+        payload = json.dumps({"paths": list(source.paths), "index": posted.to_bytes().decode()})
+        client.key_value_set(key, base64.b64encode(zlib.compress(payload.encode())).decode())
+        return source
+    payload = json.loads(zlib.decompress(base64.b64decode(_wait(client, key, timeout_s))))
+    # An index received stands for the store: process 0 checked it a moment ago.
+    received = MetadataIndex.from_bytes(payload["index"].encode())
+    return ArrayRecordDataSource(payload["paths"], reader_options, remote=options, index=received)
 
 
 def _wait(client: Any, key: str, timeout_s: float) -> str:

@@ -28,11 +28,11 @@ larger fetches (100 MB/s until measured), and the file fits in a quarter of the 
 
 from __future__ import annotations
 
+import base64
 import concurrent.futures
 import contextlib
 import dataclasses
 import hashlib
-import json
 import os
 import tempfile
 import threading
@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from ..handles import OPEN_FILES, check_limit
+from ..files.handles import OPEN_FILES, check_limit
 from . import urls
 from .cache import Budget, SparseFile
 from .chunk_index import BLOCK, ChunkIndex, NotAnIndexError, parse, tail_start
@@ -83,10 +83,12 @@ class RemoteOptions:
             mixture of many sources stays within it.
         whole_file_bytes: Download a file whole when it is at most this big; None
             decides by the measured rule (module docstring), 0 never.
-        index_cache: A path or URL of a JSON file holding the listing and the chunk
-            index of every file. When it exists the source starts without a single
-            request; when it does not, the first process to build the source writes
-            it. Delete it when the files change.
+        index_cache: A path or URL of the metadata index to use (and write) for these
+            files (:mod:`~dataloader.sources.files.metadata_index`): each file's chunk index, and
+            its head and tail bytes when small. Where it has every file, the source starts
+            with one listing (to check that no file changed) and no other request; where
+            it lacks some, they are read and added. The same as the source's ``index=``,
+            which wins when both are given.
         retries: Attempts per request before a transient failure is an error.
         max_open_readers: When given, the most files the processes that read this source
             keep open, across sources (it sets ``dl.set_max_open_files`` there; None
@@ -132,15 +134,43 @@ class RemoteOptions:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class RemoteFile:
-    """One remote ArrayRecord file as the source knows it (pickled to workers)."""
+    """One remote ArrayRecord file as the source knows it (pickled to workers).
+
+    Attributes:
+        url: where it is.
+        index: its chunk index.
+        edges: its head and tail bytes (what the reader reads when it opens the file),
+            compressed, when they are small enough to keep in the metadata index
+            (:data:`EDGES_IN_INDEX`): a process given them never fetches them.
+    """
 
     url: str
     index: ChunkIndex
+    edges: bytes | None = None
 
     @property
     def key(self) -> str:
         """A file name for its cached bytes: the URL and size, hashed."""
         return hashlib.sha256(f"{self.url}\0{self.index.size}".encode()).hexdigest()[:32]
+
+    def to_meta(self) -> dict[str, Any]:
+        """Its entry in the metadata index."""
+        meta = {"records": self.index.num_records, "writer_options": self.index.writer_options,
+                "chunks": self.index.to_json()}
+        if self.edges is not None:
+            meta["edges"] = base64.b64encode(self.edges).decode("ascii")
+        return meta
+
+    @classmethod
+    def from_meta(cls, url: str, meta: Mapping[str, Any]) -> RemoteFile:
+        edges = meta.get("edges")
+        return cls(url, ChunkIndex.from_json(meta["chunks"]),
+                   None if edges is None else base64.b64decode(edges))
+
+
+EDGES_IN_INDEX = 16 << 10
+"""The most bytes of compressed head and tail a file keeps in the metadata index (a file
+of a few thousand records; a larger index is fetched by each host that reads the file)."""
 
 
 @dataclasses.dataclass
@@ -200,7 +230,6 @@ def load_files(
                 f"{url!r} is not a readable ArrayRecord file ({error}); rewrite it with "
                 "write_array_record"
             ) from None
-        file = RemoteFile(url, index)
         (head_start, head_end), (tail_from, _) = _edges(index)
         if head_start >= start:
             head = tail[head_start - start : head_end - start]
@@ -211,8 +240,10 @@ def load_files(
         if head_end == _SIGNATURE:
             signature = head
         whole_tail = tail[tail_from - start :] if tail_from >= start else None
-        if whole_tail is not None:
-            _store_edges(options.directory(), file, head, whole_tail)
+        edges = None if whole_tail is None else _pack_edges(head, whole_tail)
+        file = RemoteFile(url, index, edges if edges is not None and len(edges) <= EDGES_IN_INDEX else None)
+        if edges is not None:
+            _store_edges(options.directory(), file, edges)
         files.append(file)
     return files, link
 
@@ -234,20 +265,32 @@ def _edges_path(directory: str, file: RemoteFile) -> str:
     return os.path.join(directory, "index", file.key + ".edges")
 
 
-def _store_edges(directory: str, file: RemoteFile, head: bytes, tail: bytes) -> None:
+def _pack_edges(head: bytes, tail: bytes) -> bytes:
+    """Head and tail, compressed (zlib: the last block is mostly padding)."""
+    return zlib.compress(len(head).to_bytes(8, "little") + head + tail, 1)
+
+
+def _store_edges(directory: str, file: RemoteFile, edges: bytes) -> None:
     path = _edges_path(directory, file)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     temporary = f"{path}.{os.getpid()}.tmp"
-    with open(temporary, "wb") as out:  # zlib: the last block is mostly padding
-        out.write(zlib.compress(len(head).to_bytes(8, "little") + head + tail, 1))
+    with open(temporary, "wb") as out:
+        out.write(edges)
     os.replace(temporary, path)
 
 
 def _load_edges(directory: str, file: RemoteFile) -> tuple[bytes, bytes] | None:
+    """The head and tail of ``file``: from the metadata index, else from ``directory``."""
+    data = file.edges
+    if data is None:
+        try:
+            with open(_edges_path(directory, file), "rb") as stored:
+                data = stored.read()
+        except OSError:
+            return None
     try:
-        with open(_edges_path(directory, file), "rb") as stored:
-            data = zlib.decompress(stored.read())
-    except (OSError, zlib.error):
+        data = zlib.decompress(data)
+    except zlib.error:
         return None
     (_, head_end), (tail_from, size) = _edges(file.index)
     n = int.from_bytes(data[:8], "little")
@@ -255,44 +298,6 @@ def _load_edges(directory: str, file: RemoteFile) -> tuple[bytes, bytes] | None:
     if len(head) != head_end or len(tail) != size - tail_from:
         return None
     return head, tail
-
-
-def read_index_cache(location: str, options: RemoteOptions) -> dict[str, Any] | None:
-    """The index cache's contents, None when it does not exist yet."""
-    try:
-        with urls.open_path(location, "rb", options.storage_options if urls.is_url(location) else None) as f:
-            return json.loads(f.read())
-    except FileNotFoundError:
-        return None
-
-
-def write_index_cache(
-    location: str, patterns: Sequence[str], files: Sequence[RemoteFile], options: RemoteOptions
-) -> None:
-    """Writes the listing and indices (atomically for a local path)."""
-    data = json.dumps(
-        {
-            "version": 1,
-            "patterns": list(patterns),
-            "files": [{"url": f.url, **f.index.to_json()} for f in files],
-        }
-    ).encode()
-    if urls.is_url(location):
-        with urls.open_path(location, "wb", options.storage_options) as out:
-            out.write(data)
-        return
-    os.makedirs(os.path.dirname(os.path.abspath(location)), exist_ok=True)
-    temporary = f"{location}.{os.getpid()}.tmp"
-    with open(temporary, "wb") as out:
-        out.write(data)
-    os.replace(temporary, location)
-
-
-def files_from_cache(data: Mapping[str, Any], patterns: Sequence[str]) -> list[RemoteFile] | None:
-    """The files an index cache holds, when it was written for ``patterns``."""
-    if data.get("version") != 1 or list(data.get("patterns", ())) != list(patterns):
-        return None
-    return [RemoteFile(entry["url"], ChunkIndex.from_json(entry)) for entry in data["files"]]
 
 
 class RemoteFiles:

@@ -27,7 +27,7 @@ import warnings
 import weakref
 from collections.abc import Iterator
 
-from ..handles import OPEN_FILES
+from ..files.handles import OPEN_FILES
 
 _FALLOC_FL_KEEP_SIZE = 0x01
 _FALLOC_FL_PUNCH_HOLE = 0x02

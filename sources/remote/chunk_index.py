@@ -17,13 +17,14 @@ writer's codec (zstd by default; brotli, snappy or none), which pyarrow decompre
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import struct
-import zlib
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+
+from ..files.metadata_index import pack_ints, unpack_ints
 
 BLOCK = 1 << 16
 _BLOCK_HEADER = 24
@@ -68,26 +69,17 @@ class ChunkIndex:
 
     def to_json(self) -> dict[str, Any]:
         """A compact JSON form (offsets and counts as zlib'd base64 of their deltas)."""
-
-        def pack(array: np.ndarray) -> str:
-            deltas = np.diff(array, prepend=0).astype("<i8")
-            return base64.b64encode(zlib.compress(deltas.tobytes(), 6)).decode("ascii")
-
         return {
             "size": self.size,
-            "offsets": pack(self.offsets),
-            "first_record": pack(self.first_record),
+            "offsets": pack_ints(self.offsets),
+            "first_record": pack_ints(self.first_record),
             "writer_options": self.writer_options,
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ChunkIndex:
-        def unpack(text: str) -> np.ndarray:
-            raw = zlib.decompress(base64.b64decode(text))
-            return np.cumsum(np.frombuffer(raw, dtype="<i8")).astype(np.int64)
-
+    def from_json(cls, data: Mapping[str, Any]) -> ChunkIndex:
         return cls(
-            int(data["size"]), unpack(data["offsets"]), unpack(data["first_record"]),
+            int(data["size"]), unpack_ints(data["offsets"]), unpack_ints(data["first_record"]),
             str(data["writer_options"]),
         )
 

@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ..files.metadata_index import INDEX_NAME, FileStat, mtime_ns
+
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 _GLOB_CHARS = frozenset("*?[")
 
@@ -99,21 +101,30 @@ def pyarrow_filesystem(
 def expand_urls(
     urls: Sequence[str], *, what: str, example_glob: str, storage_options: Mapping[str, Any] | None = None
 ) -> list[tuple[str, int]]:
-    """Expands URLs and URL globs into ``(url, size)`` of existing objects.
+    """Expands URLs and URL globs into ``(url, size)`` of existing objects (see :func:`stat_urls`)."""
+    return [(stat.path, stat.size) for stat in stat_urls(
+        urls, what=what, example_glob=example_glob, storage_options=storage_options)]
 
-    A glob is one listing request (its matches sorted; unlike local paths, a glob
-    character in a URL is always a pattern); a plain URL is one metadata request. Raises the errors of :func:`translate` (missing bucket, 403, ...), and
-    FileNotFoundError for a glob that matches nothing.
+
+def stat_urls(
+    urls: Sequence[str], *, what: str, example_glob: str, storage_options: Mapping[str, Any] | None = None
+) -> list[FileStat]:
+    """Expands URLs and URL globs into the size and modification time of existing objects.
+
+    A glob is one listing request (its matches sorted, the metadata index left out;
+    unlike local paths, a glob character in a URL is always a pattern); a plain URL is
+    one metadata request. Raises the errors of :func:`translate` (missing bucket, 403,
+    ...), and FileNotFoundError for a glob that matches nothing.
     """
-    found: list[tuple[str, int]] = []
+    found: list[FileStat] = []
     for url in urls:
         fs, inner = filesystem(url, storage_options)
         if _GLOB_CHARS.intersection(inner):  # Object names with glob characters: list them.
             details = call(functools.partial(fs.glob, inner, detail=True), url)
             matches = sorted(
-                (fs.unstrip_protocol(name), int(info.get("size") or 0))
+                FileStat(fs.unstrip_protocol(name), int(info.get("size") or 0), mtime_ns(info))
                 for name, info in details.items()
-                if info.get("type") != "directory"
+                if info.get("type") != "directory" and not name.endswith("/" + INDEX_NAME)
             )
             if not matches:
                 raise FileNotFoundError(
@@ -128,8 +139,24 @@ def expand_urls(
                 f"{url!r} is a directory, expected a {what} object; pass a glob such as "
                 f"{url.rstrip('/') + '/' + example_glob!r}"
             )
-        found.append((url, int(info.get("size") or 0)))
+        found.append(FileStat(url, int(info.get("size") or 0), mtime_ns(info)))
     return found
+
+
+def read_object(url: str, storage_options: Mapping[str, Any] | None = None) -> bytes | None:
+    """The whole object at ``url`` (one request), None when there is none."""
+    fs, inner = filesystem(url, storage_options)
+    try:
+        # start=0: one ranged GET (s3fs otherwise asks for the object's size first).
+        return bytes(call(functools.partial(fs.cat_file, inner, start=0), url))
+    except FileNotFoundError:
+        return None
+
+
+def write_object(url: str, data: bytes, storage_options: Mapping[str, Any] | None = None) -> None:
+    """Writes ``data`` as the object at ``url`` (one PUT: it appears whole or not at all)."""
+    fs, inner = filesystem(url, storage_options)
+    call(functools.partial(fs.pipe_file, inner, data), url)
 
 
 def call(fn: Callable[[], Any], url: str, *, retries: int = RETRIES) -> Any:
@@ -242,13 +269,15 @@ def gave_up(error: BaseException, url: str, retries: int) -> OSError:
     )
 
 
-def parquet_file(path: str | os.PathLike, **read_kwargs: Any) -> Any:
-    """``pyarrow.parquet.ParquetFile`` for a local path or a URL (through fsspec, unless
-    ``read_kwargs`` brings its own ``filesystem``)."""
+def parquet_file(
+    path: str | os.PathLike, storage_options: Mapping[str, Any] | None = None, **read_kwargs: Any
+) -> Any:
+    """``pyarrow.parquet.ParquetFile`` for a local path or a URL (through fsspec, with
+    ``storage_options``, unless ``read_kwargs`` brings its own ``filesystem``)."""
     import pyarrow.parquet as pq
 
     path = os.fspath(path)
     if is_url(path) and read_kwargs.get("filesystem") is None:
-        fs, inner = pyarrow_filesystem(path)
+        fs, inner = pyarrow_filesystem(path, storage_options)
         return pq.ParquetFile(inner, **{**read_kwargs, "filesystem": fs})
     return pq.ParquetFile(path, **read_kwargs)

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import dataloader as dl
-from dataloader.sources.handles import OPEN_FILES, OpenFiles
+from dataloader.sources.files.handles import OPEN_FILES, OpenFiles
 from tests.helpers import open_files_under, python_script, run_threads
 
 
@@ -193,9 +193,9 @@ def test_the_limit_travels_with_a_pickled_source_to_another_process(tmp_path):
 
 
 def test_a_forked_child_reads_through_handles_of_its_own(tmp_path):
-    dl.write_array_record(tmp_path / "x.array_record", [b"x", b"y"])
-    source = dl.ArrayRecordDataSource(str(tmp_path / "x.array_record"))
-    assert source[0] == b"x" and len(OPEN_FILES) >= 1
+    (tmp_path / "x.jsonl").write_text('"x"\n"y"\n')
+    source = dl.JsonlDataSource(str(tmp_path / "x.jsonl"), parse="bytes", index=False)
+    assert source[0] == b'"x"' and len(OPEN_FILES) >= 1
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child reports through the pipe
@@ -208,6 +208,6 @@ def test_a_forked_child_reads_through_handles_of_its_own(tmp_path):
             os._exit(code)
     os.close(write)
     _, status = os.waitpid(pid, 0)
-    assert os.read(read, 16) == b"1y" and status == 0
+    assert os.read(read, 16) == b'1"y"' and status == 0
     os.close(read)
-    assert source[1] == b"y"
+    assert source[1] == b'"y"'

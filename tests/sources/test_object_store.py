@@ -112,7 +112,9 @@ def test_index_is_read_once_and_travels_to_workers(store, proxy, tmp_path):
     assert proxy.requests - before == worker.remote_stats["requests"] <= 3
     before = proxy.requests
     again = _source(store, proxy, index_cache=str(tmp_path / "index.json"))
-    assert proxy.requests == before  # started from the index cache: not one request
+    # Started from the index: one listing (to check the files' sizes and times against
+    # it), not one read of a file.
+    assert proxy.requests == before + 1
     assert again.num_records_per_file == source.num_records_per_file == (700, 500)
     assert again[650] == source[650]
     for s in (source, worker, again):
@@ -328,7 +330,7 @@ def test_a_pipeline_config_takes_urls_and_remote_options(tmp_path):
 
 
 def test_open_readers_are_capped_across_sources_least_recently_used_first(store, proxy):
-    from dataloader.sources.handles import OPEN_FILES
+    from dataloader.sources.files.handles import OPEN_FILES
 
     batches = ([3, 650], [699, 700], [1199], [5])
     with ArrayRecordDataSource(store["local"]) as local:

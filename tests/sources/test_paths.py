@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dataloader.sources import expand_paths
-from dataloader.sources._files import format_paths
+from dataloader.sources.files.paths import format_paths
 
 
 def _expand(paths):

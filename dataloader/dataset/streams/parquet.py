@@ -47,31 +47,46 @@ def _open(path: str, read_kwargs: dict[str, Any]) -> Any:
 
 # Footers read in this process: (path, size, mtime) -> (column names, rows per row group).
 # MaxText's file list makes one ParquetIterDataset per file and epoch; a file is opened
-# once for all of them (and again if it changes).
+# (or looked up in the metadata index) once for all of them, and again if it changes.
 _FOOTERS: dict[tuple[str, int, int], tuple[list[str], tuple[int, ...]]] = {}
 _FOOTERS_KEPT = 65536
 
 
-def _footer(path: str, read_kwargs: dict[str, Any]) -> tuple[list[str], tuple[int, ...]]:
-    """The column names and the rows of each row group of ``path``."""
-    key = None
-    if not read_kwargs and "://" not in path:  # local files only: no cheap stat elsewhere
-        info = os.stat(path)
-        key = (path, info.st_size, info.st_mtime_ns)
-        if key in _FOOTERS:
-            return _FOOTERS[key]
-    handle = _open(path, read_kwargs)
-    try:
-        meta = handle.metadata
-        found = (list(handle.schema_arrow.names),
-                 tuple(meta.row_group(g).num_rows for g in range(meta.num_row_groups)))
-    finally:
-        handle.close()
-    if key is not None:
-        if len(_FOOTERS) >= _FOOTERS_KEPT:
-            _FOOTERS.clear()
-        _FOOTERS[key] = found
-    return found
+def _footers(paths: list[str], read_kwargs: dict[str, Any], index: Any) -> list[tuple[list[str], tuple[int, ...]]]:
+    """The column names and the rows of each row group of each file: through the metadata
+    index (``index``, see ``dl.ParquetDataSource``; the files not seen yet looked up at
+    once) unless ``read_kwargs`` opens them its own way."""
+    if read_kwargs:  # a file system of its own, memory mapping...: read as asked, not cached
+        found = []
+        for path in paths:
+            handle = _open(path, read_kwargs)
+            try:
+                meta = handle.metadata
+                found.append((list(handle.schema_arrow.names),
+                              tuple(meta.row_group(g).num_rows for g in range(meta.num_row_groups))))
+            finally:
+                handle.close()
+        return found
+    from dataloader.sources.parquet import read_footers
+
+    keys: list[tuple[str, int, int] | None] = []
+    for path in paths:  # local files only: no cheap stat elsewhere
+        info = None if "://" in path else os.stat(path)
+        keys.append(None if info is None else (path, info.st_size, info.st_mtime_ns))
+    todo = [i for i, key in enumerate(keys) if key is None or key not in _FOOTERS]
+    read = dict(zip(todo, read_footers([paths[i] for i in todo], index))) if todo else {}
+    if len(_FOOTERS) + len(todo) > _FOOTERS_KEPT:
+        _FOOTERS.clear()
+    out = []
+    for i, key in enumerate(keys):
+        if i in read:
+            names, rows = read[i]
+            if key is not None:
+                _FOOTERS[key] = (names, tuple(rows))
+            out.append((names, tuple(rows)))
+        else:
+            out.append(_FOOTERS[key])  # type: ignore[index]
+    return out
 
 
 class ParquetIterDataset(FileIterDataset):
@@ -82,6 +97,8 @@ class ParquetIterDataset(FileIterDataset):
             are interleaved, 16 at a time, one row from each in turn (as in Grain); for
             a file order shuffled per epoch, see :mod:`dataloader.dataset.streams`.
         columns: the columns to read (``None``: all). Not in Grain.
+        index: where the files' footers (columns, row groups) are kept, as for
+            ``dl.ParquetDataSource`` (None: the index beside the data, if any). Not in Grain.
         **read_kwargs: passed to ``pyarrow.parquet.ParquetFile`` (``memory_map``,
             ``buffer_size``, ``filesystem``, ...), as in Grain. With ``filesystem``
             the paths are taken as they are, not globbed.
@@ -99,7 +116,9 @@ class ParquetIterDataset(FileIterDataset):
         [{'id': np.int64(1), 'val': 'A'}, {'id': np.int64(2), 'val': 'B'}]
     """
 
-    def __init__(self, path: Any, *, columns: Sequence[str] | None = None, **read_kwargs: Any) -> None:
+    def __init__(
+        self, path: Any, *, columns: Sequence[str] | None = None, index: Any = None, **read_kwargs: Any
+    ) -> None:
         super().__init__(path, what="Parquet", example_glob="*.parquet",
                          local=read_kwargs.get("filesystem") is None)
         if columns is not None and (isinstance(columns, str) or not all(isinstance(c, str) for c in columns)):
@@ -110,8 +129,9 @@ class ParquetIterDataset(FileIterDataset):
         # a stream position to its file and row on the engine (no worker reads a footer
         # to find its rows).
         self._group_rows: dict[str, tuple[int, ...]] = {}
-        for file in self._paths:  # fail here, not in the middle of an epoch
-            names, self._group_rows[file] = _footer(file, read_kwargs)
+        # Read here (failing here, not in the middle of an epoch), all at once.
+        for file, (names, rows) in zip(self._paths, _footers(self._paths, read_kwargs, index)):
+            self._group_rows[file] = rows
             missing = [c for c in self.columns or () if c not in names]
             if missing:
                 raise ValueError(f"column {missing[0]!r} is not in Parquet file {file!r}; its columns are {names}")

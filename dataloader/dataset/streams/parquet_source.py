@@ -28,8 +28,8 @@ import numpy as np
 
 from dataloader.dataset.streams.order import InterleaveOrder
 from dataloader.errors import StateMismatchError
-from dataloader.sources._files import PerProcessHandles
-from dataloader.sources.handles import OPEN_FILES
+from dataloader.sources.files.handles import OPEN_FILES
+from dataloader.sources.files.paths import PerProcessHandles
 
 
 def _open(path: str, read_kwargs: dict[str, Any]) -> Any:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from dataloader.dataset.base import DatasetIterator
 from dataloader.dataset.streams.files import CYCLE_LENGTH, FileIterDataset, check_file_state
 from dataloader.sources import TFRecordReader
+from dataloader.sources.files.metadata_index import check_index_arg
 
 if TYPE_CHECKING:
     from dataloader.dataset.streams.lowering import StreamForm
@@ -35,6 +36,9 @@ class TFRecordIterDataset(FileIterDataset):
     Args:
         path: a path, a glob pattern (files sorted), or a list of those. Grain takes
             one path; several files are interleaved as ``ParquetIterDataset`` does.
+        index: where the record offsets of the files are kept when the stream runs on
+            the engine (:mod:`dataloader.sources.files.metadata_index`; None: the index beside
+            the data, if any). Not in Grain.
 
     Raises:
         FileNotFoundError: a path does not exist or a glob matches nothing.
@@ -49,7 +53,7 @@ class TFRecordIterDataset(FileIterDataset):
         [b'a', b'b']
     """
 
-    def __init__(self, path: Any) -> None:
+    def __init__(self, path: Any, *, index: Any = None) -> None:
         # A URL (gs://, s3://, ...) is taken as given, not globbed or opened here: code
         # written for Grain subclasses this class to read such files its own way
         # (MaxText's GCS reader overrides __iter__ and reads ``self._path``).
@@ -58,6 +62,7 @@ class TFRecordIterDataset(FileIterDataset):
         # Grain's attribute: the path as given (a subclass's __iter__ reads it).
         self._path = os.fspath(path) if isinstance(path, (str, os.PathLike)) else self._paths[0]
         self._remote = remote
+        self._index = check_index_arg(index)
         if remote:
             return
         for file in self._paths:  # fail here, not in the middle of an epoch
@@ -71,7 +76,9 @@ class TFRecordIterDataset(FileIterDataset):
         """This stream as random access over its order: a source over the record offsets
         of its files, indexed here (None for gzip or remote files, and for a subclass
         that reads its files its own way)."""
-        return stream_source_form(self._paths, CYCLE_LENGTH) if self._seekable() else None
+        if not self._seekable():
+            return None
+        return stream_source_form(self._paths, CYCLE_LENGTH, self._index)
 
     def _seekable(self) -> bool:
         """Whether its files are read by this class from local, uncompressed files, so a
@@ -83,12 +90,13 @@ class TFRecordIterDataset(FileIterDataset):
         return not getattr(self, "_remote", False) and not any(p.lower().endswith(".gz") for p in self._paths)
 
 
-def stream_source_form(paths: list[str], cycle_length: int) -> StreamForm:
-    """The files ``paths`` interleaved ``cycle_length`` at a time, as random access."""
+def stream_source_form(paths: list[str], cycle_length: int, index: Any = None) -> StreamForm:
+    """The files ``paths`` interleaved ``cycle_length`` at a time, as random access (the
+    record offsets through the metadata index ``index``, see ``dl.JsonlDataSource``)."""
     from dataloader.dataset.streams.lowering import StreamForm, _source_dataset
-    from dataloader.dataset.streams.tfrecord_source import TFRecordStreamSource, record_offsets
+    from dataloader.dataset.streams.tfrecord_source import TFRecordStreamSource, record_offsets_of
 
-    source = TFRecordStreamSource(paths, [record_offsets(p) for p in paths], cycle_length)
+    source = TFRecordStreamSource(paths, record_offsets_of(paths, index), cycle_length)
     return StreamForm(_source_dataset(source), source.position_of_state)
 
 

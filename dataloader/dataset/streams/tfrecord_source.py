@@ -28,7 +28,6 @@ before, so a stream with one keeps running at the iterator level.
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -38,9 +37,9 @@ import numpy as np
 from dataloader.dataset.streams.order import InterleaveOrder
 from dataloader.errors import StateMismatchError
 from dataloader.sources import TFRecordReader
-from dataloader.sources._files import PerProcessHandles
-from dataloader.sources.handles import OPEN_FILES, open_raw, read_range
-from dataloader.sources.tfrecord import _crc32c, masked_crc
+from dataloader.sources.files.handles import OPEN_FILES, open_raw, read_range
+from dataloader.sources.files.paths import PerProcessHandles
+from dataloader.sources.tfrecord import _crc32c, masked_crc, record_starts
 
 SHIPPED_RECORDS = 1 << 23
 """The most records whose offsets travel with the source to each worker."""
@@ -66,35 +65,33 @@ class FileIndex:
         return len(self.starts) - 1 + int(self.damaged)
 
 
-def record_offsets(path: str) -> FileIndex:
-    """The index of ``path`` (see the module), from its headers alone; built once per
-    process for a file of a given size and time of change (MaxText's file list makes one
-    dataset per file and epoch: the headers are read once for all of them)."""
-    info = os.stat(path)
-    return _index(path, info.st_size, info.st_mtime_ns)
+def record_offsets(path: str, index: Any = None) -> FileIndex:
+    """The index of ``path`` (see :func:`record_offsets_of`)."""
+    return record_offsets_of([path], index)[0]
 
 
-@functools.lru_cache(maxsize=4096)
-def _index(path: str, size: int, mtime_ns: int) -> FileIndex:
-    del mtime_ns  # part of the key only
-    crc32c = _crc32c()
-    starts, offset, damaged = [], 0, False
-    with open(path, "rb") as file:
-        while True:
-            header = file.read(_HEADER_BYTES)
-            if not header:
-                break
-            length = int.from_bytes(header[:8], "little")
-            end = offset + _HEADER_BYTES + length + _FOOTER_BYTES
-            if (len(header) < _HEADER_BYTES or end > size
-                    or masked_crc(header[:8], crc32c) != int.from_bytes(header[8:], "little")):
-                damaged = True
-                break
-            starts.append(offset)
-            offset = end
-            file.seek(offset)
-    starts.append(offset)
-    return FileIndex(np.asarray(starts, dtype=np.int64), damaged)
+# Offsets resolved in this process, by (path, size, time of change).
+_KNOWN: dict[tuple[str, int, int], FileIndex] = {}
+_KNOWN_KEPT = 4096
+
+
+def record_offsets_of(paths: Sequence[str], index: Any = None) -> list[FileIndex]:
+    """The index of each file (see the module), from the metadata index (``index``, None:
+    the one beside the data, if any; all files looked up at once) or its headers; resolved
+    once per process for a file of a given size and time of change (MaxText's file list
+    makes one dataset per file and epoch: the headers are read once for all of them)."""
+    keys = []
+    for path in paths:
+        info = os.stat(path)
+        keys.append((path, info.st_size, info.st_mtime_ns))
+    missing = [key for key in dict.fromkeys(keys) if key not in _KNOWN]
+    if missing:
+        if len(_KNOWN) + len(missing) > _KNOWN_KEPT:
+            _KNOWN.clear()
+        found = record_starts([path for path, _, _ in missing], index)
+        for key, (starts, damaged) in zip(missing, found):
+            _KNOWN[key] = FileIndex(starts, damaged)
+    return [_KNOWN[key] for key in keys]
 
 
 class TFRecordStreamSource(PerProcessHandles):

@@ -26,6 +26,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
 
 from .handles import OPEN_FILES, adopt_limit
+from .metadata_index import INDEX_NAME
 
 PathArg = str | os.PathLike | Sequence[str | os.PathLike]
 
@@ -72,7 +73,7 @@ def expand_paths(paths: PathArg, *, what: str, example_glob: str) -> list[str]:
             )
         path = os.fspath(item)
         if _URL.match(path):
-            from .remote.urls import expand_urls
+            from ..remote.urls import expand_urls
 
             files.extend(url for url, _ in expand_urls([path], what=what, example_glob=example_glob))
         else:
@@ -92,6 +93,9 @@ def _expand_one(path: str, what: str, example_glob: str) -> list[str]:
             )
     else:
         raise FileNotFoundError(f"{what} file {path!r} does not exist")
+    matches = [m for m in matches if os.path.basename(m) != INDEX_NAME or m == path]
+    if not matches:
+        raise FileNotFoundError(f"glob pattern {path!r} matches only the metadata index {INDEX_NAME}")
     for match in matches:
         if os.path.isdir(match):
             raise ValueError(

@@ -1,4 +1,4 @@
-"""``python -m dataloader run|inspect|convert|demo|audit``: see :mod:`dataloader.cli.main`."""
+"""``python -m dataloader run|inspect|convert|demo|audit|index``: see :mod:`dataloader.cli.main`."""
 
 from absl import flags
 

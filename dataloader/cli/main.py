@@ -1,4 +1,4 @@
-"""The command line, on absl: ``python -m dataloader run|inspect|convert|demo``.
+"""The command line, on absl: ``python -m dataloader run|inspect|convert|demo|audit|index``.
 
 ::
 
@@ -9,6 +9,9 @@
                                            [--overwrite] [--verify] [--BEAM_OPTION=VALUE ...]
     python -m dataloader demo [key=value ...] [--demo=lm|digits] [--out_dir=demo_out] [--config=...]
     python -m dataloader audit LOG_A LOG_B
+    python -m dataloader index PATH_OR_GLOB_OR_URL ... [--index_path=PATH_OR_URL]
+                                                       [--kind=array_record|parquet|tfrecord|jsonl]
+                                                       [--storage_options=JSON]
 
 ``CONFIG`` is a YAML file, or the name of a config shipped with granary
 (``array_record_images``, ``parquet``, ``demo``: :func:`dataloader.config.shipped_config`),
@@ -23,6 +26,10 @@ naming the key, with exit status 2.
 
 ``audit`` compares two audit logs (``DataLoader(..., audit_log=path)``) and reports the
 first step where they differ, exit status 1 (:mod:`dataloader.cli.audit`).
+
+``index`` reads each file's metadata (record counts, chunk indices, footers, record and
+line offsets) once and writes the metadata index every source reads instead
+(:mod:`dataloader.cli.index`, :mod:`dataloader.sources.files.metadata_index`).
 
 ``convert`` runs the Apache Beam pipeline of :mod:`dataloader.beam`. Flags it does not
 know are handed to Beam as pipeline options (``--runner=DataflowRunner
@@ -45,7 +52,7 @@ from dataloader.beam.record_files import FORMATS
 from dataloader.cli.run import run_command
 from dataloader.errors import ConfigError
 
-COMMANDS = ("run", "inspect", "convert", "demo", "audit")
+COMMANDS = ("run", "inspect", "convert", "demo", "audit", "index")
 
 _MAX_BATCHES = flags.DEFINE_integer(
     "max_batches", None, "run: stop after this many batches (default: the whole stream, "
@@ -75,6 +82,15 @@ _OVERWRITE = flags.DEFINE_boolean(
 _VERIFY = flags.DEFINE_boolean(
     "verify", False, "convert: read the output back and compare counts and checksums")
 _OUT_DIR = flags.DEFINE_string("out_dir", "demo_out", "demo: where data and checkpoints go")
+_INDEX_PATH = flags.DEFINE_string(
+    "index_path", None, "index: the index file to write, a path or URL (default: "
+    "_granary_index.json beside the data, in each file's directory)")
+_KIND = flags.DEFINE_enum(
+    "kind", None, ["array_record", "parquet", "tfrecord", "jsonl"],
+    "index: the files' format (default: by extension)")
+_STORAGE_OPTIONS = flags.DEFINE_string(
+    "storage_options", None, "index: for URLs, the fsspec file system's options as JSON, "
+    "e.g. '{\"endpoint_url\": \"http://127.0.0.1:9000\"}'")
 _CONFIG = flags.DEFINE_string(
     "config", None, "demo: the config, a YAML file or a shipped config's name (default: lm_demo, or demo for digits)")
 _DEMO = flags.DEFINE_enum(
@@ -148,6 +164,13 @@ def main(argv: Sequence[str]) -> int:
             return status
         if command == "run":
             print(run_command(args, _MAX_BATCHES.value, _REPORT.value, _STEP_MS.value), flush=True)
+        elif command == "index":
+            from dataloader.cli.index import build_index, parse_storage_options
+
+            if not args:
+                raise app.UsageError("index needs the paths, globs or URLs of the data files")
+            print(build_index(args, _INDEX_PATH.value, _KIND.value,
+                              parse_storage_options(_STORAGE_OPTIONS.value)), flush=True)
         elif command == "inspect":
             from dataloader.cli.inspect_records import describe_array_records
 
@@ -173,7 +196,7 @@ def main(argv: Sequence[str]) -> int:
         print(f"config error: {error}", file=sys.stderr)
         return 2
     except (FileNotFoundError, IndexError, ValueError) as error:
-        if command not in ("inspect", "convert"):
+        if command not in ("inspect", "convert", "index"):
             raise
         print(f"{command}: {error}", file=sys.stderr)
         return 2

@@ -66,7 +66,7 @@ from typing import Any, SupportsIndex
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader
 
-from ._indexing import PartIndex, as_index_array, check_index
+from ._indexing import PartIndex, as_index_array, as_index_list, check_index
 from .files.handles import OPEN_FILES
 from .files.metadata_index import FileStat, check_index_arg, received_stats, resolve, stat_local
 from .files.paths import PathArg, PerProcessHandles, expand_paths, format_paths
@@ -439,6 +439,15 @@ class ArrayRecordDataSource(PerProcessHandles):
         ``read(list)`` per file. The readers of the files touched are held (never
         closed by another thread) until the call returns.
         """
+        if len(self._paths) == 1 and not self._remote_files:
+            # The common case of a mixture's source: one file, a few records a call.
+            wanted = as_index_list(indices, self._index.total)
+            key = self._keys[0]
+            read = OPEN_FILES.acquire(key, _open_key).read
+            try:
+                return [read(i, i + 1)[0] for i in wanted]
+            finally:
+                OPEN_FILES.release(key)
         array = as_index_array(indices, self._index.total)
         if self._remote_files:
             files, positions = self._index.locate_many(array)
@@ -448,10 +457,6 @@ class ArrayRecordDataSource(PerProcessHandles):
                 pairs = zip(file_list, positions.tolist(), strict=True)
                 return [reads[f](p, p + 1)[0] for f, p in pairs]
         keys = self._keys
-        if len(self._paths) == 1:
-            with OPEN_FILES.hold(keys, _open_key) as (reader,):
-                read = reader.read
-                return [read(i, i + 1)[0] for i in array.tolist()]
         files, positions = self._index.locate_many(array)
         file_list = files.tolist()
         touched = list(set(file_list))

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
-from dataloader.sources._indexing import PartIndex, as_index_array, check_index
+from dataloader.sources._indexing import PartIndex, as_index_array, as_index_list, check_index
 
 
 def test_check_index_accepts_numpy_integers():
@@ -37,6 +39,21 @@ def test_as_index_array_rejects_float_indices():
 def test_as_index_array_rejects_negative_indices():
     with pytest.raises(IndexError, match=r"index -2 is out of range for a source of length 4"):
         as_index_array(np.array([0, -2]), 4)
+
+
+@pytest.mark.parametrize("indices", [[3, 0, 3], np.array([3, 0, 3]), np.array([3, 0, 3], np.uint8), (3, 0, 3),
+                                     [np.int64(3), 0, 3]])
+def test_as_index_list_gives_python_ints_whatever_the_input(indices):
+    out = as_index_list(indices, 4)
+    assert out == [3, 0, 3] and all(type(i) is int for i in out)
+
+
+@pytest.mark.parametrize("bad", [[0, 4], np.array([0, -1]), [True], [0.5], np.array([[0]])])
+def test_as_index_list_refuses_what_as_index_array_refuses_with_the_same_message(bad):
+    with pytest.raises((IndexError, TypeError, ValueError)) as expected:
+        as_index_array(bad, 4)
+    with pytest.raises(type(expected.value), match=re.escape(str(expected.value))):
+        as_index_list(bad, 4)
 
 
 def test_part_index_maps_across_parts_and_skips_empty_parts():

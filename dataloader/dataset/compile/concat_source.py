@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import operator
 from collections.abc import Sequence
 from typing import Any, SupportsIndex
@@ -47,14 +48,22 @@ class ConcatSource:
     def __getitems__(self, indices: Sequence[int] | np.ndarray) -> list[Any]:
         keys = np.asarray(indices, dtype=np.int64).reshape(-1)
         self._check(keys)
+        if not keys.size:
+            return []
         which = np.searchsorted(self.offsets, keys, side="right") - 1
+        # Group by part with one stable sort (not a pass over the keys per part: a batch
+        # of a mixture of many sources touches a part or two per record).
+        order = np.argsort(which, kind="stable")
+        ranked = which[order]
+        cuts = [0, *(np.flatnonzero(ranked[1:] != ranked[:-1]) + 1).tolist(), keys.size]
+        where, local, parts = order.tolist(), (keys - self.offsets[which]).tolist(), ranked.tolist()
         out: list[Any] = [None] * keys.size
-        for j in np.unique(which).tolist():
-            where = np.flatnonzero(which == j)
-            records = read_records(self.parts[j], keys[where] - self.offsets[j])
+        for start, stop in itertools.pairwise(cuts):
+            j, group = parts[start], where[start:stop]
+            records = read_records(self.parts[j], [local[i] for i in group])
             if self.tagged:
                 records = [(j, r) for r in records]
-            for i, r in zip(where.tolist(), records):
+            for i, r in zip(group, records):
                 out[i] = r
         return out
 

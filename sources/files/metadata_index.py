@@ -133,15 +133,32 @@ class MetadataIndex:
 
     @classmethod
     def load(cls, location: str, storage_options: Mapping[str, Any] | None = None) -> MetadataIndex:
-        """The index at ``location``; empty when there is none yet.
+        """The index at ``location``; empty when there is none yet. A local index is parsed
+        once per process while it keeps its size and time (sources built one per file,
+        as MaxText builds them, would otherwise parse it once per file).
 
         Raises:
             ValueError: the file there is not an index this version reads.
         """
         index = cls(location, storage_options)
+        key = None
+        if "://" not in index.location:  # type: ignore[operator]
+            try:
+                info = os.stat(location)
+            except FileNotFoundError:
+                return index
+            # (each save is a new file: its inode tells two saves in one tick of the clock apart)
+            key = (os.path.abspath(location), info.st_ino, info.st_size, info.st_mtime_ns)
+            if key in _PARSED:
+                index.entries = dict(_PARSED[key])
+                return index
         data = index._read()
         if data is not None:
             index.entries = cls._parse(data, location)
+            if key is not None:
+                if len(_PARSED) >= _PARSED_KEPT:
+                    _PARSED.clear()
+                _PARSED[key] = dict(index.entries)
         return index
 
     @staticmethod
@@ -246,6 +263,11 @@ class MetadataIndex:
             if os.path.exists(temporary):
                 os.remove(temporary)
             raise
+
+
+# Local indexes parsed in this process, by (path, inode, size, time of change).
+_PARSED: dict[tuple[str, int, int, int], dict[str, dict[str, Any]]] = {}
+_PARSED_KEPT = 16
 
 
 def check_index_arg(index: Any) -> Any:

@@ -182,3 +182,17 @@ def test_an_index_argument_of_the_wrong_type_is_refused(tmp_path):
     path = write(tmp_path, "jsonl", "f0", 1)
     with pytest.raises(TypeError, match=r"index must be None .* got int 3"):
         dl.JsonlDataSource(path, index=3)
+
+
+def test_a_local_index_is_parsed_once_per_process_while_it_is_unchanged(tmp_path, monkeypatch):
+    paths = [write(tmp_path, "jsonl", f"f{i}", 2) for i in range(6)]
+    build("jsonl", paths[:5], index=True)
+    parsed = []
+    original = MetadataIndex._parse
+    monkeypatch.setattr(MetadataIndex, "_parse", staticmethod(lambda *a: parsed.append(1) or original(*a)))
+    for path in paths[:5]:  # one source a file, as MaxText builds them
+        assert build("jsonl", [path]) == [0, 1]
+    assert len(parsed) == 1
+    build("jsonl", paths, index=True)  # a new entry: the index changes, and is read again
+    parsed.clear()
+    assert build("jsonl", [paths[5]]) == [0, 1] and len(parsed) == 1

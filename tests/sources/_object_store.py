@@ -101,6 +101,8 @@ class FaultProxy:
         status: When set (e.g. ``403``), every request gets this HTTP error.
         requests: Requests seen (each chunk of bytes from a client counts as one).
         ranges: The ranged GETs seen, as (object path, first byte, last byte).
+        log: Every request seen, as (method, target with its query, first byte, last
+            byte), the bytes None where it asks for no range.
     """
 
     def __init__(self, target: str) -> None:
@@ -111,6 +113,7 @@ class FaultProxy:
         self.status: int | None = None
         self.requests = 0
         self.ranges: list[tuple[str, int, int]] = []  # (object path, first byte, last byte)
+        self.log: list[tuple[str, str, int | None, int | None]] = []
         self._lock = threading.Lock()
         proxy = self
 
@@ -139,6 +142,9 @@ class FaultProxy:
         if match:
             path = match.group(1).decode().split("?")[0]
             self.ranges.append((path, int(match.group(2)), int(match.group(3))))
+        method, target = data.split(b" ", 2)[:2]
+        first, last = (int(match.group(2)), int(match.group(3))) if match else (None, None)
+        self.log.append((method.decode(), target.decode(), first, last))
 
     def _serve(self, client: socket.socket) -> None:
         upstream = socket.create_connection(self.target)
@@ -193,3 +199,24 @@ def _error(status: int) -> bytes:
         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     ).encode()
     return head + body
+
+
+def classify_requests(
+    log: list[tuple[str, str, int | None, int | None]], sizes: dict[str, int], index_name: str
+) -> dict[str, int]:
+    """A :class:`FaultProxy` log counted by kind: listings, reads and writes of the metadata
+    index (``index_name``), a file's metadata (HEADs, ranged reads of its head or tail, where
+    an ArrayRecord file's index lies) and data (the other ranged reads). ``sizes``: each
+    object's size, by its path (``/bucket/key``)."""
+    counts = dict.fromkeys(("listing", "index", "file metadata", "data"), 0)
+    for method, target, first, last in log:
+        path = target.split("?")[0]
+        if "list-type=" in target or "prefix=" in target or path.rstrip("/") == f"/{BUCKET}":
+            counts["listing"] += 1
+        elif path.endswith(index_name):
+            counts["index"] += 1
+        elif method == "HEAD" or (first is not None and (first == 0 or last == sizes.get(path, -2) - 1)):
+            counts["file metadata"] += 1
+        else:
+            counts["data"] += 1
+    return counts

@@ -22,8 +22,10 @@ file sources keep it in an **index file**, written once and read by everyone:
 
 A source takes ``index=``: ``None`` (the default) uses the index beside the data where
 there is one and never writes; ``True`` uses it and adds the files it lacks; a path or URL
-uses (and writes) that index file; ``False`` uses none. Worker processes never read an
-index: the metadata travels with the pickled source.
+uses (and writes) that index file; ``False`` uses none. Worker processes do not read an
+index: the metadata travels with the pickled source (past a few million records, a JSONL
+or TFRecord source travels without its offsets, and a worker takes those of the files it
+reads from the index, or from the files where there is none).
 
 Example:
     >>> import dataloader as dl, os
@@ -52,6 +54,7 @@ INDEX_NAME = "_granary_index.json"
 pyarrow's skip such files, and the sources' globs leave it out)."""
 
 _FORMAT, _VERSION = "granary-index", 1
+
 
 @dataclasses.dataclass(frozen=True, order=True)
 class FileStat:

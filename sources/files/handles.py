@@ -79,7 +79,11 @@ class OpenFiles:
     """Open handles by key, least recently used first, at most ``limit`` kept open.
 
     Thread-safe: one lock guards the bookkeeping; opening a file happens under it too (so
-    two threads never open the same key twice), reading from a handle does not.
+    two threads never open the same key twice), reading from a handle does not. The lock
+    is re-entrant because a source's finalizer calls :meth:`close`, and the garbage
+    collector runs finalizers in whatever thread allocates: inside an opener (pyarrow
+    allocating while it opens a file) or a handle's ``close()``, with the lock held. The
+    bookkeeping is consistent at every point where those can run.
 
     Attributes:
         opened: handles opened so far (a reopen counts again).
@@ -89,7 +93,7 @@ class OpenFiles:
     def __init__(self, limit: int = DEFAULT_MAX_OPEN_FILES) -> None:
         self._limit = check_limit(limit)
         self._chosen = False  # set in this process by set_limit (not adopted)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._open: collections.OrderedDict[Hashable, Handle] = collections.OrderedDict()
         self._users: collections.Counter[Hashable] = collections.Counter()
         self._doomed: set[Hashable] = set()  # closed by their owner while in use
@@ -188,7 +192,7 @@ class OpenFiles:
 
     def _forget_after_fork(self) -> None:
         """In a forked child: the parent's handles are the parent's (its lock too)."""
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._open = collections.OrderedDict()
         self._users = collections.Counter()
         self._doomed = set()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import threading
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -57,6 +58,40 @@ def test_closing_a_held_handle_closes_it_at_its_release():
     files.release("a")
     assert log == ["open a", "close a"] and len(files) == 0
     assert files.acquire("a", opener(log)) is not handle  # reopened on demand
+
+
+def test_a_finalizer_closing_files_inside_an_opener_or_a_close_does_not_deadlock():
+    # A source's finalizer calls close(); the garbage collector runs it in whatever thread
+    # allocates, here inside an opener and inside a handle's close(), with the cache's lock
+    # held by that same thread (pyarrow opening a Parquet file hung on it before).
+    log: list[str] = []
+    files = OpenFiles(limit=1)
+    files.acquire("old", opener(log))
+    files.release("old")
+
+    class Collecting(Handle):
+        def close(self) -> None:
+            files.close(["gone"])  # a finalizer run by the collector during close()
+            super().close()
+
+    def opening(key):
+        files.close(["old"])  # a finalizer run by the collector during the open
+        return Collecting(log, key)
+
+    finished: list[bool] = []
+    thread = threading.Thread(
+        target=lambda: finished.append(bool(files.acquire("new", opening))), daemon=True
+    )
+    thread.start()
+    thread.join(timeout=120)  # a deadlock never ends; this only keeps the suite from hanging
+    assert finished == [True], "acquire() deadlocked on a close() from inside its opener"
+    assert log == ["open old", "close old", "open new"] and "old" not in files
+    files.release("new")
+    files.acquire("gone", opener(log))
+    assert log[-1] == "close new"
+    files.release("gone")
+    # Over the limit "new" closed, and its close() closed the held "gone", at its release.
+    assert log[-3:] == ["open gone", "close new", "close gone"] and len(files) == 0
 
 
 def test_an_opener_that_fails_leaves_nothing_held():

@@ -127,6 +127,7 @@ _EXPORTS: dict[str, str] = {
     "DatasetSelectionMap": "dataloader.dataset",
     "MapDataset": "dataloader.dataset",
     "MixSchedule": "dataloader.dataset",
+    "WeightSchedule": "dataloader.dataset",
     "device_put": "dataloader.dataset",
     "parse_mixture_spec": "dataloader.dataset",
     # device feed (imports JAX)

@@ -10,6 +10,7 @@ stages (packing, thread prefetch, a user's own ``IterDataset``) compose with it;
 
 from dataloader.dataset.base import DatasetIterator, IterDataset
 from dataloader.dataset.compile.mixing import MixSchedule, parse_mixture_spec
+from dataloader.dataset.compile.schedule import WeightSchedule
 from dataloader.dataset.device_put import device_put
 from dataloader.dataset.experimental.select import DatasetSelectionMap
 from dataloader.dataset.map_dataset import MapDataset
@@ -20,6 +21,7 @@ __all__ = [
     "IterDataset",
     "MapDataset",
     "MixSchedule",
+    "WeightSchedule",
     "device_put",
     "parse_mixture_spec",
 ]

@@ -213,7 +213,10 @@ class IterDataset(Generic[T], abc.ABC):
     @staticmethod
     def mix(
         datasets: Sequence[IterDataset] | Mapping[str, IterDataset],
-        weights: Sequence[float] | Mapping[str, float] | None = None,
+        weights: Any = None,
+        *,
+        weight_by: str = "elements",
+        length: Callable[[Any], int] | None = None,
     ) -> IterDataset:
         """Interleaves streams by weight, until one of them is exhausted.
 
@@ -221,10 +224,19 @@ class IterDataset(Generic[T], abc.ABC):
         anything else, and every dict of named datasets (whose states restore by name,
         with other weights or components), mixes at the iterator level. See
         :mod:`dataloader.dataset.experimental.mix`.
+
+        Args:
+            datasets: the components, a list or a dict by name.
+            weights: one weight per component (a dict by name for a dict), a
+                :class:`~dataloader.WeightSchedule`, or ``None`` for equal weights.
+            weight_by: ``"elements"`` (default) or ``"tokens"``: each component's share
+                of the tokens follows the weights, counted with ``length``
+                (:mod:`dataloader.dataset.experimental.token_mix`).
+            length: ``length(element)``, its number of tokens, for ``weight_by="tokens"``.
         """
         from dataloader.dataset.experimental.mix import mix
 
-        return mix(datasets, weights)
+        return mix(datasets, weights, weight_by=weight_by, length=length)
 
     # -- helpers for subclasses -------------------------------------------------------
 

@@ -34,6 +34,7 @@ from dataloader.dataset.compile import nodes as nd
 from dataloader.dataset.compile.index_map import exhausted_length, mix_length
 from dataloader.dataset.compile.lower import Compiled, compile_node
 from dataloader.dataset.compile.mixing import MixSchedule, parse_mixture_spec
+from dataloader.dataset.compile.schedule import WeightSchedule
 from dataloader.operations import (
     Batch,
     FilterTransform,
@@ -158,7 +159,9 @@ class MapDataset(Generic[T]):
         return MapDataset.source(RangeDataSource(start, stop, step))
 
     @staticmethod
-    def mix(datasets: Sequence[MapDataset], weights: Sequence[float] | None = None) -> MapDataset:
+    def mix(
+        datasets: Sequence[MapDataset], weights: Sequence[float] | WeightSchedule | None = None
+    ) -> MapDataset:
         """Interleaves ``datasets`` in proportion to ``weights`` (see :mod:`.mixing`).
 
         Exact over every window of one period (10 positions for 0.3/0.7), deterministic,
@@ -174,14 +177,21 @@ class MapDataset(Generic[T]):
         return MapDataset._mix(datasets, weights, until_exhausted=False)
 
     @staticmethod
-    def _mix(datasets: Sequence[MapDataset], weights: Sequence[float] | None, *, until_exhausted: bool) -> MapDataset:
+    def _mix(
+        datasets: Sequence[MapDataset], weights: Sequence[float] | WeightSchedule | None, *, until_exhausted: bool
+    ) -> MapDataset:
         """:meth:`mix`, or with ``until_exhausted`` one pass that runs until a finite
         component with weight runs out (Grain's ``IterDataset.mix``, which the engine
         path of ``IterDataset.mix`` compiles to)."""
         datasets = _check_datasets(datasets, "mix")
-        schedule = MixSchedule(weights, len(datasets))
         lengths = [d._node.length for d in datasets]
-        length = exhausted_length(lengths, schedule) if until_exhausted else mix_length(lengths, schedule)
+        schedule: Any
+        if isinstance(weights, WeightSchedule):
+            schedule = weights.bind(len(datasets), what="MapDataset.mix")
+            length = schedule.exhausted_length(lengths)
+        else:
+            schedule = MixSchedule(weights, len(datasets))
+            length = exhausted_length(lengths, schedule) if until_exhausted else mix_length(lengths, schedule)
         node = nd.MixNode(tuple(d._node for d in datasets), schedule, length)
         return _combine(node, datasets)
 

@@ -13,7 +13,7 @@ from dataloader.maxtext.config import (
 )
 from dataloader.maxtext.eval import EvalBatches, padding_batch
 from dataloader.maxtext.format import KEYS, MaxTextFormat, PadToLength, maxtext_layout
-from dataloader.maxtext.mixture import load_mixture_config, mixture_parts
+from dataloader.maxtext.mixture import load_mixture_config, mixture_parts, mixture_weights
 from dataloader.maxtext.pipeline import (
     eval_dataset,
     tokenizer,
@@ -34,6 +34,7 @@ __all__ = [
     "load_mixture_config",
     "maxtext_layout",
     "mixture_parts",
+    "mixture_weights",
     "padding_batch",
     "parse_example",
     "parse_maxtext_config",

@@ -50,7 +50,7 @@ from dataloader.dataset.transformations.packing import (
 from dataloader.maxtext import reading
 from dataloader.maxtext.config import MaxTextConfig
 from dataloader.maxtext.format import MaxTextFormat, PadToLength
-from dataloader.maxtext.mixture import mixture_parts
+from dataloader.maxtext.mixture import mixture_parts, mixture_weights
 from dataloader.maxtext.records import parse_example
 from dataloader.operations import MapTransform, Tokenize
 from dataloader.operations.packing import BOSHandling
@@ -205,7 +205,7 @@ def _read_named(config: MaxTextConfig, *, tok: Tokenize | None, shard_options: S
                                               seed=config.seed)
             components[c.name] = _tokens(config, records, column, tok).to_iter_dataset(
                 read_options(config), shard_options=shard_options)
-    return IterDataset.mix(components, {c.name: c.weight for c in mixture})
+    return IterDataset.mix(components, mixture_weights(mixture))
 
 
 def _rows_and_batches(config: MaxTextConfig, stream: IterDataset, *, batch_size: int, pad_last: bool,

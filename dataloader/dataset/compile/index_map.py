@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from dataloader.dataset.compile.mixing import MixSchedule
+from dataloader.dataset.compile.schedule import ScheduledMix
 from dataloader.samplers import IndexSampler, NoSharding, ShardOptions
 from dataloader.samplers.permutation import MAX_N
 
@@ -205,14 +206,15 @@ class Concatenate:
 
 
 class Mix:
-    """Interleaves the children by a :class:`MixSchedule`.
+    """Interleaves the children by a :class:`MixSchedule` or a bound weight schedule
+    (:class:`~dataloader.dataset.compile.schedule.ScheduledMix`).
 
     ``length`` (one pass) is the node's: Grain's ``MapDataset.mix`` length
     (:func:`mix_length`), or :func:`exhausted_length` for ``IterDataset.mix``; positions
     beyond keep drawing from the schedule.
     """
 
-    def __init__(self, children: list[Any], schedule: MixSchedule, length: int | None) -> None:
+    def __init__(self, children: list[Any], schedule: MixSchedule | ScheduledMix, length: int | None) -> None:
         self.children, self.schedule = children, schedule
         self.shuffles = any(c.shuffles for c in children)
         self.length = length

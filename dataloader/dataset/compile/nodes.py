@@ -13,6 +13,7 @@ import dataclasses
 from typing import Any
 
 from dataloader.dataset.compile.mixing import MixSchedule
+from dataloader.dataset.compile.schedule import ScheduledMix
 from dataloader.operations import Batch, Operation
 
 
@@ -99,7 +100,7 @@ class ReindexNode:
 @dataclasses.dataclass(frozen=True, eq=False)
 class MixNode:
     parents: tuple[Any, ...]
-    schedule: MixSchedule
+    schedule: MixSchedule | ScheduledMix
     length: int | None
 
     def __repr__(self) -> str:

@@ -23,31 +23,51 @@ a component no longer mixed is ignored).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dataloader.dataset.base import DatasetIterator, IterDataset
 from dataloader.dataset.compile.mixing import MixSchedule
+from dataloader.dataset.compile.schedule import ScheduledMix, WeightSchedule, bind_weights
 from dataloader.dataset.experimental.checks import as_iter_dataset
+from dataloader.dataset.experimental.token_mix import TokenMixIterDataset
 from dataloader.engine.stages.base import expect_state
 from dataloader.errors import StateMismatchError
 
 
-def mix(datasets: Sequence[Any] | Mapping[str, Any], weights: Any = None) -> IterDataset:
-    """``IterDataset.mix(datasets, weights)`` (see the module docstring).
+def mix(
+    datasets: Sequence[Any] | Mapping[str, Any],
+    weights: Any = None,
+    *,
+    weight_by: str = "elements",
+    length: Callable[[Any], int] | None = None,
+) -> IterDataset:
+    """``IterDataset.mix(datasets, weights, weight_by=..., length=...)`` (see the module
+    docstring; ``weight_by="tokens"``: :mod:`.token_mix`).
 
     Raises:
         ValueError: no datasets, weights that do not match the datasets (count or keys),
-            or weights that ``MixSchedule`` refuses.
-        TypeError: a component that is not a dataset, or dict keys that are not strings.
+            weights that ``MixSchedule`` or the ``WeightSchedule`` refuses, or a
+            ``weight_by`` other than ``"elements"`` and ``"tokens"``.
+        TypeError: a component that is not a dataset, dict keys that are not strings,
+            or ``weight_by="tokens"`` without a ``length`` function.
     """
+    if weight_by not in ("elements", "tokens"):
+        raise ValueError(f"IterDataset.mix weight_by must be 'elements' or 'tokens', got {weight_by!r}")
+    if weight_by == "tokens" and not callable(length):
+        raise TypeError(f"IterDataset.mix(weight_by='tokens') needs length=, a function of an element that "
+                        f"returns its number of tokens (e.g. lambda e: len(e['tokens'])), got {length!r}")
+    if weight_by == "elements" and length is not None:
+        raise ValueError("IterDataset.mix: length= counts tokens for weight_by='tokens'; pass "
+                         "weight_by='tokens' too, or leave length out")
+    scheduled = isinstance(weights, WeightSchedule)
     if isinstance(datasets, Mapping):
         keys = list(datasets)
         for key in keys:
             if not isinstance(key, str):
                 raise TypeError(f"IterDataset.mix: dict keys must be names (str), got {key!r}")
         keys.sort()  # Grain's order (its tree flattening sorts dict keys)
-        if weights is not None:
+        if weights is not None and not scheduled:
             if not isinstance(weights, Mapping) or set(weights) != set(keys):
                 got = sorted(weights) if isinstance(weights, Mapping) else weights
                 raise ValueError(
@@ -56,6 +76,8 @@ def mix(datasets: Sequence[Any] | Mapping[str, Any], weights: Any = None) -> Ite
                 )
             weights = [weights[k] for k in keys]
         components = [as_iter_dataset(datasets[k], f"IterDataset.mix datasets[{k!r}]") for k in keys]
+        if weight_by == "tokens":
+            return TokenMixIterDataset(components, weights, keys, length)  # type: ignore[arg-type]
         return MixIterDataset(components, weights, keys)
     datasets = list(datasets)
     if not datasets:
@@ -66,6 +88,8 @@ def mix(datasets: Sequence[Any] | Mapping[str, Any], weights: Any = None) -> Ite
             f"pass a list of weights, or the datasets as a dict with the same keys"
         )
     components = [as_iter_dataset(d, f"IterDataset.mix datasets[{i}]") for i, d in enumerate(datasets)]
+    if weight_by == "tokens":
+        return TokenMixIterDataset(components, weights, None, length)  # type: ignore[arg-type]
     if _on_engine(components):
         from dataloader.dataset.iter_dataset import mix_iter_datasets
 
@@ -97,7 +121,7 @@ class MixIterDataset(IterDataset):
 
     def __init__(self, parents: list[IterDataset], weights: Any, keys: list[str] | None) -> None:
         super().__init__(parents)
-        self._schedule = MixSchedule(weights, len(parents))
+        self._schedule = bind_weights(weights, len(parents), keys, "IterDataset.mix")
         self._keys = keys
 
     def __iter__(self) -> MixDatasetIterator:
@@ -115,12 +139,14 @@ class MixDatasetIterator(DatasetIterator):
     """Draws output ``i`` from the component the schedule puts at position ``i``."""
 
     def __init__(
-        self, parents: list[DatasetIterator], schedule: MixSchedule, keys: list[str] | None
+        self, parents: list[DatasetIterator], schedule: MixSchedule | ScheduledMix, keys: list[str] | None
     ) -> None:
         super().__init__(parents)
         self._schedule = schedule
-        # a short period is looked up in a list; a long one is located position by position
-        self._table = schedule.table.tolist() if schedule.period <= 4096 else None
+        # a short period is looked up in a list; a long one (or a weight schedule) is
+        # located position by position
+        short = isinstance(schedule, MixSchedule) and schedule.period <= 4096
+        self._table = schedule.table.tolist() if short else None
         self._keys = keys
         self._starts = [p.get_state() for p in parents]  # for components a state lacks
         self._position = 0

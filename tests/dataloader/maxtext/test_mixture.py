@@ -57,6 +57,36 @@ def test_a_bad_mixture_file_is_refused_naming_the_value(tmp_path, base_keys, con
         parse_maxtext_config({**base_keys, "grain_train_mixture_config_path": path})
 
 
+def test_a_mixture_file_with_weight_schedules_gives_one_weight_schedule(tmp_path):
+    path = _write(tmp_path, {"web": {"path": "w*", "weight": [[0, 0.9], [1000, 0.6]]},
+                             "books": {"path": "b*", "weight": 0.1},
+                             "code": {"path": "c*", "weight": [[0, 0], [500, 0.2]]}})
+    components = load_mixture_config(path)
+    assert components[2] == ("web", "w*", ((0, 0.9), (1000, 0.6)))
+    schedule = dl.maxtext.mixture_weights(components)
+    assert isinstance(schedule, dl.WeightSchedule) and schedule.keys == ["books", "code", "web"]
+    assert [at for at, _ in schedule.points] == [0, 500, 1000]
+    assert schedule.weights_at(499) == pytest.approx([0.1, 0, 0.9])
+    assert schedule.weights_at(500) == pytest.approx([0.1 / 1.2, 0.2 / 1.2, 0.9 / 1.2])
+    assert schedule.weights_at(10**6) == pytest.approx([0.1 / 0.9, 0.2 / 0.9, 0.6 / 0.9])
+    plain = load_mixture_config(_write(tmp_path, {"a": {"path": "a*", "weight": 2}}, "plain.json"))
+    assert dl.maxtext.mixture_weights(plain) == {"a": 2.0}
+
+
+@pytest.mark.parametrize(("weight", "message"), [
+    ([[5, 1]], r"component 'web' \"weight\" points must start at 0 and increase, got \[\[5, 1\]\]"),
+    ([[0, 1], [9, 2], [9, 3]], r"points must start at 0 and increase"),
+    ([[0, -1]], r"\"weight\" point 0 must be \[at, weight\] with at an integer >= 0 and weight a number >= 0, got \[0, -1\]"),
+    ([[0, 1, 2]], r"point 0 must be \[at, weight\]"),
+    ([], r"\"weight\" is an empty list"),
+    ([[0, 0], [10, 1]], r"do not make a schedule: WeightSchedule point 0 \(at 0\) has only zero weights"),
+])
+def test_a_bad_weight_schedule_in_a_mixture_file_is_refused(tmp_path, base_keys, weight, message):
+    path = _write(tmp_path, {"web": {"path": "w*", "weight": weight}})
+    with pytest.raises(dl.ConfigError, match=r"grain_train_mixture_config_path: .*" + message):
+        parse_maxtext_config({**base_keys, "grain_train_mixture_config_path": path})
+
+
 def test_a_missing_mixture_file_is_named(tmp_path, base_keys):
     with pytest.raises(dl.ConfigError, match=r"grain_train_mixture_config_path: the mixture file "
                                              r"'.*nothere.json' does not exist"):

@@ -205,6 +205,30 @@ def test_a_named_mixture_restores_by_name_with_other_weights_and_components(name
     assert [r for r in after if r in rows["c"]] == rows["c"][:4]
 
 
+def test_a_named_mixture_follows_a_weight_schedule_and_restores_across_the_switch(named):
+    """The mixture file's weights as [at, weight] points: b is off for the first 8
+    documents, then a and b alternate; a restore at every step around the switch
+    continues exactly."""
+    keys_for, rows = named
+    config = parse_maxtext_config(keys_for({"a": [[0, 1], [8, 1]], "b": [[0, 0], [8, 1]]}))
+
+    def dataset():
+        return train_dataset(config, global_batch_size=2)
+
+    drawn = _unpacked_rows(_take(dataset(), 8))
+    assert drawn[:8] == rows["a"][:8]
+    assert drawn[8:] == [r for pair in zip(rows["a"][8:12], rows["b"][:4]) for r in pair]
+    for k in range(2, 7):  # saved after 4 to 12 documents: the switch is after 8
+        it = iter(dataset())
+        take(it, k)
+        state = it.get_state()
+        it.close()
+        restored = iter(dataset())
+        restored.set_state(state)
+        assert _unpacked_rows(take(restored, 8 - k)) == drawn[2 * k:]
+        restored.close()
+
+
 def test_a_named_mixture_of_tfrecord_files(named, text_data):
     keys_for, rows = named
     folder = text_data["folder"]

@@ -1,0 +1,148 @@
+"""``IterDataset.mix(..., weight_by="tokens", length=f)``: weights that hold for tokens.
+
+Lengths are known only once an element is read, so this mixture is sequential, at the
+iterator level: before each output it compares every component's tokens so far,
+``T_c``, with its target share of all tokens so far, ``W_c(T)`` for ``T = sum T_c``
+(``w_c * T`` for fixed weights; the integral of the schedule's weights over the first
+``T`` tokens for a :class:`~dataloader.WeightSchedule`, whose ``at`` then counts tokens),
+and draws from the component furthest behind, ``argmax_c W_c(T) - T_c`` among the
+components of weight > 0 at ``T`` (the lowest index on a tie). The shortfall of every
+component stays within about one element's length, so over a window of ``T`` tokens
+the shares are within ``max_length / T`` of the weights: 0.2% over a million tokens
+for elements of up to 2,048 tokens.
+
+The choice depends only on the tokens counted so far, which depend only on the
+components' streams: the mixture is deterministic, and its state is the components'
+states plus ``T_c`` (one integer a component). A restore continues exactly. Given every
+old host's states (a list, an elastic restore), each component restores from its own
+states on all the old hosts (so each record is used at most once, as the components
+guarantee), and the counters start from the old hosts' mean ``T_c``: the shares hold
+over the new hosts' tokens from there.
+
+As for ``IterDataset.mix``, the mixture ends when the component it draws from is
+exhausted, and a dict of named datasets keeps the components' states by name.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from dataloader.dataset.base import DatasetIterator, IterDataset
+from dataloader.dataset.compile.mixing import check_weights
+from dataloader.dataset.compile.schedule import ScheduledMix, WeightSchedule
+from dataloader.engine.stages.base import expect_state
+from dataloader.errors import StateMismatchError
+
+
+class TokenMixIterDataset(IterDataset):
+    """The token-weighted mixture (see the module docstring).
+
+    Args:
+        parents: the components.
+        weights: one weight per component, a ``WeightSchedule`` (``at`` in tokens), or
+            ``None`` for equal shares.
+        keys: the components' names when given as a dict, else ``None``.
+        length: ``length(element)``, the element's number of tokens (an integer >= 0).
+    """
+
+    def __init__(self, parents: list[IterDataset], weights: Any, keys: list[str] | None,
+                 length: Callable[[Any], int]) -> None:
+        super().__init__(parents)
+        what, n = "IterDataset.mix(weight_by='tokens')", len(parents)
+        if isinstance(weights, WeightSchedule):
+            self._schedule = weights.bind(n, keys, what=what)
+        else:  # fixed weights: a schedule of one point, read as given (not Grain's proportions)
+            fixed = check_weights(weights, n) or [1] * n
+            self._schedule = WeightSchedule([(0, fixed)]).bind(n, what=what)
+        self._keys, self._length = keys, length
+
+    def __iter__(self) -> TokenMixIterator:
+        return TokenMixIterator([iter(p) for p in self._parents], self._schedule, self._keys, self._length)
+
+    def __repr__(self) -> str:
+        names = self._keys or list(range(len(self._parents)))
+        inner = ", ".join(f"{k!r}: {p!r}" for k, p in zip(names, self._parents))
+        return f"IterDataset.mix({{{inner}}}, weights={self._schedule.describe()}, weight_by='tokens')"
+
+
+class TokenMixIterator(DatasetIterator):
+    """Draws each output from the component furthest behind its share of the tokens."""
+
+    def __init__(self, parents: list[DatasetIterator], schedule: ScheduledMix,
+                 keys: list[str] | None, length: Callable[[Any], int]) -> None:
+        super().__init__(parents)
+        self._schedule = schedule
+        self._keys, self._length = keys, length
+        self._starts = [p.get_state() for p in parents]  # for components a state lacks
+        self._tokens = [0] * len(parents)
+        self._position = 0
+        self._stopped = False
+
+    def _choose(self) -> int:
+        total = sum(self._tokens)
+        target, live = self._schedule.cumulative(total), self._schedule.weights_at(total) > 0
+        behind = np.where(live, target - np.asarray(self._tokens, dtype=np.float64), -np.inf)
+        return int(np.argmax(behind))
+
+    def __next__(self) -> Any:
+        if self._stopped:
+            raise StopIteration
+        c = self._choose()
+        try:
+            value = next(self._parents[c])
+        except StopIteration:
+            self._stopped = True
+            raise
+        n = self._length(value)
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
+            raise ValueError(f"IterDataset.mix(weight_by='tokens'): length(element) must be an integer >= 0, "
+                             f"got {n!r} for an element of component {self._name(c)}")
+        self._tokens[c] += int(n)
+        self._position += 1
+        return value
+
+    def _name(self, c: int) -> str:
+        return repr(self._keys[c]) if self._keys is not None else str(c)
+
+    def _by_name(self, values: list[Any]) -> Any:
+        return values if self._keys is None else dict(zip(self._keys, values))
+
+    def get_state(self) -> dict[str, Any]:
+        parents = self._by_name([p.get_state() for p in self._parents])
+        return {"position": self._position, "tokens": self._by_name(list(self._tokens)), "parents": parents}
+
+    def set_state(self, state: Any) -> None:
+        """Continues after ``state``; given every old host's states (a list), restores
+        each component elastically (see the module docstring)."""
+        states = state if isinstance(state, list) else [state]
+        if not states:
+            raise StateMismatchError("IterDataset.mix(weight_by='tokens') was given an empty list of states")
+        states = [expect_state(s, ("position", "tokens", "parents"), "IterDataset.mix(weight_by='tokens')")
+                  for s in states]
+        parents = [self._split(s["parents"], "component states") for s in states]
+        tokens = [self._split(s["tokens"], "token counts", default=0) for s in states]
+        for c, parent in enumerate(self._parents):
+            own = [p[c] for p in parents]
+            parent.set_state(own if isinstance(state, list) else own[0])
+        self._tokens = [sum(int(t[c]) for t in tokens) // len(states) for c in range(len(self._parents))]
+        self._position = sum(int(s["position"]) for s in states) // len(states)
+        self._stopped = False
+
+    def _split(self, saved: Any, what: str, default: Any = None) -> list[Any]:
+        """One host's per-component ``saved`` values, in the components' order."""
+        if self._keys is None:
+            if not isinstance(saved, list) or len(saved) != len(self._parents):
+                raise StateMismatchError(
+                    f"this state holds {saved!r:.100} as {what}, but the mixture has {len(self._parents)} "
+                    f"components; restore into a mixture of the same datasets (mix a dict of named "
+                    f"datasets to change them across restores)")
+            return list(saved)
+        if not isinstance(saved, dict):
+            raise StateMismatchError(f"this mixture is of named datasets {self._keys}, but the state holds "
+                                     f"{saved!r:.100} as {what}; restore a state of a mixture of a dict")
+        starts = self._starts if default is None else [default] * len(self._keys)
+        return [saved.get(k, s) for k, s in zip(self._keys, starts)]

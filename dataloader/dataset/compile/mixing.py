@@ -155,16 +155,20 @@ class MixSchedule:
             a = na
         return len(self.counts) - 1, q * self.counts[-1] + a
 
-    def locate(self, positions: Any) -> tuple[np.ndarray, np.ndarray]:
+    def locate(self, positions: Any, *, lay_out: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """``(component, index within the component)`` of each position (int64 arrays).
 
         A period of up to :data:`LOOKUP_PERIOD` positions (once common factors of the
         proportions are taken out) is laid out once and read by index (3 numpy calls
         instead of ~8 per component); longer ones are computed, or walked from
-        :data:`WALK_COMPONENTS` components on.
+        :data:`WALK_COMPONENTS` components on. ``lay_out=False`` never lays a period
+        out (for a caller that reads fewer positions than a period once: a weight
+        schedule's short pieces).
         """
         if self._reduced is not self:
-            return self._reduced.locate(positions)
+            return self._reduced.locate(positions, lay_out=lay_out)
+        if not lay_out and self._table is None:
+            return self._walk(positions) if len(self.counts) >= WALK_COMPONENTS else self._compute(positions)
         if self.period > LOOKUP_PERIOD:
             if len(self.counts) >= WALK_COMPONENTS:
                 return self._walk(positions)

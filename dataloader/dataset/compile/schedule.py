@@ -41,11 +41,11 @@ import json
 import math
 import numbers
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from dataloader.dataset.compile.mixing import MixSchedule
+from dataloader.dataset.compile.mixing import LOOKUP_PERIOD, MixSchedule
 
 INTERPOLATIONS = ("step", "linear")
 
@@ -209,6 +209,24 @@ class WeightSchedule:
                f"elements_per_step={self.elements_per_step})"
 
 
+class Piece(NamedTuple):
+    """One piece of a bound schedule, for readers that walk it position by position."""
+
+    start: int
+    stop: int | None
+    mix: MixSchedule
+    table: list[int] | None  # the component (among ``active``) of each position of a
+    # period, or of the piece when it is shorter than one
+    active: list[int]  # the components of weight > 0
+    integral: list[float]  # each component's share summed up to ``start``
+    weights: list[float]  # normalised
+
+    def component(self, position: int) -> int:
+        r = position - self.start
+        local = self.table[r % len(self.table)] if self.table is not None else self.mix.locate_one(r)[0]
+        return self.active[local]
+
+
 class ScheduledMix:
     """A :class:`WeightSchedule` bound to its components: where each position draws.
 
@@ -235,6 +253,13 @@ class ScheduledMix:
             offsets[i] = offsets[i - 1]
             offsets[i, self._active[i - 1]] += drawn
         self._offsets = offsets
+        # A piece shorter than its period (a ramp's) is laid out over its own length, not
+        # over a period: 2,897 positions laid out to read 164 cost 27 µs a record, and
+        # locating without a table 7 µs (8 components, measured on the loaded VM).
+        ends = [*self.schedule.starts[1:], None]
+        self._short = [stop is not None and stop - start < mix.period and stop - start <= LOOKUP_PERIOD
+                       for start, stop, mix in zip(self.schedule.starts, ends, self._mixes)]
+        self._tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         # the integral of each component's share up to piece i (token weighting)
         lengths = np.diff(self.starts).astype(np.float64)
         self._integral = np.vstack([np.zeros((1, self.count)), np.cumsum(self._weights[:-1] * lengths[:, None], axis=0)])
@@ -252,14 +277,45 @@ class ScheduledMix:
     def locate(self, positions: Any) -> tuple[np.ndarray, np.ndarray]:
         """``(component, index within it)`` of each position (int64 arrays)."""
         pos = np.asarray(positions, dtype=np.int64)
+        if pos.size:  # a batch mostly lies in one piece: no split
+            first, last = self._piece(int(pos.min())), self._piece(int(pos.max()))
+            if first == last:
+                c, k = self._located(first, pos - self.starts[first])
+                c = self._active[first][c]
+                return c, k + self._offsets[first, c]
         piece = np.searchsorted(self.starts, pos, side="right") - 1
         comp, idx = np.empty_like(pos), np.empty_like(pos)
         for i in np.unique(piece).tolist():
             where = piece == i
-            c, k = self._mixes[i].locate(pos[where] - self.starts[i])
+            c, k = self._located(i, pos[where] - self.starts[i])
             c = self._active[i][c]
             comp[where], idx[where] = c, k + self._offsets[i, c]
         return comp, idx
+
+    def _located(self, i: int, local: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``MixSchedule.locate`` of piece ``i``'s own positions: a piece shorter than its
+        period (a ramp's) is laid out once over its own length, not over a period."""
+        if not self._short[i]:
+            return self._mixes[i].locate(local)
+        table = self._tables.get(i)
+        if table is None:
+            length = int(self.starts[i + 1] - self.starts[i])
+            table = self._tables[i] = self._mixes[i].locate(np.arange(length), lay_out=False)
+        return table[0][local], table[1][local]
+
+    def piece(self, position: int) -> Piece:
+        """The piece holding ``position``: for a reader that walks positions in order and
+        looks each up in the piece's table (period up to 4,096) until ``stop``."""
+        i = self._piece(int(position))
+        stop = int(self.starts[i + 1]) if i + 1 < len(self.starts) else None
+        mix = self._mixes[i]
+        if self._short[i]:  # the piece's own positions, laid out (r % length is r)
+            assert stop is not None
+            table: list[int] | None = self._located(i, np.arange(stop - int(self.starts[i])))[0].tolist()
+        else:
+            table = mix.table.tolist() if mix.period <= 4096 else None
+        return Piece(int(self.starts[i]), stop, mix, table, self._active[i].tolist(),
+                     self._integral[i].tolist(), self._weights[i].tolist())
 
     def position_of(self, component: int, k: int) -> int | None:
         """The position of ``component``'s draw ``k`` (None: the schedule never gets there)."""

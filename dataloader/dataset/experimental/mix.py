@@ -28,7 +28,7 @@ from typing import Any
 
 from dataloader.dataset.base import DatasetIterator, IterDataset
 from dataloader.dataset.compile.mixing import MixSchedule
-from dataloader.dataset.compile.schedule import ScheduledMix, WeightSchedule, bind_weights
+from dataloader.dataset.compile.schedule import Piece, ScheduledMix, WeightSchedule, bind_weights
 from dataloader.dataset.experimental.checks import as_iter_dataset
 from dataloader.dataset.experimental.token_mix import TokenMixIterDataset
 from dataloader.engine.stages.base import expect_state
@@ -146,7 +146,8 @@ class MixDatasetIterator(DatasetIterator):
         # a short period is looked up in a list; a long one (or a weight schedule) is
         # located position by position
         short = isinstance(schedule, MixSchedule) and schedule.period <= 4096
-        self._table = schedule.table.tolist() if short else None
+        self._table = schedule.table.tolist() if isinstance(schedule, MixSchedule) and short else None
+        self._piece: Piece | None = None  # of a weight schedule: the one being read
         self._keys = keys
         self._starts = [p.get_state() for p in parents]  # for components a state lacks
         self._position = 0
@@ -157,6 +158,12 @@ class MixDatasetIterator(DatasetIterator):
             raise StopIteration
         if self._table is not None:
             component = self._table[self._position % len(self._table)]
+        elif isinstance(self._schedule, ScheduledMix):
+            piece = self._piece
+            p = self._position
+            if piece is None or p < piece.start or (piece.stop is not None and p >= piece.stop):
+                piece = self._piece = self._schedule.piece(p)
+            component = piece.component(p)
         else:
             component = self._schedule.locate_one(self._position)[0]
         try:

@@ -25,6 +25,7 @@ exhausted, and a dict of named datasets keeps the components' states by name.
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Callable
 from typing import Any
@@ -33,9 +34,14 @@ import numpy as np
 
 from dataloader.dataset.base import DatasetIterator, IterDataset
 from dataloader.dataset.compile.mixing import check_weights
-from dataloader.dataset.compile.schedule import ScheduledMix, WeightSchedule
+from dataloader.dataset.compile.schedule import Piece, ScheduledMix, WeightSchedule
 from dataloader.engine.stages.base import expect_state
 from dataloader.errors import StateMismatchError
+
+
+# From this many live components on, the shortfalls are compared in numpy (one pass of
+# ~5 calls) rather than in a Python loop (~0.1 µs a component).
+_VECTOR_FROM = 32
 
 
 class TokenMixIterDataset(IterDataset):
@@ -64,7 +70,7 @@ class TokenMixIterDataset(IterDataset):
         return TokenMixIterator([iter(p) for p in self._parents], self._schedule, self._keys, self._length)
 
     def __repr__(self) -> str:
-        names = self._keys or list(range(len(self._parents)))
+        names: list[Any] = list(self._keys or range(len(self._parents)))
         inner = ", ".join(f"{k!r}: {p!r}" for k, p in zip(names, self._parents))
         return f"IterDataset.mix({{{inner}}}, weights={self._schedule.describe()}, weight_by='tokens')"
 
@@ -79,14 +85,27 @@ class TokenMixIterator(DatasetIterator):
         self._keys, self._length = keys, length
         self._starts = [p.get_state() for p in parents]  # for components a state lacks
         self._tokens = [0] * len(parents)
+        self._total = 0
+        self._piece: Piece | None = None  # the schedule's piece holding the token count
         self._position = 0
         self._stopped = False
 
     def _choose(self) -> int:
-        total = sum(self._tokens)
-        target, live = self._schedule.cumulative(total), self._schedule.weights_at(total) > 0
-        behind = np.where(live, target - np.asarray(self._tokens, dtype=np.float64), -np.inf)
-        return int(np.argmax(behind))
+        total = self._total
+        piece = self._piece
+        if piece is None or total < piece.start or (piece.stop is not None and total >= piece.stop):
+            piece = self._piece = self._schedule.piece(total)
+        into, tokens, base, weights = total - piece.start, self._tokens, piece.integral, piece.weights
+        if len(piece.active) > _VECTOR_FROM:
+            behind = np.asarray(base) + into * np.asarray(weights) - np.asarray(tokens, dtype=np.float64)
+            live = np.asarray(piece.active)
+            return int(live[np.argmax(behind[live])])
+        best, most = piece.active[0], -math.inf
+        for c in piece.active:  # the first on a tie
+            behind = base[c] + into * weights[c] - tokens[c]
+            if behind > most:
+                best, most = c, behind
+        return best
 
     def __next__(self) -> Any:
         if self._stopped:
@@ -102,6 +121,7 @@ class TokenMixIterator(DatasetIterator):
             raise ValueError(f"IterDataset.mix(weight_by='tokens'): length(element) must be an integer >= 0, "
                              f"got {n!r} for an element of component {self._name(c)}")
         self._tokens[c] += int(n)
+        self._total += int(n)
         self._position += 1
         return value
 
@@ -129,6 +149,7 @@ class TokenMixIterator(DatasetIterator):
             own = [p[c] for p in parents]
             parent.set_state(own if isinstance(state, list) else own[0])
         self._tokens = [sum(int(t[c]) for t in tokens) // len(states) for c in range(len(self._parents))]
+        self._total, self._piece = sum(self._tokens), None
         self._position = sum(int(s["position"]) for s in states) // len(states)
         self._stopped = False
 

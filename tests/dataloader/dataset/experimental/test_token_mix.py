@@ -107,6 +107,20 @@ def test_an_elastic_restore_from_two_hosts_to_three_uses_each_record_at_most_onc
     assert {e // 10**6 for e in used} == {0, 1, 2}
 
 
+def test_many_components_are_compared_in_numpy_with_the_same_choices(monkeypatch):
+    from dataloader.dataset.experimental import token_mix
+
+    def first(n):
+        parts = {f"s{c:02d}": dl.MapDataset.range(c * 10**6, c * 10**6 + 50).to_iter_dataset() for c in range(40)}
+        weights = {k: 1 + i % 5 for i, k in enumerate(parts)}
+        it = iter(dl.IterDataset.mix(parts, weights, weight_by="tokens", length=lambda e: 1 + e % 13))
+        return take(it, n)
+
+    vectorised = first(300)
+    monkeypatch.setattr(token_mix, "_VECTOR_FROM", 10**6)
+    assert first(300) == vectorised
+
+
 def test_weight_by_tokens_needs_a_length_function_and_checks_its_answers():
     parts = components(10)
     with pytest.raises(TypeError, match=r"weight_by='tokens'\) needs length=, a function of an element"):

@@ -12,7 +12,13 @@ Two ways, chosen by what is mixed:
   next element of the component that :class:`~dataloader.dataset.MixSchedule` puts at
   position ``i`` (Grain's order), so the proportions hold over the outputs,
   deterministically, independent of timing and worker counts. The state is the position and each
-  component's state; a restore sets each component's state, nothing is replayed.
+  component's state; a restore sets each component's state, nothing is replayed. Given
+  every old host's states (a list), each component restores elastically from its own
+  states on all of them and the position goes on from their mean.
+
+Weights may be a :class:`~dataloader.WeightSchedule` either way (its ``at`` counts the
+global stream's positions on the engine, this host's outputs at the iterator level), and
+``weight_by="tokens"`` mixes by tokens at the iterator level (:mod:`.token_mix`).
 
 As in Grain, the mixture ends as soon as a component it draws from is exhausted, and
 mixing a dict ``{name: dataset}`` (weights a dict with the same keys) keeps the
@@ -29,7 +35,7 @@ from typing import Any
 from dataloader.dataset.base import DatasetIterator, IterDataset
 from dataloader.dataset.compile.mixing import MixSchedule
 from dataloader.dataset.compile.schedule import Piece, ScheduledMix, WeightSchedule, bind_weights
-from dataloader.dataset.experimental.checks import as_iter_dataset
+from dataloader.dataset.experimental.checks import as_iter_dataset, per_component
 from dataloader.dataset.experimental.token_mix import TokenMixIterDataset
 from dataloader.engine.stages.base import expect_state
 from dataloader.errors import StateMismatchError
@@ -179,33 +185,19 @@ class MixDatasetIterator(DatasetIterator):
         parents: Any = states if self._keys is None else dict(zip(self._keys, states))
         return {"position": self._position, "parents": parents}
 
-    def set_state(self, state: dict[str, Any]) -> None:
-        state = expect_state(state, ("position", "parents"), "IterDataset.mix")
-        saved = state["parents"]
-        if self._keys is None:
-            if not isinstance(saved, list) or len(saved) != len(self._parents):
-                raise StateMismatchError(
-                    f"this state holds {_describe(saved)} but the mixture has "
-                    f"{len(self._parents)} components; restore into a mixture of the same "
-                    f"datasets (mix a dict of named datasets to change them across restores)"
-                )
-            for parent, parent_state in zip(self._parents, saved):
-                parent.set_state(parent_state)
-        else:
-            if not isinstance(saved, dict):
-                raise StateMismatchError(
-                    f"this mixture is of named datasets {self._keys}, but the state holds "
-                    f"{_describe(saved)}; restore a state of a mixture of a dict"
-                )
-            for key, parent, start in zip(self._keys, self._parents, self._starts):
-                parent.set_state(saved.get(key, start))
-        self._position = int(state["position"])
+    def set_state(self, state: Any) -> None:
+        """Continues after ``state``. Given every old host's states (a list: an elastic
+        restore onto another host count), each component restores from its states on all
+        the old hosts, so each record is used at most once (as the components guarantee),
+        and the position goes on from the old hosts' mean."""
+        states = state if isinstance(state, list) else [state]
+        if not states:
+            raise StateMismatchError("IterDataset.mix was given an empty list of states")
+        states = [expect_state(s, ("position", "parents"), "IterDataset.mix") for s in states]
+        parents = [per_component(s["parents"], self._keys, self._starts, "states") for s in states]
+        for c, parent in enumerate(self._parents):
+            own = [p[c] for p in parents]
+            parent.set_state(own if isinstance(state, list) else own[0])
+        self._position = sum(int(s["position"]) for s in states) // len(states)
+        self._piece = None
         self._stopped = False
-
-
-def _describe(saved: Any) -> str:
-    if isinstance(saved, list):
-        return f"{len(saved)} component states"
-    if isinstance(saved, dict):
-        return f"component states named {sorted(saved)}"
-    return repr(saved)[:100]

@@ -35,9 +35,9 @@ import numpy as np
 from dataloader.dataset.base import DatasetIterator, IterDataset
 from dataloader.dataset.compile.mixing import check_weights
 from dataloader.dataset.compile.schedule import Piece, ScheduledMix, WeightSchedule
+from dataloader.dataset.experimental.checks import per_component
 from dataloader.engine.stages.base import expect_state
 from dataloader.errors import StateMismatchError
-
 
 # From this many live components on, the shortfalls are compared in numpy (one pass of
 # ~5 calls) rather than in a Python loop (~0.1 µs a component).
@@ -143,8 +143,9 @@ class TokenMixIterator(DatasetIterator):
             raise StateMismatchError("IterDataset.mix(weight_by='tokens') was given an empty list of states")
         states = [expect_state(s, ("position", "tokens", "parents"), "IterDataset.mix(weight_by='tokens')")
                   for s in states]
-        parents = [self._split(s["parents"], "component states") for s in states]
-        tokens = [self._split(s["tokens"], "token counts", default=0) for s in states]
+        parents = [per_component(s["parents"], self._keys, self._starts, "states") for s in states]
+        zeros = [0] * len(self._parents)
+        tokens = [per_component(s["tokens"], self._keys, zeros, "token counts") for s in states]
         for c, parent in enumerate(self._parents):
             own = [p[c] for p in parents]
             parent.set_state(own if isinstance(state, list) else own[0])
@@ -152,18 +153,3 @@ class TokenMixIterator(DatasetIterator):
         self._total, self._piece = sum(self._tokens), None
         self._position = sum(int(s["position"]) for s in states) // len(states)
         self._stopped = False
-
-    def _split(self, saved: Any, what: str, default: Any = None) -> list[Any]:
-        """One host's per-component ``saved`` values, in the components' order."""
-        if self._keys is None:
-            if not isinstance(saved, list) or len(saved) != len(self._parents):
-                raise StateMismatchError(
-                    f"this state holds {saved!r:.100} as {what}, but the mixture has {len(self._parents)} "
-                    f"components; restore into a mixture of the same datasets (mix a dict of named "
-                    f"datasets to change them across restores)")
-            return list(saved)
-        if not isinstance(saved, dict):
-            raise StateMismatchError(f"this mixture is of named datasets {self._keys}, but the state holds "
-                                     f"{saved!r:.100} as {what}; restore a state of a mixture of a dict")
-        starts = self._starts if default is None else [default] * len(self._keys)
-        return [saved.get(k, s) for k, s in zip(self._keys, starts)]

@@ -186,3 +186,29 @@ def test_a_schedule_that_does_not_match_the_datasets_is_refused_by_mix():
         dl.IterDataset.mix(parts, named)
     with pytest.raises(ValueError, match=r"weights by name \(\['a', 'c'\]\) but the datasets are a list"):
         dl.MapDataset.mix(tagged(2), named)
+
+
+@pytest.mark.parametrize("save_after", [4, 6, 8])
+def test_a_named_mixture_restores_elastically_from_two_hosts_to_three_around_a_switch(save_after):
+    """The iterator-level mixture (a dict: MaxText's mixture file) counts this host's
+    elements; restored from every old host's states, each component continues from its
+    own states on all of them: no record twice, and what was left is read."""
+    schedule = dl.WeightSchedule([(0, {"a": 1, "b": 0}), (6, {"a": 1, "b": 1})])
+
+    def host(h, count):
+        parts = {"a": dl.MapDataset.range(0, 40).to_iter_dataset(shard_options=dl.ShardOptions(h, count)),
+                 "b": dl.MapDataset.range(100, 140).to_iter_dataset(shard_options=dl.ShardOptions(h, count))}
+        return iter(dl.IterDataset.mix(parts, schedule))
+
+    two = [host(h, 2) for h in range(2)]
+    used = [x for it in two for x in take(it, save_after)]
+    states = [json.loads(json.dumps(it.get_state())) for it in two]
+    three = [host(h, 3) for h in range(3)]
+    for it in three:
+        it.set_state(states)
+        used += list(it)
+    assert len(used) == len(set(used))
+    assert set(range(0, 40)) <= set(used)  # a ran out last on some host: all of it was read
+    fresh = host(0, 3)
+    fresh.set_state(states)
+    assert fresh.get_state()["position"] == save_after  # the old hosts' mean

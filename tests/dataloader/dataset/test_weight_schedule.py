@@ -11,6 +11,8 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import dataloader as dl
 from dataloader.dataset.compile.schedule import _draws_before
@@ -43,6 +45,50 @@ def test_locate_one_position_of_and_random_access_agree(schedule):
     assert [bound.locate_one(p) for p in range(500)] == list(zip(comp.tolist(), k.tolist()))
     for p in range(0, 500, 7):
         assert bound.position_of(int(comp[p]), int(k[p])) == p
+
+
+@st.composite
+def schedules(draw):
+    count = draw(st.integers(1, 4))
+    linear = draw(st.booleans())
+    n_points = draw(st.integers(1, 5))
+    gaps = draw(st.lists(st.integers(0 if linear else 1, 40), min_size=n_points - 1, max_size=n_points - 1))
+    if linear:  # no three points at one position
+        gaps = [g if g or i == 0 or gaps[i - 1] else 1 for i, g in enumerate(gaps)]
+    ats = [0, *np.cumsum(gaps).tolist()]
+    weight = st.one_of(st.just(0), st.integers(1, 9), st.floats(0.001, 10))
+    points = []
+    for at in ats:
+        w = draw(st.lists(weight, min_size=count, max_size=count).filter(lambda ws: sum(ws) > 0))
+        points.append((at, w))
+    pieces = draw(st.integers(1, 12))
+    return dl.WeightSchedule(points, interpolation="linear" if linear else "step",
+                             elements_per_step=draw(st.integers(1, 5)), ramp_pieces=pieces)
+
+
+@settings(max_examples=60, deadline=None)
+@given(schedules())
+def test_any_schedule_numbers_each_components_draws_and_locates_consistently(schedule):
+    bound = schedule.bind(len(schedule))
+    positions = np.arange(600)
+    comp, k = bound.locate(positions)
+    shuffled = np.random.default_rng(0).permutation(600)  # the order asked does not matter
+    assert (bound.locate(shuffled)[0] == comp[shuffled]).all()
+    for c in range(len(schedule)):
+        ks = k[comp == c]
+        assert ks.tolist() == list(range(len(ks)))
+        if len(ks):
+            assert bound.position_of(c, int(ks[-1])) == int(positions[comp == c][-1])
+    piece = None  # the iterator-level mixtures walk the pieces' tables
+    walked = []
+    for p in range(600):
+        if piece is None or (piece.stop is not None and p >= piece.stop):
+            piece = bound.piece(p)
+        walked.append(piece.component(p))
+    assert walked == comp.tolist()
+    for p in (0, 1, 77, 599):
+        assert bound.locate_one(p) == (int(comp[p]), int(k[p]))
+        assert bound.weights_at(p)[comp[p]] > 0  # never a component of weight 0 there
 
 
 def test_each_step_piece_mixes_by_its_own_weights():

@@ -34,6 +34,18 @@ every count); Grain (which reads no gzip TFRecord: a small reader of its own her
 each worker a slice of the files.
 
     python3 benchmarks/streaming.py --pipeline gzip --repeat 3
+
+``--pipeline map`` is the pool's check for streams: the Parquet files above -> a
+CPU-bound map (pure Python, ``--rounds`` passes of a hash over each row's text, about
+150 us a row) -> ``mp_prefetch`` at 0, 1 and 2 workers, granary and Grain side by side.
+Two forms of the stream: ``stream`` (``ParquetIterDataset(paths)``: each worker reads
+its units' rows itself) and ``file list`` (MaxText's endless file list,
+``MapDataset.source(paths).shuffle().repeat().map(ParquetIterDataset)`` interleaved:
+the training process reads the stream in order and ships units of rows to the
+workers). Besides rows/s and the ratio over 0 workers it prints the training process's
+CPU per row (all its threads), what the stream costs the trainer.
+
+    python3 benchmarks/streaming.py --pipeline map --repeat 3
 """
 
 from __future__ import annotations
@@ -387,6 +399,96 @@ def main_tokenize(args: argparse.Namespace, grain: Any) -> int:
     return 0
 
 
+class HashText:
+    """A CPU-bound map: ``rounds`` passes of a pure-Python hash over a row's text (no
+    call that releases the GIL), ``{"id", "label", "hash"}`` out."""
+
+    def __init__(self, rounds: int) -> None:
+        self.rounds = rounds
+
+    def __call__(self, row: dict[str, Any]) -> dict[str, Any]:
+        text, h = row["text"], 0
+        for _ in range(self.rounds):
+            for c in text:
+                h = (h * 31 + ord(c)) & 0xFFFFFFFF
+        return {"id": row["id"], "label": row["label"], "hash": h}
+
+
+def map_table(parquet: list[str], rounds: int, grain: Any) -> dict[str, Callable[[], Iterator[Any]]]:
+    """Parquet stream -> CPU-bound map -> mp_prefetch at 0, 1, 2 workers, both forms of
+    the stream (see the module), granary's and Grain's."""
+    import dataloader as dl
+
+    work = HashText(rounds)
+    apis = [("granary", dl)] + ([("Grain", grain)] if grain is not None else [])
+    rows: dict[str, Callable[[], Iterator[Any]]] = {}
+    for name, api in apis:
+        ge = api.experimental
+
+        def stream(ge: Any = ge) -> Any:
+            return ge.ParquetIterDataset(parquet)
+
+        def file_list(api: Any = api, ge: Any = ge) -> Any:
+            files = api.MapDataset.source(parquet).shuffle(seed=0).repeat()
+            return ge.InterleaveIterDataset(files.map(ge.ParquetIterDataset), cycle_length=len(parquet))
+
+        for form, make in (("stream", stream), ("file list", file_list)):
+            for workers in (0, 1, 2):
+                def row(api: Any = api, make: Any = make, workers: int = workers) -> Iterator[Any]:
+                    options = api.MultiprocessingOptions(num_workers=workers)
+                    return iter(make().map(work).mp_prefetch(options))
+
+                rows[f"{name} {form}, {workers} workers"] = row
+    return rows
+
+
+def measure_cpu(make: Callable[[], Iterator[Any]], seconds: float) -> tuple[float, int, float]:
+    """(rows/s, rows timed, CPU seconds of this process per row) after the first row."""
+    it = make()
+    next(it)
+    count, began, cpu = 0, time.perf_counter(), time.process_time()
+    for _ in it:
+        count += 1
+        if not count & 255 and time.perf_counter() - began > seconds:
+            break
+    elapsed, cpu = time.perf_counter() - began, time.process_time() - cpu
+    if hasattr(it, "close"):
+        it.close()
+    return count / elapsed, count, cpu / max(count, 1)
+
+
+def main_map(args: argparse.Namespace, grain: Any) -> int:
+    import os
+
+    parquet, _ = write_data(args.files, args.rows, args.row_group)
+    rows = map_table(parquet, args.rounds, grain)
+    if grain is not None:
+        from absl import flags
+
+        if not flags.FLAGS.is_parsed():  # Grain's worker processes read its flags
+            flags.FLAGS.mark_as_parsed()
+    print(f"{len(parquet)} Parquet files, {args.rows:,} rows -> HashText({args.rounds}) -> mp_prefetch; "
+          f"median of {args.repeat}, at most {args.seconds:g} s a run; load {os.getloadavg()[0]:.1f} "
+          f"on {os.cpu_count()} CPUs" + ("" if grain else "; Grain not installed") + "\n")
+    cpu: dict[str, list[float]] = {name: [] for name in rows}
+
+    def timed(make: Callable[[], Iterator[Any]], seconds: float) -> tuple[float, int]:
+        rate, count, per_row = measure_cpu(make, seconds)
+        cpu[next(n for n, m in rows.items() if m is make)].append(per_row)
+        return rate, count
+
+    medians, results = run_rows(rows, timed, args)
+    header = f"{'pipeline':<34} {'rows/s':>9} {'x 0 workers':>11} {'trainer CPU us/row':>18} {'timed':>8}"
+    print(header + "\n" + "-" * len(header))
+    for name, rate in medians.items():
+        base = medians.get(name.rsplit(",", 1)[0] + ", 0 workers")
+        ratio = f"{rate / base:11.2f}" if base else f"{'':11}"
+        per_row = statistics.median(cpu[name]) * 1e6
+        print(f"{name:<34} {rate:>9,.0f} {ratio} {per_row:>18.1f} {results[name][0][1]:>8,}")
+    print(f"load after: {os.getloadavg()[0]:.1f}")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--files", type=int, default=8)
@@ -396,9 +498,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--only", default="", help="comma-separated words a row's name must contain one of")
     parser.add_argument("--no-venv", action="store_true", help="run here, without Grain unless it is installed")
-    parser.add_argument("--pipeline", choices=("rows", "tokenize", "gzip"), default="rows",
+    parser.add_argument("--pipeline", choices=("rows", "tokenize", "gzip", "map"), default="rows",
                         help="rows: readers side by side; tokenize: a text pipeline at 0, 1, 2 workers; "
-                             "gzip: the same on gzip TFRecords (tokenizer after an iterated stage)")
+                             "gzip: the same on gzip TFRecords (tokenizer after an iterated stage); "
+                             "map: Parquet -> CPU-bound map at 0, 1, 2 workers, trainer CPU per row")
+    parser.add_argument("--rounds", type=int, default=20, help="--pipeline map: hash passes over a row's text")
     parser.add_argument("--docs", type=int, default=8000, help="--pipeline tokenize: documents in all")
     parser.add_argument("--seq-len", type=int, default=2048, help="--pipeline tokenize: tokens per packed row")
     args = parser.parse_args(argv)
@@ -410,6 +514,8 @@ def main(argv: list[str]) -> int:
         grain = None
     if args.pipeline in ("tokenize", "gzip"):
         return main_tokenize(args, grain)
+    if args.pipeline == "map":
+        return main_map(args, grain)
 
     parquet, tfrecord = write_data(args.files, args.rows, args.row_group)
     rows = rows_table(parquet, tfrecord, grain)

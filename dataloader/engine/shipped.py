@@ -482,6 +482,13 @@ class ShippedElementwiseIterator(DatasetIterator):
         self._given += 1
         return item
 
+    def ready(self) -> int:
+        """The outputs of the unit being handed out that are still to come: a thread
+        reading this stage ahead takes them together (see ``DatasetIterator.ready``)."""
+        if self._closed or self._resume is not None:
+            return 0
+        return len(self._outputs) - self._given
+
     def _raise_error(self) -> NoReturn:
         """Raises the error after the outputs before it, and goes on after it next time
         (as a dataset iterated in order does): the state is then the one after it."""

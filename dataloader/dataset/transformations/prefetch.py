@@ -3,7 +3,10 @@
 :class:`ThreadPrefetchIterDataset` (Grain's ``grain.experimental`` name) keeps up to
 ``prefetch_buffer_size`` elements of its parent ready, computed by a background thread,
 each with the parent's state right after it; so its own state is that of the last
-element handed out, whatever is buffered, and ``set_state`` drops the buffer.
+element handed out, whatever is buffered, and ``set_state`` drops the buffer. Outputs
+the parent already holds computed (the rest of a unit a worker pool returned) go over
+together with the element before them, even past the buffer: they were in memory
+anyway, and one handover a unit costs the trainer far less CPU than one an element.
 
 :class:`MultiprocessPrefetchIterDataset` is ``mp_prefetch`` on a pipeline that has
 iterator-level stages: the engine-backed datasets it reads from get the worker
@@ -30,52 +33,114 @@ from dataloader.options import MultiprocessingOptions, check_int, most_workers
 _POLL_S = 0.05
 
 
+class _Room:
+    """How many more elements the thread may hold that the consumer has not taken.
+
+    ``reserve`` waits for room before the thread asks its source for an element it may
+    have to compute; ``charge`` counts one the source already held computed (it may go
+    below zero: those were in memory anyway, and the thread waits for the consumer to
+    take them before it asks for more); ``give`` returns room as the consumer takes
+    elements.
+    """
+
+    def __init__(self, size: int) -> None:
+        self._free = size
+        self._lock = threading.Lock()
+        self._freed = threading.Condition(self._lock)
+
+    def reserve(self, stopping: threading.Event) -> bool:
+        """Takes room for one element, waiting for it; False once ``stopping`` is set."""
+        with self._lock:
+            while self._free <= 0:
+                if stopping.is_set():
+                    return False
+                self._freed.wait(_POLL_S)
+            self._free -= 1
+            return True
+
+    def charge(self) -> None:
+        with self._lock:
+            self._free -= 1
+
+    def give(self, count: int) -> None:
+        with self._lock:
+            self._free += count
+            self._freed.notify()
+
+
 class _Producer:
-    """The thread and its queue; holds no reference to the iterator that owns it."""
+    """The thread and its queue; holds no reference to the iterator that owns it.
+
+    The thread computes at most ``size`` elements ahead of the consumer (:class:`_Room`),
+    and hands them over in groups: an element goes with the ones its source already
+    holds computed after it (:meth:`DatasetIterator.ready`: a stage whose outputs come
+    in units from a worker pool), else alone. Each handover wakes the other thread,
+    which costs tens of microseconds of CPU on a busy machine; one a unit instead of one
+    an element is what lets the trainer keep up with its workers (measured in
+    ``benchmarks/streaming.py --pipeline map``).
+    """
 
     def __init__(self, source: Any, size: int) -> None:
-        self.items: queue.Queue[tuple[str, Any, Any]] = queue.Queue(size)
+        self.items: queue.SimpleQueue[list[tuple[str, Any, Any]]] = queue.SimpleQueue()
+        self.room = _Room(size)
         self.stopping = threading.Event()
         self._source = source
+        self._grouped = isinstance(source, DatasetIterator)
+        self._group: list[Any] = []  # the consumer's: the group taken, being handed out
+        self._at = 0
         self.thread = threading.Thread(target=self._run, name="granary-prefetch", daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
-        source = self._source
+        source, held = self._source, False
+        group: list[tuple[str, Any, Any]] = []
         try:
-            while not self.stopping.is_set():
+            while True:
+                if held:  # computed already: counted, never waited for
+                    self.room.charge()
+                elif not self.room.reserve(self.stopping):
+                    return
                 try:
                     element = next(source)
                 except StopIteration:
-                    self._put(("end", None, source.get_state()))
+                    group.append(("end", None, source.get_state()))
                     return
-                if not self._put(("ok", element, source.get_state())):
-                    return
+                group.append(("ok", element, source.get_state()))
+                held = self._grouped and source.ready() > 0
+                if not held:
+                    self.items.put(group)
+                    group = []
         except BaseException as exc:  # handed to the consumer at its place, with its type
-            self._put(("error", exc, None))
-
-    def _put(self, item: tuple[str, Any, Any]) -> bool:
-        while not self.stopping.is_set():
-            try:
-                self.items.put(item, timeout=_POLL_S)
-                return True
-            except queue.Full:
-                continue
-        return False
+            group.append(("error", exc, None))
+        finally:
+            if group:
+                self.items.put(group)
 
     def get(self) -> tuple[str, Any, Any]:
+        if self._at == len(self._group):
+            self._group, self._at = self._take(), 0
+        item = self._group[self._at]
+        self._group[self._at] = None  # handed out: not kept alive here
+        self._at += 1
+        return item
+
+    def _take(self) -> list[tuple[str, Any, Any]]:
         while True:
             try:
-                return self.items.get(timeout=1.0)
+                group = self.items.get(timeout=1.0)
             except queue.Empty:
                 if not self.thread.is_alive() and self.items.empty():
-                    return ("error", RuntimeError("the prefetch thread ended unexpectedly"), None)
+                    return [("error", RuntimeError("the prefetch thread ended unexpectedly"), None)]
+                continue
+            self.room.give(len(group))
+            return group
 
     def stop(self) -> None:
         self.stopping.set()
         with contextlib.suppress(queue.Empty):
             while True:
                 self.items.get_nowait()
+        self._group, self._at = [], 0
         if self.thread is not threading.current_thread():
             self.thread.join()
 

@@ -76,6 +76,16 @@ class DatasetIterator(Iterator[T], abc.ABC):
     def set_state(self, state: dict[str, Any]) -> None:
         """Continues right after the element that ``state`` (from ``get_state``) describes."""
 
+    def ready(self) -> int:
+        """How many of the next ``next()`` calls return what this iterator already holds,
+        computed, without waiting or computing (0: none, or it cannot tell).
+
+        A thread that reads the iterator ahead (thread prefetch, ``mp_prefetch``) hands
+        such outputs to its consumer together instead of one by one: a stage that
+        receives its outputs in groups (units from a worker pool) says so here.
+        """
+        return 0
+
     def start_prefetch(self) -> None:
         """Starts producing elements before the first ``next()`` (where an ancestor can).
 

@@ -25,14 +25,14 @@ def ensure_venv(script: str, argv: list[str]) -> None:
     os.execv(str(python), [str(python), str(Path(script).resolve()), *argv])
 
 
-def run_row(script: str, request: dict, timeout: float) -> dict:
-    """Runs ``script --measure REQUEST`` in a fresh interpreter and returns the JSON object
-    on the last such line of its output, or ``{"ok": False, "reason": ...}`` (timed out,
-    crashed, no answer)."""
+def run_row(script: str, request: dict, timeout: float, env: dict[str, str] | None = None) -> dict:
+    """Runs ``script --measure REQUEST`` in a fresh interpreter (with the environment
+    ``env``, else this one's) and returns the JSON object on the last such line of its
+    output, or ``{"ok": False, "reason": ...}`` (timed out, crashed, no answer)."""
     command = [sys.executable, str(Path(script).resolve()), "--measure", json.dumps(request)]
     # A new session, so that on timeout the whole group we started can be ended.
     process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, env=env
     )
     try:
         stdout, stderr = process.communicate(timeout=timeout)

@@ -43,7 +43,9 @@ its units' rows itself) and ``file list`` (MaxText's endless file list,
 ``MapDataset.source(paths).shuffle().repeat().map(ParquetIterDataset)`` interleaved:
 the training process reads the stream in order and ships units of rows to the
 workers). Besides rows/s and the ratio over 0 workers it prints the training process's
-CPU per row (all its threads), what the stream costs the trainer.
+CPU per row (all its threads: what the stream costs the trainer) and that of the whole
+process tree (trainer, fork server, workers): on a machine shared with other jobs these
+two say more than the rates.
 
     python3 benchmarks/streaming.py --pipeline map --repeat 3
 """
@@ -51,6 +53,7 @@ CPU per row (all its threads), what the stream costs the trainer.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import statistics
 import sys
@@ -442,19 +445,34 @@ def map_table(parquet: list[str], rounds: int, grain: Any) -> dict[str, Callable
     return rows
 
 
-def measure_cpu(make: Callable[[], Iterator[Any]], seconds: float) -> tuple[float, int, float]:
-    """(rows/s, rows timed, CPU seconds of this process per row) after the first row."""
+def tree_cpu() -> dict[int, float]:
+    """CPU seconds of this process and of each of its descendants (workers are the fork
+    server's children), by pid."""
+    import psutil
+
+    me = psutil.Process()
+    out = {me.pid: sum(me.cpu_times()[:2])}
+    for child in me.children(recursive=True):
+        with contextlib.suppress(psutil.Error):  # ended meanwhile
+            out[child.pid] = sum(child.cpu_times()[:2])
+    return out
+
+
+def measure_cpu(make: Callable[[], Iterator[Any]], seconds: float) -> tuple[float, int, float, float]:
+    """(rows/s, rows timed, CPU seconds per row of this process, and of it and every
+    process under it) after the first row."""
     it = make()
     next(it)
-    count, began, cpu = 0, time.perf_counter(), time.process_time()
+    count, began, cpu, tree = 0, time.perf_counter(), time.process_time(), tree_cpu()
     for _ in it:
         count += 1
         if not count & 255 and time.perf_counter() - began > seconds:
             break
-    elapsed, cpu = time.perf_counter() - began, time.process_time() - cpu
+    elapsed, cpu, after = time.perf_counter() - began, time.process_time() - cpu, tree_cpu()
     if hasattr(it, "close"):
         it.close()
-    return count / elapsed, count, cpu / max(count, 1)
+    spent = sum(t - tree.get(pid, 0.0) for pid, t in after.items())
+    return count / elapsed, count, cpu / max(count, 1), spent / max(count, 1)
 
 
 def main_map(args: argparse.Namespace, grain: Any) -> int:
@@ -470,21 +488,23 @@ def main_map(args: argparse.Namespace, grain: Any) -> int:
     print(f"{len(parquet)} Parquet files, {args.rows:,} rows -> HashText({args.rounds}) -> mp_prefetch; "
           f"median of {args.repeat}, at most {args.seconds:g} s a run; load {os.getloadavg()[0]:.1f} "
           f"on {os.cpu_count()} CPUs" + ("" if grain else "; Grain not installed") + "\n")
-    cpu: dict[str, list[float]] = {name: [] for name in rows}
+    cpu: dict[str, list[tuple[float, float]]] = {name: [] for name in rows}
 
     def timed(make: Callable[[], Iterator[Any]], seconds: float) -> tuple[float, int]:
-        rate, count, per_row = measure_cpu(make, seconds)
-        cpu[next(n for n, m in rows.items() if m is make)].append(per_row)
+        rate, count, per_row, tree = measure_cpu(make, seconds)
+        cpu[next(n for n, m in rows.items() if m is make)].append((per_row, tree))
         return rate, count
 
     medians, results = run_rows(rows, timed, args)
-    header = f"{'pipeline':<34} {'rows/s':>9} {'x 0 workers':>11} {'trainer CPU us/row':>18} {'timed':>8}"
+    header = (f"{'pipeline':<34} {'rows/s':>9} {'x 0 workers':>11} {'trainer CPU us/row':>18} "
+              f"{'all CPU us/row':>14} {'timed':>8}")
     print(header + "\n" + "-" * len(header))
     for name, rate in medians.items():
         base = medians.get(name.rsplit(",", 1)[0] + ", 0 workers")
         ratio = f"{rate / base:11.2f}" if base else f"{'':11}"
-        per_row = statistics.median(cpu[name]) * 1e6
-        print(f"{name:<34} {rate:>9,.0f} {ratio} {per_row:>18.1f} {results[name][0][1]:>8,}")
+        trainer = statistics.median(c for c, _ in cpu[name]) * 1e6
+        tree = statistics.median(t for _, t in cpu[name]) * 1e6
+        print(f"{name:<34} {rate:>9,.0f} {ratio} {trainer:>18.1f} {tree:>14.1f} {results[name][0][1]:>8,}")
     print(f"load after: {os.getloadavg()[0]:.1f}")
     return 0
 

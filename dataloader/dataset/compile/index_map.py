@@ -26,6 +26,7 @@ import numpy as np
 from dataloader.dataset.compile.mixing import MixSchedule
 from dataloader.dataset.compile.schedule import ScheduledMix
 from dataloader.samplers import IndexSampler, NoSharding, ShardOptions
+from dataloader.samplers.key_blocks import KeyBlocks
 from dataloader.samplers.permutation import MAX_N
 
 
@@ -345,6 +346,27 @@ class IndexMapSampler:
         self.index_map_signature = (
             text if len(text) <= 160 else "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:24]
         )
+        self._blocks = self._new_blocks()
+
+    def _new_blocks(self) -> KeyBlocks | None:
+        """A shuffled tree's keys are computed a block of positions at a time and kept
+        (:mod:`~dataloader.samplers.key_blocks`); an unshuffled one's cost next to nothing."""
+        if not self.shuffle:
+            return None
+        end = self._stream.num_positions
+        return KeyBlocks(self._block_keys, len(self._stream) if end is None else end)
+
+    def _block_keys(self, positions: np.ndarray) -> np.ndarray:
+        return self.index.keys(self._stream.global_positions(positions))
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_blocks"] = None  # a cache, made anew where the sampler is unpickled
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._blocks = self._new_blocks()
 
     @property
     def num_positions(self) -> int | None:
@@ -357,6 +379,16 @@ class IndexMapSampler:
         return self._stream.global_positions(positions)
 
     def record_keys(self, positions: Any) -> np.ndarray:
+        if self._blocks is not None:
+            flat = np.asarray(positions)
+            if flat.size and flat.dtype.kind in "iu":
+                flat = flat.astype(np.int64, copy=False).reshape(-1)
+                low, high = int(flat.min()), int(flat.max())
+                # Positions out of range take the path below, which names them.
+                if low >= 0 and high < len(self._stream):
+                    keys = self._blocks.keys(flat, low, high)
+                    if keys is not None:
+                        return keys.reshape(np.shape(positions))
         glob = self._stream.global_positions(positions)
         return self.index.keys(glob.reshape(-1)).reshape(glob.shape)
 

@@ -68,6 +68,7 @@ _EXPORTS: dict[str, str] = {
     "JsonlDataSource": "dataloader.sources",
     "ParquetDataSource": "dataloader.sources",
     "RandomAccessDataSource": "dataloader.sources",
+    "HintedDataSource": "dataloader.sources",
     "RangeDataSource": "dataloader.sources",
     "RemoteOptions": "dataloader.sources",
     "SharedMemoryDataSource": "dataloader.sources",

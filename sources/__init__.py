@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from .array_record import ArrayRecordDataSource
 from .array_record_writer import write_array_record
-from .base import RandomAccessDataSource, read_records
+from .base import HintedDataSource, RandomAccessDataSource, read_records
 from .files.handles import max_open_files, set_max_open_files
 from .files.paths import expand_paths
 from .in_memory import InMemoryDataSource, RangeDataSource
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ArrayRecordDataSource",
+    "HintedDataSource",
     "InMemoryDataSource",
     "JsonlDataSource",
     "ParquetDataSource",

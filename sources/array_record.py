@@ -359,6 +359,11 @@ class ArrayRecordDataSource(PerProcessHandles):
                 fetcher = self._fetcher
         return fetcher
 
+    @property
+    def takes_hints(self) -> bool:
+        """Whether :meth:`prefetch` does anything: for URLs (``HintedDataSource``)."""
+        return bool(self._remote_files)
+
     def prefetch(self, indices: Sequence[int] | np.ndarray) -> None:
         """Starts fetching the chunks of records that will be read soon (URLs only; a
         no-op for local files). Never blocks: at most a few calls are queued."""

@@ -57,6 +57,35 @@ class RandomAccessDataSource(Protocol[T_co]):
         ...
 
 
+@runtime_checkable
+class HintedDataSource(Protocol):
+    """A source that can start fetching records before they are read (a remote one).
+
+    The loader tells it which records the coming work units will read, so their bytes
+    travel while the current unit is computed. ``takes_hints`` says whether a hint does
+    anything: where it is False (local files, which the page cache serves) the loader
+    does not even compute the coming records' indices, which costs a permutation call
+    per unit. ``prefetch`` must return at once and never fail a read: a failed fetch is
+    the later read's to report, at its record.
+
+    Example:
+        >>> class Remote:
+        ...     takes_hints = True
+        ...     def prefetch(self, indices): print("fetching", list(indices))
+        >>> isinstance(Remote(), HintedDataSource), isinstance(["a", "b"], HintedDataSource)
+        (True, False)
+    """
+
+    @property
+    def takes_hints(self) -> bool:
+        """Whether :meth:`prefetch` does anything for this source."""
+        ...
+
+    def prefetch(self, indices: Sequence[int] | np.ndarray) -> None:
+        """Starts fetching the records at ``indices`` (never blocks for long)."""
+        ...
+
+
 def read_records(source: RandomAccessDataSource, indices: Sequence[int] | np.ndarray) -> list:
     """Reads the records at ``indices`` from ``source``, in the order given.
 

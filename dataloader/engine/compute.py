@@ -36,7 +36,7 @@ from dataloader.errors import PipelineError
 from dataloader.operations import Operation
 from dataloader.operations.transforms import KEEP, MANY, ONE
 from dataloader.samplers import RecordRngFactory
-from dataloader.sources import read_records
+from dataloader.sources import HintedDataSource, read_records
 
 
 @dataclasses.dataclass
@@ -136,20 +136,22 @@ def unit_record_keys(plan: Plan, start: int, stop: int) -> np.ndarray:
 def hint_unit(plan: Plan, start: int, stop: int) -> None:
     """Tells the source which records a coming unit ``[start, stop)`` will read.
 
-    A source with a ``prefetch(indices)`` method (a remote ArrayRecord source) starts
-    fetching them in the background; one without costs a ``getattr``. A hint never
-    blocks for long nor fails a unit: whatever it raises is dropped (the unit's own read
-    reports a real problem, at its record). Positions past the stream's end are cut off.
+    Only a source that takes hints (:class:`~dataloader.sources.HintedDataSource` with
+    ``takes_hints``: a remote ArrayRecord source) hears it, and starts fetching them in
+    the background; for any other (local files) nothing is computed, not even the
+    records' indices. A hint never blocks for long nor fails a unit: whatever it raises
+    is dropped (the unit's own read reports a real problem, at its record). Positions
+    past the stream's end are cut off.
     """
-    prefetch = getattr(plan.source, "prefetch", None)
-    if prefetch is None:
+    source = plan.source
+    if not (isinstance(source, HintedDataSource) and source.takes_hints):
         return
     if plan.num_positions is not None:
         stop = min(stop, plan.num_positions)
     if stop <= start:
         return
     with contextlib.suppress(Exception):
-        prefetch(unit_record_keys(plan, start, stop))
+        source.prefetch(unit_record_keys(plan, start, stop))
 
 
 def _fail(plan: Plan, what: str, position: int, sub: int, exc: BaseException) -> PipelineError:

@@ -155,6 +155,10 @@ def test_a_worker_hints_the_units_queued_behind_the_one_it_computes():
 
 
 class _Hinted:
+    """A source that takes hints (``HintedDataSource``), recording them."""
+
+    takes_hints = True
+
     def __init__(self, n: int) -> None:
         self.n, self.hints = n, []
 
@@ -182,3 +186,27 @@ def test_hints_reach_the_parts_of_a_mixture_and_cost_nothing_without_prefetch():
             raise OSError("the store is down")
 
     hint_unit(make_plan(Failing(10), dl.SequentialSampler(10), []), 0, 4)  # a hint never raises
+
+
+class _CountingSampler(dl.IndexSampler):
+    """Counts the record indices it computes."""
+
+    calls = 0
+
+    def record_keys(self, positions):
+        type(self).calls += 1
+        return super().record_keys(positions)
+
+
+def test_local_files_take_no_hint_and_no_index_is_computed_for_one(store):
+    local = ArrayRecordDataSource(store["local"])
+    assert isinstance(local, dl.HintedDataSource) and not local.takes_hints
+    plan = make_plan(local, _CountingSampler(500, shuffle=True, seed=5, num_epochs=1), [])
+    hint_unit(plan, 0, 16)
+    assert _CountingSampler.calls == 0
+    source = _Hinted(10)
+    source.takes_hints = False  # a source that says hints do nothing for it now
+    hint_unit(make_plan(source, dl.SequentialSampler(10), []), 0, 4)
+    assert source.hints == []
+    assert not ConcatSource([local, list(range(3))]).takes_hints
+    assert ConcatSource([local, _Hinted(3)]).takes_hints

@@ -23,7 +23,7 @@ from typing import Any, SupportsIndex
 
 import numpy as np
 
-from dataloader.sources import read_records
+from dataloader.sources import HintedDataSource, read_records
 
 
 class ConcatSource:
@@ -33,6 +33,12 @@ class ConcatSource:
         self.parts = list(parts)
         self.tagged = tagged
         self.offsets = np.concatenate([[0], np.cumsum([len(p) for p in self.parts])]).astype(np.int64)
+        self._hinted = [isinstance(p, HintedDataSource) and p.takes_hints for p in self.parts]
+
+    @property
+    def takes_hints(self) -> bool:
+        """Whether a part takes hints (``HintedDataSource``: a remote one)."""
+        return any(self._hinted)
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
@@ -73,9 +79,8 @@ class ConcatSource:
         keys = keys[(keys >= 0) & (keys < len(self))]
         which = np.searchsorted(self.offsets, keys, side="right") - 1
         for j in np.unique(which).tolist():
-            prefetch = getattr(self.parts[j], "prefetch", None)
-            if prefetch is not None:
-                prefetch(keys[which == j] - self.offsets[j])
+            if self._hinted[j]:
+                self.parts[j].prefetch(keys[which == j] - self.offsets[j])
 
     def __repr__(self) -> str:
         inner = ", ".join(repr(p) for p in self.parts)

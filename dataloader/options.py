@@ -45,16 +45,24 @@ def check_seconds(name: str, value: Any) -> float | None:
     return float(value)
 
 
+# The read-ahead's default bound in bytes (ReadOptions.prefetch_buffer_bytes).
+DEFAULT_READ_AHEAD_BYTES = 256 * 2**20
+
+
 @dataclasses.dataclass(frozen=True)
 class ReadOptions:
-    """How the in-process path reads ahead; none of it changes the output.
+    """How the in-process path (``worker_count=0``) reads ahead: Grain's ``ReadOptions``,
+    in Grain's units. None of it changes the output.
 
     Args:
-        num_threads: with ``worker_count=0``, threads that compute work units ahead of
-            the consumer (0: compute in the caller's thread). Useful when reads wait on
-            I/O; the GIL makes it useless for CPU-bound operations, which want workers.
-        prefetch_buffer_size: work units computed ahead by those threads (0: none,
-            every unit is computed when it is asked for, as with ``num_threads=0``).
+        num_threads: threads that read records ahead of the consumer (0: none; each unit
+            reads its records when it is computed). A thread only reads: the source's
+            read, which for files and URLs waits on storage and decodes in C with the GIL
+            released. Every operation (map, filter, batch...) runs in the consumer's
+            thread on records already read, where one thread computes them faster than
+            many contending for the GIL; worker processes parallelise them.
+        prefetch_buffer_size: records read ahead: read, or being read, and not yet taken
+            by the consumer (Grain's meaning; MaxText passes 500). 0: no read-ahead.
         unit_size: positions per work unit when a filter or flat map precedes the batch
             or there is no batch. Default None: units sized by what they cost, from one
             position (so a first element costs one element) doubling while elements
@@ -62,21 +70,29 @@ class ReadOptions:
             positions (:mod:`~dataloader.engine.sizing`); an integer fixes every unit's
             size. Neither changes the output or the states. With a plain batch a unit
             is always exactly one batch.
+        prefetch_buffer_bytes: at most about this many bytes of records read ahead
+            (default 256 MiB; None: the record count alone bounds it). Records read are
+            measured, those being read counted at the mean size seen so far, and the
+            first read is one record, to learn it. 500 records of images or long
+            documents can be gigabytes: the bytes bound keeps the count from meaning that.
 
     Example:
-        >>> ReadOptions(num_threads=2, prefetch_buffer_size=4)
-        ReadOptions(num_threads=2, prefetch_buffer_size=4, unit_size=None)
+        >>> ReadOptions(num_threads=16, prefetch_buffer_size=500)
+        ReadOptions(num_threads=16, prefetch_buffer_size=500, unit_size=None, prefetch_buffer_bytes=268435456)
     """
 
     num_threads: int = 0
-    prefetch_buffer_size: int = 2
+    prefetch_buffer_size: int = 500
     unit_size: int | None = None
+    prefetch_buffer_bytes: int | None = DEFAULT_READ_AHEAD_BYTES
 
     def __post_init__(self) -> None:
         check_int("ReadOptions.num_threads", self.num_threads, 0)
         check_int("ReadOptions.prefetch_buffer_size", self.prefetch_buffer_size, 0)
         if self.unit_size is not None:
             check_int("ReadOptions.unit_size", self.unit_size, 1)
+        if self.prefetch_buffer_bytes is not None:
+            check_int("ReadOptions.prefetch_buffer_bytes", self.prefetch_buffer_bytes, 1)
 
 
 def _check_fraction(name: str, value: Any) -> float:

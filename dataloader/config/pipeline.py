@@ -23,7 +23,7 @@ the returned :class:`PipelineConfig` builds the loader::
       warm_start: false              # true: compute here until a worker is ready (runs user code here)
       stall_warning_s: 60            # log a unit stuck this long in a worker (null: never)
       unit_timeout_s: null           # a unit stuck this long is an error (null: never)
-      read_options: {num_threads: 0, prefetch_buffer_size: 2}
+      read_options: {num_threads: 0, prefetch_buffer_size: 500}  # records read ahead by threads (worker_count 0)
       end: null                      # pad (or {lookahead: 8, mask_key: mask}): finite data ends on one step on every host
       ray: null                      # or {address: auto, num_workers: 8, resources: {data: 1}}:
                                      # units on Ray actors (dl.RayExecutor; worker_count 0)
@@ -327,8 +327,9 @@ def _loader(section: Any) -> LoaderConfig:
                 "cannot be stopped); with Ray actors set loader.ray.unit_timeout_s instead",
             )
     read = check.mapping(f"{where}.read_options", section.get("read_options"))
-    check.known_keys(f"{where}.read_options", read, ("num_threads", "prefetch_buffer_size", "unit_size"))
-    for key in ("num_threads", "prefetch_buffer_size", "unit_size"):
+    keys = ("num_threads", "prefetch_buffer_size", "unit_size", "prefetch_buffer_bytes")
+    check.known_keys(f"{where}.read_options", read, keys)
+    for key in keys:
         if key in read:
             check.optional_integer(f"{where}.read_options.{key}", read[key])
     try:

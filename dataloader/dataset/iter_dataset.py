@@ -17,6 +17,7 @@ continue at the iterator level (:mod:`dataloader.dataset.transformations.element
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -130,14 +131,16 @@ class LoaderIterDataset(IterDataset):
         return any(getattr(o, "reshapes", False) for o in self._operations)
 
     def prefetch(self, buffer_size: int | MultiprocessingOptions = 2) -> LoaderIterDataset:
-        """Computes up to ``buffer_size`` work units ahead in a thread (without workers).
+        """Reads up to ``buffer_size`` records ahead in a thread (without workers; see
+        :class:`~dataloader.ReadOptions`).
 
         Given ``MultiprocessingOptions`` (Grain's deprecated spelling) it is ``mp_prefetch``.
         """
         if isinstance(buffer_size, MultiprocessingOptions):
             return self.mp_prefetch(buffer_size)
         ro = self._read_options
-        return self._with(read_options=ReadOptions(max(1, ro.num_threads), buffer_size, ro.unit_size))
+        return self._with(read_options=dataclasses.replace(
+            ro, num_threads=max(1, ro.num_threads), prefetch_buffer_size=buffer_size))
 
     def mp_prefetch(
         self,

@@ -320,11 +320,13 @@ def compute_unit(
     stop: int,
     report: Report | None = None,
     passthrough: tuple[type[BaseException], ...] = IN_PROCESS,
+    read: Read | None = None,
 ) -> UnitResult:
     """Reads and transforms the records at local positions ``[start, stop)``.
 
     ``report`` and ``passthrough`` are as in :func:`apply_steps`; a worker passes its
-    progress slot and ``passthrough=()``.
+    progress slot and ``passthrough=()``. ``read``: the records, already read ahead
+    (:class:`Read`), else the unit reads them itself.
 
     A record that fails at position ``p`` inside the unit: the unit is computed again up
     to ``p`` (only on this failure path) and returned cut there, carrying the error
@@ -332,14 +334,24 @@ def compute_unit(
     comes at ``p`` however the stream was cut into units. A batch unit fails whole.
     """
     try:
-        return _compute_unit(plan, start, stop, report, passthrough)
+        return _compute_unit(plan, start, stop, report, passthrough, read)
     except PipelineError as exc:
         failed_at = exc.position
         if plan.layout == BATCH or failed_at is None or not start < failed_at < stop:
             raise
+        # Read again, not from ``read``: a map may have changed its records in place.
         before = _compute_unit(plan, start, failed_at, report, passthrough)
         before.error = exc
         return before
+
+
+@dataclasses.dataclass(frozen=True)
+class Read:
+    """A unit's records, read before it is computed (by read-ahead threads), and the
+    seconds the computing thread waited for them."""
+
+    records: list[Any]
+    seconds: float
 
 
 def _compute_unit(
@@ -348,6 +360,7 @@ def _compute_unit(
     stop: int,
     report: Report | None,
     passthrough: tuple[type[BaseException], ...],
+    read: Read | None = None,
 ) -> UnitResult:
     if report is not None:
         report(READ)
@@ -355,17 +368,20 @@ def _compute_unit(
     # reads per unit.
     wall, cpu = time.monotonic(), time.thread_time()
     began = time.perf_counter()
-    keys = unit_record_keys(plan, start, stop)
-    try:
-        records = read_records(plan.source, keys)
-    except passthrough:
-        raise
-    except BaseException as exc:
-        # Which record is unreadable? The batched call cannot say; reading the unit's
-        # records one by one can (only on this failure path).
-        error, cause = blame_read(plan.source, keys, start, exc, passthrough)
-        raise error from cause
-    timings = {"read": time.perf_counter() - began}
+    if read is not None:
+        records, timings = read.records, {"read": read.seconds}
+    else:
+        keys = unit_record_keys(plan, start, stop)
+        try:
+            records = read_records(plan.source, keys)
+        except passthrough:
+            raise
+        except BaseException as exc:
+            # Which record is unreadable? The batched call cannot say; reading the unit's
+            # records one by one can (only on this failure path).
+            error, cause = blame_read(plan.source, keys, start, exc, passthrough)
+            raise error from cause
+        timings = {"read": time.perf_counter() - began}
     # Before the operations: a map may change its record in place.
     sources = fingerprint.digests(records) if plan.fingerprint else None
     elements, positions, subs = apply_steps(

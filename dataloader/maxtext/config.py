@@ -36,8 +36,8 @@ key                                   default          meaning here
 ``grain_num_threads``                 16               with 0 workers: threads reading ahead
                                                        (``ReadOptions.num_threads``); TFRecord:
                                                        files interleaved at most (``_eval`` too)
-``grain_prefetch_buffer_size``        500              with 0 workers: records read ahead, in
-                                                       units of 128 (``ReadOptions``; ``_eval``)
+``grain_prefetch_buffer_size``        500              with 0 workers: records read ahead
+                                                       (``ReadOptions``; ``_eval``)
 ``grain_data_source_max_workers``     16               threads that open a mixture's sources
 ``grain_index_storage_option``        null             ArrayRecord index: null (the reader's
                                                        default), ``in_memory`` or ``offloaded``

@@ -145,10 +145,10 @@ def auto_workers(ram_budget_mb: int, meminfo: dict[str, int] | None = None) -> A
 
 def read_options(config: MaxTextConfig, *, eval: bool = False) -> ReadOptions:
     """``grain_num_threads`` and ``grain_prefetch_buffer_size`` (``_eval``) as the read-ahead
-    of the in-process path (used with 0 workers; records counted in work units)."""
+    of the in-process path (used with 0 workers): records read ahead, as in Grain."""
     threads = config.num_threads_eval if eval else config.num_threads
     records = config.prefetch_buffer_size_eval if eval else config.prefetch_buffer_size
-    return ReadOptions(num_threads=threads, prefetch_buffer_size=reading.prefetch_units(records))
+    return ReadOptions(num_threads=threads, prefetch_buffer_size=records)
 
 
 def _note_stream_workers(config: MaxTextConfig, *, eval: bool) -> None:

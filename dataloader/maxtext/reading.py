@@ -17,7 +17,6 @@ streams for TFRecord, as MaxText's ``get_datasets`` reads them.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from concurrent import futures
 from typing import Any
@@ -123,13 +122,3 @@ def file_stream(config: MaxTextConfig, pattern: str, *, shuffle: bool, num_epoch
     if shuffle:
         records = WindowShuffleIterDataset(records, window_size=config.shuffle_buffer_size, seed=config.seed)
     return records
-
-
-def prefetch_units(elements: int) -> int:
-    """MaxText's ``grain_prefetch_buffer_size`` (records) as granary's read-ahead, which
-    counts work units (at least 1 unit when > 0). Units of an unbatched stream are sized
-    by cost, from 1 record up; they fill the grid of ``DEFAULT_UNIT_SIZE`` records, which
-    is the count used here."""
-    from dataloader.engine.plan import DEFAULT_UNIT_SIZE
-
-    return math.ceil(elements / DEFAULT_UNIT_SIZE)

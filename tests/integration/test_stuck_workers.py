@@ -205,9 +205,23 @@ def test_close_from_another_thread_returns_while_next_runs_user_code_in_this_pro
     assert child_pids() <= before
 
 
+class HangingSource:
+    """Records ``0 .. n-1``; reading ``record`` hangs until the file ``release`` exists."""
+
+    def __init__(self, n, record, release):
+        self.n, self.hang = n, wp.hang_on(record, release=release)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return self.hang(int(i))
+
+
 def test_close_from_another_thread_ends_a_next_waiting_on_a_read_ahead_thread(tmp_path):
     release = str(tmp_path / "release")
-    loader = make(wp.hang_on(13, release=release), worker_count=0, read_options=dl.ReadOptions(num_threads=1))
+    loader = dl.DataLoader(HangingSource(40, 13, release), dl.SequentialSampler(40), [dl.Batch(4)],
+                           read_options=dl.ReadOptions(num_threads=1, prefetch_buffer_size=4))
     it = iter(loader)
     thread, seen = consume_in_thread(it)
     assert wait_until(lambda: len(seen) == 3 and inside_next(thread))  # now waiting for unit 3
@@ -216,5 +230,5 @@ def test_close_from_another_thread_ends_a_next_waiting_on_a_read_ahead_thread(tm
     assert not thread.is_alive()
     assert isinstance(seen[3], dl.LoaderClosedError)
     assert "closed while next() waited for a read-ahead thread" in str(seen[3])
-    open(release, "w").close()  # the read-ahead thread finishes its unit and ends
+    open(release, "w").close()  # the read-ahead thread finishes its read and ends
     assert wait_until(lambda: not any(t.name.startswith("granary-read") for t in threading.enumerate()))

@@ -146,7 +146,7 @@ def io_wait(stats: dict[str, Any]) -> Advice | None:
         who, more = "the Ray actors", f"a larger {_actors_words(ray)}"
     # Waiting workers may outnumber the CPUs (that is the point), but each costs memory.
     remedy = (
-        f"read ahead in threads: ReadOptions(num_threads=8, prefetch_buffer_size=16) "
+        f"read ahead in threads: ReadOptions(num_threads=8, prefetch_buffer_size=500) "
         f"(worker_count=0), or use more workers than cores ({more}) so their waits "
         f"overlap{_memory_words(_container(stats))}"
     )

@@ -83,7 +83,7 @@ def test_reads_that_wait_on_io_say_read_ahead_in_threads():
     assert rules(stats) == ["io_wait"]
     advice = dl.advise(stats)[0]
     assert advice.cause.startswith("this process spent")
-    assert "ReadOptions(num_threads=8, prefetch_buffer_size=16)" in advice.remedy
+    assert "ReadOptions(num_threads=8, prefetch_buffer_size=500)" in advice.remedy
 
 
 def test_a_cpu_bound_pipeline_does_not_look_like_io():

@@ -8,7 +8,7 @@ import pytest
 
 import dataloader as dl
 from dataloader.maxtext import eval_dataset, parse_maxtext_config, tokenizer, train_dataset
-from dataloader.maxtext.reading import file_sharding, prefetch_units
+from dataloader.maxtext.reading import file_sharding
 from tests.dataloader.maxtext.test_pipeline import _take
 from tests.helpers import assert_restores_everywhere
 
@@ -43,10 +43,6 @@ def _tokens(config, lines):
 ])
 def test_files_are_shared_out_over_hosts_as_maxtext_does(files, hosts, expected):
     assert [file_sharding(files, h, hosts) for h in range(hosts)] == expected
-
-
-def test_maxtexts_prefetch_buffer_counts_records_ours_counts_units_of_128():
-    assert [prefetch_units(n) for n in (0, 1, 128, 129, 500)] == [0, 1, 1, 2, 4]
 
 
 @pytest.mark.parametrize("packing", [True, False])
@@ -120,8 +116,9 @@ def test_read_ahead_threads_do_not_change_the_batches(base_keys):
     from dataloader.maxtext.pipeline import read_options
 
     config = parse_maxtext_config({**base_keys, "grain_num_threads": 3, "grain_prefetch_buffer_size": 300})
-    assert read_options(config) == dl.ReadOptions(num_threads=3, prefetch_buffer_size=3)
-    assert read_options(config, eval=True) == dl.ReadOptions(num_threads=16, prefetch_buffer_size=4)
+    # Records, as MaxText's base.yml and Grain count them.
+    assert read_options(config) == dl.ReadOptions(num_threads=3, prefetch_buffer_size=300)
+    assert read_options(config, eval=True) == dl.ReadOptions(num_threads=16, prefetch_buffer_size=500)
     plain = parse_maxtext_config({**base_keys, "grain_num_threads": 0})
     got = _take(train_dataset(config, global_batch_size=4), 6)
     expected = _take(train_dataset(plain, global_batch_size=4), 6)

@@ -28,6 +28,7 @@ the returned :class:`PipelineConfig` builds the loader::
       ray: null                      # or {address: auto, num_workers: 8, resources: {data: 1}}:
                                      # units on Ray actors (dl.RayExecutor; worker_count 0)
       audit_log: null                # or audit-{shard}.jsonl: a JSON line per step (docs/fingerprint-audit.md)
+      fingerprint: null              # false: no per-step fingerprint, no restore audit (null: $GRANARY_FINGERPRINT, else on)
     device:                          # the device queue (device_prefetch)
       enabled: false
       cpu_buffer_size: 2
@@ -129,6 +130,8 @@ class LoaderConfig:
     ray: dict[str, Any] | None = None
     # ``audit_log:``: DataLoader(audit_log=...), a path ({shard}: the shard index) or None.
     audit_log: str | None = None
+    # ``fingerprint:``: DataLoader(fingerprint=...); None: $GRANARY_FINGERPRINT, else on.
+    fingerprint: bool | None = None
 
     def executor(self) -> Any:
         """The :class:`~dataloader.RayExecutor` that ``ray:`` asks for (joins the
@@ -202,6 +205,7 @@ class PipelineConfig:
             end=self.loader.end,
             executor=self.loader.executor(),
             audit_log=self.loader.audit_log,
+            fingerprint=self.loader.fingerprint,
         )
 
     def build_iterator(self, loader: DataLoader | None = None, state: Any = None) -> Any:
@@ -309,7 +313,7 @@ def _loader(section: Any) -> LoaderConfig:
         where,
         section,
         ("worker_count", "auto_workers", "worker_buffer_size", "warm_start", "stall_warning_s",
-         "unit_timeout_s", "read_options", "end", "ray", "audit_log"),
+         "unit_timeout_s", "read_options", "end", "ray", "audit_log", "fingerprint"),
     )
     workers = _worker_count(where, section)
     buffer = check.integer(f"{where}.worker_buffer_size", section.get("worker_buffer_size", 2), low=1)
@@ -342,9 +346,12 @@ def _loader(section: Any) -> LoaderConfig:
     audit_log = section.get("audit_log")
     if audit_log is not None:
         audit_log = check.string(f"{where}.audit_log", audit_log)
+    fingerprint = section.get("fingerprint")
+    if fingerprint is not None:
+        fingerprint = check.boolean(f"{where}.fingerprint", fingerprint)
     return LoaderConfig(
         workers, buffer, warm, read_options, stall, timeout, _end(f"{where}.end", section.get("end")), ray,
-        audit_log,
+        audit_log, fingerprint,
     )
 
 

@@ -52,6 +52,8 @@ class Executor(Protocol):
 # and how long close() waits for the threads' reads in progress.
 _POLL_S = 0.25
 _CLOSE_WAIT_S = 1.0
+_CLOSED = ("the loader was closed while next() waited for a read-ahead thread; this "
+           "iterator is finished: make a new one (or set_state)")
 
 
 class InProcessExecutor:
@@ -157,7 +159,8 @@ class ReadAhead:
         self._max_bytes = options.prefetch_buffer_bytes
         # Records per read: two chunks in flight per thread keep every thread busy.
         self._chunk = max(1, -(-self._limit // (2 * options.num_threads)))
-        self._pool = concurrent.futures.ThreadPoolExecutor(options.num_threads, thread_name_prefix="granary-read")
+        self._threads = options.num_threads
+        self._pool = self._new_pool()
         self._chunks: collections.deque[_Chunk] = collections.deque()
         self._next = 0  # the first position not yet asked for
         self._end = plan.num_positions
@@ -165,12 +168,18 @@ class ReadAhead:
         self._seen_bytes = 0.0
         self._closed = False
 
+    def _new_pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        return concurrent.futures.ThreadPoolExecutor(self._threads, thread_name_prefix="granary-read")
+
     def reset(self, position: int) -> None:
-        """Reads from ``position`` on; what was read for other positions is dropped."""
+        """Reads from ``position`` on; what was read for other positions is dropped. After
+        ``close()`` it starts new threads (a stream started again)."""
         for chunk in self._chunks:
             chunk.future.cancel()
         self._chunks.clear()
         self._next = position
+        if self._closed:
+            self._pool, self._closed = self._new_pool(), False
 
     def held(self) -> int:
         """Records read or being read and not yet taken."""
@@ -235,6 +244,8 @@ class ReadAhead:
         at = start
         while at < stop:
             self.fill()
+            if self._closed or not self._chunks:
+                raise LoaderClosedError(_CLOSED)
             chunk = self._chunks[0]
             got = self._result(chunk)
             upto = min(stop, chunk.stop)
@@ -256,21 +267,21 @@ class ReadAhead:
                 return chunk.future.result(_POLL_S)
             except concurrent.futures.TimeoutError:
                 if self._closed:
-                    raise LoaderClosedError(
-                        "the loader was closed while next() waited for a read-ahead "
-                        "thread; this iterator is finished: make a new one (or set_state)"
-                    ) from None
+                    raise LoaderClosedError(_CLOSED) from None
             except concurrent.futures.CancelledError:
+                if self._closed:
+                    raise LoaderClosedError(_CLOSED) from None
                 return None
             except Exception:  # the unit's own read reports it, at its record
                 return None
 
     def close(self) -> None:
-        """Cancels the reads not started and stops the threads; waits at most about a second."""
+        """Cancels the reads not started and stops the threads; waits at most about a
+        second. Callable from any thread: a ``take`` waiting in another then raises
+        :class:`~dataloader.errors.LoaderClosedError` (the chunks stay the consumer's)."""
         self._closed = True
-        running = [c.future for c in self._chunks]
+        running = [c.future for c in list(self._chunks)]
         for f in running:
             f.cancel()
-        self._chunks.clear()
         self._pool.shutdown(wait=False, cancel_futures=True)
         concurrent.futures.wait(running, _CLOSE_WAIT_S)

@@ -117,3 +117,52 @@ def test_a_shipped_stage_says_how_many_outputs_of_its_unit_are_left():
         left.append(stage.ready())
     assert left == [3, 2, 1, 0, 3, 2, 1, 0, 1, 0]
     stage.close()
+
+
+class Squares(dl.IterDataset):
+    """A user's stream (iterated only): 0, 1, 4, ... below ``n**2``."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n = n
+
+    def __iter__(self):
+        return SquaresIterator(self.n)
+
+
+class SquaresIterator(DatasetIterator):
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.i, self.n = 0, n
+
+    def __next__(self) -> int:
+        if self.i >= self.n:
+            raise StopIteration
+        self.i += 1
+        return (self.i - 1) ** 2
+
+    def get_state(self) -> dict[str, int]:
+        return {"i": self.i}
+
+    def set_state(self, state: dict[str, int]) -> None:
+        self.i = state["i"]
+
+
+def negate(x: int) -> int:
+    return -x
+
+
+@pytest.mark.multiprocess
+def test_mp_prefetch_reads_a_pooled_last_stage_without_a_thread_of_its_own():
+    """With workers the pool computes ahead: the pooled stage is the iterator itself.
+    Without, a thread still reads the stage ahead. The elements are the same."""
+    ds = Squares(200).map(negate)
+    with_workers = iter(ds.mp_prefetch(dl.MultiprocessingOptions(num_workers=2)))
+    in_process = iter(ds.mp_prefetch(dl.MultiprocessingOptions(num_workers=0)))
+    try:
+        assert isinstance(with_workers, ShippedElementwiseIterator) and with_workers.computes_ahead()
+        assert isinstance(in_process, dl.experimental.ThreadPrefetchDatasetIterator)
+        assert list(with_workers) == list(in_process) == [-(i**2) for i in range(200)]
+    finally:
+        with_workers.close()
+        in_process.close()

@@ -12,6 +12,7 @@ import dataloader as dl
 from dataloader.dataset.base import DatasetIterator
 from dataloader.dataset.transformations.prefetch import _Producer
 from dataloader.engine.shipped import ShippedElementwiseIterator
+from tests.dataloader.dataset.test_iterator_level import Squares
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -117,35 +118,6 @@ def test_a_shipped_stage_says_how_many_outputs_of_its_unit_are_left():
         left.append(stage.ready())
     assert left == [3, 2, 1, 0, 3, 2, 1, 0, 1, 0]
     stage.close()
-
-
-class Squares(dl.IterDataset):
-    """A user's stream (iterated only): 0, 1, 4, ... below ``n**2``."""
-
-    def __init__(self, n: int) -> None:
-        super().__init__()
-        self.n = n
-
-    def __iter__(self):
-        return SquaresIterator(self.n)
-
-
-class SquaresIterator(DatasetIterator):
-    def __init__(self, n: int) -> None:
-        super().__init__()
-        self.i, self.n = 0, n
-
-    def __next__(self) -> int:
-        if self.i >= self.n:
-            raise StopIteration
-        self.i += 1
-        return (self.i - 1) ** 2
-
-    def get_state(self) -> dict[str, int]:
-        return {"i": self.i}
-
-    def set_state(self, state: dict[str, int]) -> None:
-        self.i = state["i"]
 
 
 def negate(x: int) -> int:

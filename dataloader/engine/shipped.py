@@ -427,7 +427,6 @@ class ShippedElementwiseIterator(DatasetIterator):
         self._ops = ops
         self._watch = watch
         count = check_worker_count("num_workers", options.num_workers)
-        self._workers = count
         self._inputs = ShippedInputs(unit_size, shared=count != 0)
         self._release = weakref.finalize(self, self._inputs.close)
         self._feeder = Feeder(parent, self._inputs)
@@ -447,7 +446,6 @@ class ShippedElementwiseIterator(DatasetIterator):
         self._go_on: tuple[list[Any], int] | None = None
         self._resume: tuple[list[Any], int] | None = None
         self._ended = False
-        self._restarted = False  # set_state(every old host's states) until settled
         plan, worker_plan = shipped_plans(ops, self._inputs, self._feeder, default_seed)
         self._executor: Any
         if count == 0:
@@ -468,8 +466,6 @@ class ShippedElementwiseIterator(DatasetIterator):
     def __next__(self) -> Any:
         if self._closed:
             raise ValueError(f"next() on a closed iterator ({self!r}); make a new one")
-        if self._restarted:  # an elastic restore, settled here when no get_state() came first
-            self._settle()
         resume, self._resume = self._resume, None
         if resume is not None:  # after an error: on with the element after it
             self._restart(*resume)
@@ -485,10 +481,6 @@ class ShippedElementwiseIterator(DatasetIterator):
         self._outputs[self._given] = None  # handed out: not kept alive here
         self._given += 1
         return item
-
-    def computes_ahead(self) -> bool:
-        """With workers: the pool computes units ahead (see ``DatasetIterator``)."""
-        return self._workers != 0  # a count, or "auto"
 
     def ready(self) -> int:
         """The outputs of the unit being handed out that are still to come: a thread

@@ -13,8 +13,7 @@ iterator-level stages: the engine-backed datasets it reads from get the worker
 processes (they compute positions, in any process, with identical output), and so do
 the element-wise calls after an iterator-level stage (units of its elements shipped to
 the workers, :mod:`dataloader.dataset.transformations.pooled`); the iterator-level
-stages run ahead in a thread of this process, unless the last stage is the pool's
-(``DatasetIterator.computes_ahead``), whose workers compute ahead already.
+stages run ahead in a thread of this process.
 """
 
 from __future__ import annotations
@@ -334,12 +333,6 @@ class MultiprocessPrefetchIterDataset(IterDataset):
     def __iter__(self) -> DatasetIterator:
         with workers(self.options, self.worker_init_fn):
             inner = iter(self._parent)
-        if isinstance(inner, DatasetIterator) and inner.computes_ahead():
-            # The last stage is the pool's: its workers compute units ahead, and the
-            # stages before it are read as units are sent. A thread on top would only
-            # hand each element over once more (measured: about 10 us of the trainer's
-            # CPU an element, benchmarks/streaming.py --pipeline map).
-            return inner
         size = max(2, most_workers(self.options.num_workers) * self.options.per_worker_buffer_size)
         return ThreadPrefetchDatasetIterator(inner, size)
 

@@ -86,12 +86,6 @@ class DatasetIterator(Iterator[T], abc.ABC):
         """
         return 0
 
-    def computes_ahead(self) -> bool:
-        """Whether ``next()`` hands out what worker processes computed ahead (a pool's
-        units, ``per_worker_buffer_size`` of them a worker), so that a thread reading
-        this iterator ahead would only hand its outputs over once more."""
-        return False
-
     def start_prefetch(self) -> None:
         """Starts producing elements before the first ``next()`` (where an ancestor can).
 

@@ -12,7 +12,6 @@ import dataloader as dl
 from dataloader.dataset.base import DatasetIterator
 from dataloader.dataset.transformations.prefetch import _Producer
 from dataloader.engine.shipped import ShippedElementwiseIterator
-from tests.dataloader.dataset.test_iterator_level import Squares
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -118,23 +117,3 @@ def test_a_shipped_stage_says_how_many_outputs_of_its_unit_are_left():
         left.append(stage.ready())
     assert left == [3, 2, 1, 0, 3, 2, 1, 0, 1, 0]
     stage.close()
-
-
-def negate(x: int) -> int:
-    return -x
-
-
-@pytest.mark.multiprocess
-def test_mp_prefetch_reads_a_pooled_last_stage_without_a_thread_of_its_own():
-    """With workers the pool computes ahead: the pooled stage is the iterator itself.
-    Without, a thread still reads the stage ahead. The elements are the same."""
-    ds = Squares(200).map(negate)
-    with_workers = iter(ds.mp_prefetch(dl.MultiprocessingOptions(num_workers=2)))
-    in_process = iter(ds.mp_prefetch(dl.MultiprocessingOptions(num_workers=0)))
-    try:
-        assert isinstance(with_workers, ShippedElementwiseIterator) and with_workers.computes_ahead()
-        assert isinstance(in_process, dl.experimental.ThreadPrefetchDatasetIterator)
-        assert list(with_workers) == list(in_process) == [-(i**2) for i in range(200)]
-    finally:
-        with_workers.close()
-        in_process.close()

@@ -19,6 +19,7 @@ from dataloader.engine.stages.tail import TailIterator, check_shippable, split_a
 from dataloader.engine.stats import FilterWatch
 from dataloader.engine.stats.pipeline import describe_pipeline
 from dataloader.iterator import DataLoaderIterator, LoaderEngine
+from dataloader.operations.transforms import refuse_class
 from dataloader.options import (
     DEFAULT_STALL_WARNING_S,
     AutoWorkers,
@@ -180,6 +181,8 @@ class DataLoader:
                 f"{type(operations).__name__}; pass a list, e.g. operations=[dl.MapTransform(f), "
                 f"dl.Batch(32)] (or [] for none)"
             )
+        for i, op in enumerate(operations):
+            refuse_class(op, f"operations[{i}]")
         read_options = read_options or ReadOptions()
         if not isinstance(read_options, ReadOptions):
             raise TypeError(f"read_options must be a ReadOptions, got {read_options!r}")

@@ -184,13 +184,26 @@ class AutoWorkers:
 
 
 def check_worker_count(name: str, value: Any) -> int | AutoWorkers:
-    """An integer >= 0, or ``"auto"`` (then :class:`AutoWorkers`), else a ValueError."""
+    """An integer >= 0, or ``"auto"`` (then :class:`AutoWorkers`), else a ValueError.
+
+    A negative count is refused, as Grain's ``DataLoader`` refuses it, rather than read
+    as "auto": -1 is MaxText's config spelling of auto-tuning (its adapter,
+    ``dataloader.maxtext``, translates it), and here it could as well be an off-by-one.
+    The message says how to ask for auto.
+    """
     if value == "auto":
         return AutoWorkers()
     if isinstance(value, AutoWorkers):
         return value
     if isinstance(value, str):
         raise ValueError(f'{name} must be an integer >= 0 or "auto", got {value!r}')
+    if isinstance(value, int) and not isinstance(value, bool) and value < 0:
+        short = name.rsplit(".", 1)[-1]
+        raise ValueError(
+            f'{name} must be an integer >= 0 or "auto", got {value}; to let the pool choose '
+            f'and change the number of workers (what MaxText\'s grain_worker_count=-1 asks '
+            f'for), pass {short}="auto"'
+        )
     return check_int(name, value, 0)
 
 

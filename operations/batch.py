@@ -26,6 +26,15 @@ from .transforms import GROUP
 
 _SCALARS = (bool, int, float, complex, np.generic)
 
+# What to do about elements of different shapes: the operations that pad or pack them.
+_RAGGED_HINT = (
+    "for sequences of different lengths, batch with dl.BucketByLength instead (batches of "
+    "similar lengths, each padded to its longest; ds.bucket_by_length(...)) or pack them "
+    "into fixed-length rows before the Batch with dl.FirstFitPack, dl.BestFitPack or "
+    "dl.ConcatThenSplit; else make the shapes equal in a map before the batch (resize, "
+    "crop or pad) or pass Batch(batch_fn=...)"
+)
+
 
 def _path_str(path: tuple[Any, ...]) -> str:
     return "".join(f"[{p!r}]" for p in path) or "<element>"
@@ -40,8 +49,7 @@ def _stack_leaf(values: list[Any], path: tuple[Any, ...]) -> np.ndarray:
                 got = v.shape if isinstance(v, np.ndarray) else type(v).__name__
                 raise ValueError(
                     f"Batch cannot stack field {_path_str(path)}: element 0 has shape {shape} "
-                    f"but element {i} has {got}; make the shapes equal in a map before the "
-                    f"batch (resize, crop or pad) or pass Batch(batch_fn=...)"
+                    f"but element {i} has {got}; {_RAGGED_HINT}"
                 )
         return np.stack(values)
     if isinstance(first, (bytes, str)):

@@ -24,6 +24,7 @@ output is then a pure function of the data, the sampler and the operations.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -76,6 +77,36 @@ def resolve_seed(op: Any, default: int | None, where: str = "") -> int | None:
     return int(seed)
 
 
+def refuse_class(op: Any, where: str) -> None:
+    """A TypeError when ``op`` is a class, not an operation (``operations=[Batch]``).
+
+    A class has the class attributes an operation declares (``runs``, ...), so without
+    this check it is taken for one and fails later on an attribute only an instance
+    has. The message shows the call that makes an instance, with the arguments the
+    class's constructor requires.
+
+    Example:
+        >>> refuse_class(MapTransform, "operations[0]")
+        Traceback (most recent call last):
+        TypeError: operations[0] is the class MapTransform, not an operation; pass an instance, MapTransform(your_function)
+    """
+    if not isinstance(op, type):
+        return
+    if issubclass(op, Operation) and not op.overrides_method():
+        call = f"{op.__name__}(your_function)"  # a wrapper class: it needs the function
+    else:
+        try:
+            params = inspect.signature(op).parameters.values()
+        except (TypeError, ValueError):  # a builtin without a signature: no arguments shown
+            params = []  # type: ignore[assignment]
+        required = [
+            p.name for p in params
+            if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        ]
+        call = f"{op.__name__}({', '.join(f'{name}=...' for name in required)})"
+    raise TypeError(f"{where} is the class {op.__name__}, not an operation; pass an instance, {call}")
+
+
 def _callable_name(fn: Any) -> str:
     """A short, stable name for a function-like object (used in state and errors)."""
     inner = getattr(fn, "func", None)  # functools.partial
@@ -116,18 +147,18 @@ class Operation:
                 f"{kind} needs a callable, got {fn!r} ({type(fn).__name__}); pass a function "
                 f"or subclass {kind} and override {self.method_name}()"
             )
-        if fn is None and not self._overrides_method():
+        if fn is None and not self.overrides_method():
             raise TypeError(
                 f"{kind} was given no function and does not override {self.method_name}(); "
                 f"pass a function, e.g. {kind}(lambda x: ...), or subclass it"
             )
         self._fn = fn
 
-    def _overrides_method(self) -> bool:
-        base = next(
-            c for c in type(self).__mro__ if c.__dict__.get("method_name") == self.method_name
-        )
-        return getattr(type(self), self.method_name) is not getattr(base, self.method_name)
+    @classmethod
+    def overrides_method(cls) -> bool:
+        """Whether this class overrides its kind's method (then it needs no function)."""
+        base = next(c for c in cls.__mro__ if c.__dict__.get("method_name") == cls.method_name)
+        return getattr(cls, cls.method_name) is not getattr(base, cls.method_name)
 
     @property
     def name(self) -> str:
@@ -150,7 +181,7 @@ class Operation:
         The wrapped function itself when one was given (saving a method call per
         element on the hot path), else the overridden method.
         """
-        if self._fn is not None and not self._overrides_method():
+        if self._fn is not None and not self.overrides_method():
             return self._fn
         return getattr(self, self.method_name)
 

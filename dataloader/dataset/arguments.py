@@ -14,8 +14,10 @@ from dataloader.operations import (
     FlatMapTransform,
     MapTransform,
     MapWithIndexTransform,
+    Operation,
     RandomMapTransform,
 )
+from dataloader.operations.transforms import refuse_class
 
 # Key widths of what the seeds feed: permutations (IndexSampler) take 63 bits, per-record
 # generators (record_rng) 64.
@@ -54,6 +56,10 @@ def as_operation(transform: Any, kind: type, method: str) -> Any:
     """``transform`` as an operation of ``kind``, wrapping a plain function."""
     if isinstance(transform, kind):
         return transform
+    # An operation's class is callable, so it would pass for a function below; a plain
+    # class (ds.map(str)) is a function of the element and stays one.
+    if isinstance(transform, type) and issubclass(transform, (Operation, Batch)):
+        refuse_class(transform, f"{method}()'s argument")
     others = (MapTransform, RandomMapTransform, FilterTransform, FlatMapTransform, MapWithIndexTransform, Batch)
     if isinstance(transform, others):
         raise TypeError(

@@ -285,7 +285,7 @@ def test_conflicting_shard_options_are_refused():
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    ({"worker_count": -1}, r"worker_count must be an integer >= 0, got -1"),
+    ({"worker_count": -1}, r'worker_count must be an integer >= 0 or "auto", got -1; .*pass worker_count="auto"'),
     ({"worker_buffer_size": 0}, r"worker_buffer_size must be an integer >= 1, got 0"),
     ({"read_options": "fast"}, r"read_options must be a ReadOptions, got 'fast'"),
     ({"worker_init_fn": 3}, r"worker_init_fn must be callable, got 3"),
@@ -305,6 +305,25 @@ def test_bad_loader_options_are_refused(kwargs, message):
 def test_operations_that_are_not_a_list_are_refused_naming_operations(operations):
     with pytest.raises(TypeError, match=r"operations must be a list of operations, got .* of type \w+; pass a list, e.g. operations=\["):
         dl.DataLoader(dl.RangeDataSource(10), dl.IndexSampler(10), operations)
+
+
+class _Halve(dl.MapTransform):
+    def map(self, element):
+        return element // 2
+
+
+@pytest.mark.parametrize(("operation", "call"), [
+    (dl.Batch, r"Batch\(batch_size=\.\.\.\)"),
+    (dl.MapTransform, r"MapTransform\(your_function\)"),
+    (_Halve, r"_Halve\(\)"),
+    (dl.BucketByLength, r"BucketByLength\(element_length_func=\.\.\., bucket_boundaries=\.\.\., bucket_batch_sizes=\.\.\.\)"),
+    (dl.FirstFitPack, r"FirstFitPack\(length_struct=\.\.\., num_packing_bins=\.\.\.\)"),
+])
+def test_an_operation_class_is_refused_at_construction_with_the_call_that_makes_one(operation, call):
+    """operations=[dl.Batch] (the class) used to fail at the first batch with
+    "type object 'Batch' has no attribute 'batch_size'"."""
+    with pytest.raises(TypeError, match=rf"operations\[1\] is the class {operation.__name__}, not an operation; pass an instance, {call}$"):
+        dl.DataLoader(dl.RangeDataSource(10), dl.IndexSampler(10), [dl.MapTransform(abs), operation])
 
 
 def test_operations_may_be_a_list_or_a_tuple():

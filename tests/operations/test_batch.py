@@ -40,6 +40,16 @@ def test_mismatched_shapes_name_the_field_and_shapes():
         stack_elements([{"x": (0, np.zeros(2))}, {"x": (0, np.zeros(2))}, {"x": (0, np.zeros(3))}])
 
 
+def test_a_ragged_batch_names_the_operations_that_pad_or_pack():
+    ragged = [{"tokens": np.arange(3)}, {"tokens": np.arange(5)}]
+    with pytest.raises(ValueError, match=(
+        r"field \['tokens'\]: element 0 has shape \(3,\) but element 1 has \(5,\); for sequences "
+        r"of different lengths, batch with dl\.BucketByLength .*ds\.bucket_by_length.* "
+        r"dl\.FirstFitPack, dl\.BestFitPack or dl\.ConcatThenSplit"
+    )):
+        Batch(2).batch_fn(ragged)
+
+
 def test_mismatched_keys_are_named():
     with pytest.raises(ValueError, match=r"element 0 has keys \['a'\] but element 1 has \['b'\]"):
         stack_elements([{"a": 1}, {"b": 1}])

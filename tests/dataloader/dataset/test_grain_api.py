@@ -27,6 +27,23 @@ def test_apply_refuses_what_is_not_an_operation():
         dl.MapDataset.range(3).to_iter_dataset().apply([dl.MapTransform(str), "x"])
 
 
+class _Double(dl.MapTransform):
+    def map(self, element):
+        return 2 * element
+
+
+def test_an_operation_class_is_refused_where_an_operation_is_expected():
+    with pytest.raises(TypeError, match=r"transformations\[0\] is the class Batch, not an operation; pass an instance, Batch\(batch_size=\.\.\.\)"):
+        dl.MapDataset.range(3).apply([dl.Batch])
+    with pytest.raises(TypeError, match=r"map\(\)'s argument is the class _Double, not an operation; pass an instance, _Double\(\)"):
+        dl.MapDataset.range(3).map(_Double)
+    with pytest.raises(TypeError, match=r"filter\(\)'s argument is the class FilterTransform, not an operation; pass an instance, FilterTransform\(your_function\)"):
+        dl.MapDataset.range(3).to_iter_dataset().filter(dl.FilterTransform)
+    # a class that is not an operation is a function of the element, as before
+    assert list(dl.MapDataset.range(3).map(str)) == ["0", "1", "2"]
+    assert list(dl.MapDataset.range(3).map(_Double())) == [0, 2, 4]
+
+
 def test_pipe_applies_a_function_to_the_dataset():
     ds = dl.MapDataset.range(8).pipe(lambda d, k: d[::k], 3)
     assert list(ds) == [0, 3, 6]

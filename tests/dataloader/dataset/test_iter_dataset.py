@@ -117,7 +117,7 @@ def test_grain_style_prefetch_with_multiprocessing_options_is_mp_prefetch():
 
 
 def test_multiprocessing_options_validate_their_fields():
-    with pytest.raises(ValueError, match=r"num_workers must be an integer >= 0, got -1"):
+    with pytest.raises(ValueError, match=r'MultiprocessingOptions.num_workers must be an integer >= 0 or "auto", got -1; .*pass num_workers="auto"'):
         dl.MultiprocessingOptions(num_workers=-1)
     with pytest.raises(ValueError, match=r"per_worker_buffer_size must be an integer >= 1, got 0"):
         dl.MultiprocessingOptions(per_worker_buffer_size=0)

@@ -152,7 +152,7 @@ def test_worker_count_accepts_auto_and_names_anything_else():
     assert check_worker_count("worker_count", 3) == 3
     with pytest.raises(ValueError, match=r'worker_count must be an integer >= 0 or "auto", got \'many\''):
         check_worker_count("worker_count", "many")
-    with pytest.raises(ValueError, match=r"worker_count must be an integer >= 0, got -1"):
+    with pytest.raises(ValueError, match=r'worker_count must be an integer >= 0 or "auto", got -1; .*grain_worker_count=-1.*pass worker_count="auto"'):
         check_worker_count("worker_count", -1)
     assert most_workers(AutoWorkers(max_workers=5)) == 5
     assert most_workers(2) == 2

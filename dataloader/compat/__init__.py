@@ -6,7 +6,9 @@ Where you can edit the code, ``import dataloader as grain`` is enough. Where you
 install the alias, one of three ways:
 
 * ``dataloader.compat.install_grain_alias()`` in the program, before it imports Grain;
-* ``GRANARY_GRAIN_ALIAS=1`` in the environment (``import dataloader`` installs it);
+* ``GRANARY_GRAIN_ALIAS=1`` in the environment: ``GRANARY_GRAIN_ALIAS=1 python train.py``
+  (the installed startup hook, ``granary-grain-alias.pth``, imports ``dataloader`` as
+  Python starts, which installs it; so does any ``import dataloader``);
 * ``python -m dataloader.compat script.py [args]`` (also ``-m module`` and ``-c code``).
 
 The alias holds in the loader's worker processes and fork server too (they inherit

@@ -21,7 +21,13 @@ A real Grain is never shadowed unless asked: :func:`install_grain_alias` raises
 ``force=True`` shadows it (and hides Grain modules already imported, until
 :func:`uninstall_grain_alias`). Through the environment variable (``=1``) a real
 Grain gets a ``RuntimeWarning`` instead, so that ``import dataloader`` never fails
-because of what else is installed.
+because of what else is installed; that check waits for the first ``import grain``,
+when ``sys.path`` is the program's own.
+
+The install puts a startup hook in site-packages, ``granary-grain-alias.pth`` (written
+by ``setup.py``): where the variable is set, Python imports ``dataloader`` as it starts,
+so ``GRANARY_GRAIN_ALIAS=1 python train.py`` runs a ``train.py`` whose first line is
+``import grain``. Unset, the hook reads one variable and imports nothing.
 """
 
 from __future__ import annotations
@@ -120,11 +126,31 @@ def _resolves(module: str, name: str) -> bool:
 
 
 class GrainAliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Finds and makes the alias modules; answers nothing outside ``grain``."""
+    """Finds and makes the alias modules; answers nothing outside ``grain``.
+
+    Args:
+        check_real_first: installed from the environment (``GRANARY_GRAIN_ALIAS=1``),
+            the finder asks whether a real Grain is importable when ``grain`` is first
+            imported rather than when it is installed: ``sys.path`` is then what the
+            program made it (at interpreter start, where the ``.pth`` hook installs it,
+            the script's folder is not on it yet). A real Grain found then is imported,
+            with a ``RuntimeWarning``, and the alias uninstalls itself.
+    """
+
+    def __init__(self, check_real_first: bool = False) -> None:
+        self._check_real = check_real_first
+        self._checking = False  # True while the check asks the import system itself
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None = None, target: types.ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
+        if self._checking or fullname.partition(".")[0] != "grain":
+            return None
+        if self._check_real:
+            self._check_real = False
+            real = self._real_spec(fullname)
+            if real is not None:
+                return real
         if fullname in MODULES:
             return importlib.machinery.ModuleSpec(fullname, self, origin="granary", is_package=True)
         parent, _, name = fullname.rpartition(".")
@@ -133,6 +159,28 @@ class GrainAliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             # Grain module path granary does not map: say which, not "No module named".
             raise ImportError(missing_message(parent, name), name=fullname)
         return None
+
+    def _real_spec(self, fullname: str) -> importlib.machinery.ModuleSpec | None:
+        """The spec of a real Grain's ``fullname`` when one is importable (the alias is
+        then uninstalled, with a warning), else None."""
+        self._checking = True
+        try:
+            real = _real_grain()
+        finally:
+            self._checking = False
+        if real is None:
+            return None
+        warnings.warn(
+            f"{ENV_VAR}={os.environ.get(ENV_VAR)} is ignored: a real Grain is installed ({real}); "
+            f"the grain alias does not shadow it. Use Grain as it is, or set {ENV_VAR}=force to "
+            f"make `import grain` give granary",
+            RuntimeWarning,
+            stacklevel=3,  # the `import grain` line: warnings skips the import system's frames
+        )
+        # The import system stops at the spec returned here, so leaving sys.meta_path
+        # while it walks that list skips nothing.
+        uninstall_grain_alias()
+        return importlib.util.find_spec(fullname)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
         return GrainAliasModule(spec.name, f"Grain's {spec.name}, on granary (dataloader.compat)")
@@ -202,7 +250,7 @@ def install_grain_alias(force: bool = False, *, permutation: str | None = None) 
         >>> install_grain_alias()  # doctest: +SKIP
         >>> import grain.python as grain  # doctest: +SKIP
     """
-    global _installed, _permutation_before
+    global _permutation_before
     if permutation is not None:
         from dataloader.samplers.index_sampler import PERMUTATION_ENV, choose_permutation
 
@@ -219,11 +267,15 @@ def install_grain_alias(force: bool = False, *, permutation: str | None = None) 
             f"as it is, or call install_grain_alias(force=True) (GRANARY_GRAIN_ALIAS=force) to "
             f"make `import grain` give granary in this process and its workers"
         )
+    _install(GrainAliasFinder(), force)
+
+
+def _install(finder: GrainAliasFinder, force: bool) -> None:
+    global _installed
     hidden = {}
     if force:
         for name in [n for n in sys.modules if n == "grain" or n.startswith("grain.")]:
             hidden[name] = sys.modules.pop(name)
-    finder = GrainAliasFinder()
     sys.meta_path.insert(0, finder)
     _installed = _Installed(finder, hidden, os.environ.get(ENV_VAR))
     os.environ[ENV_VAR] = "force" if force else "1"
@@ -260,8 +312,11 @@ def uninstall_grain_alias() -> None:
 def install_from_environment() -> None:
     """Installs the alias if ``GRANARY_GRAIN_ALIAS`` asks for it (``import dataloader``).
 
-    ``1``: install, but only warn (``RuntimeWarning``) when a real Grain is installed;
-    ``force``: install over a real Grain; unset, empty or ``0``: nothing.
+    ``1``: install, but only warn (``RuntimeWarning``) when a real Grain is installed,
+    and import that one (checked when ``grain`` is first imported, see
+    :class:`GrainAliasFinder`); ``force``: install over a real Grain; unset, empty or
+    ``0``: nothing. The installed startup hook (``granary-grain-alias.pth``) calls this
+    at interpreter start where the variable is set, through ``import dataloader``.
 
     Raises:
         ValueError: the variable holds another value.
@@ -273,9 +328,7 @@ def install_from_environment() -> None:
             f"force (install it over a real Grain) or 0; fix or unset the variable"
         )
     force = _ENV_VALUES[value]
-    if force is None:
-        return
-    try:
-        install_grain_alias(force=force)
-    except RealGrainError as exc:
-        warnings.warn(f"{ENV_VAR}=1 is ignored: {exc}", RuntimeWarning, stacklevel=3)
+    if force:
+        install_grain_alias(force=True)
+    elif force is not None and _installed is None:
+        _install(GrainAliasFinder(check_real_first=True), force=False)

@@ -96,7 +96,8 @@ def test_the_wheel_installs_one_import_name_that_works_from_a_users_folder(tmp_p
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
     top = {name.split("/")[0] for name in names}
-    assert {t for t in top if not t.endswith(".dist-info")} == {"dataloader"}
+    # and the grain alias's startup hook (tests/dataloader/compat/test_startup_hook.py)
+    assert {t for t in top if not t.endswith(".dist-info")} == {"dataloader", "granary-grain-alias.pth"}
     for module in ("dataloader/samplers/index_sampler.py", "dataloader/sources/array_record.py",
                    "dataloader/operations/batch.py", "dataloader/configs/demo.yaml",
                    "dataloader/engine/pool/worker.py"):

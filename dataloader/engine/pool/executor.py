@@ -30,14 +30,20 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import cloudpickle
-
 from dataloader.engine.compute import UnitResult, compute_unit
 from dataloader.engine.plan import Plan
 from dataloader.engine.pool.autoscale.measure import Scaling
 from dataloader.engine.pool.autoscale.oom import OomWatch
 from dataloader.engine.pool.guard import Guarded
-from dataloader.engine.pool.messages import Done, Failed, Fatal, Ready, Task, remote_error
+from dataloader.engine.pool.messages import (
+    Done,
+    Failed,
+    Fatal,
+    Ready,
+    Task,
+    pickle_for_workers,
+    remote_error,
+)
 from dataloader.engine.pool.process import WorkerProcess
 from dataloader.engine.pool.transport import Transport
 from dataloader.engine.pool.watch.stalls import StallWatch, Stuck, crash_error
@@ -88,7 +94,7 @@ class PoolExecutor(Guarded):
         make_workers: Callable[[int, bytes, bytes], Workers] = WorkerSet,
     ) -> None:
         self._plan, self._plan_bytes, self._make_workers = plan, plan_bytes, make_workers
-        self._init_fn = cloudpickle.dumps(init_fn)
+        self._init_fn = pickle_for_workers(init_fn)
         self._warm_start = warm_start and unit_timeout_s is None
         self._scaling: Scaling | None = None
         if isinstance(worker_count, AutoWorkers):

@@ -11,13 +11,17 @@ start-up fails.
 new one, and answers about the old one are dropped.
 
 The two payloads pickled with cloudpickle are made and read here too: the plan in
-:class:`WorkerConfig` (:func:`pickle_plan`) and the error in :class:`Failed`
-(:func:`error_payload` in the worker, :func:`remote_error` in the parent).
+:class:`WorkerConfig` (:func:`pickle_plan`, with :func:`pickle_for_workers`) and the
+error in :class:`Failed` (:func:`error_payload` in the worker, :func:`remote_error` in
+the parent).
 """
 
 from __future__ import annotations
 
+import collections
+import io
 import traceback
+import types
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import cloudpickle
@@ -104,10 +108,43 @@ class Fatal(NamedTuple):
     traceback: str
 
 
+# cloudpickle writes "<dynamic-code>" as the file of every code object it sends by value
+# (the functions of a script's __main__, lambdas), so that its bytes do not depend on
+# where the code was written; a worker's traceback then names no file. What goes to the
+# workers keeps each code object's own file name, so the traceback the training process
+# gets names the user's file and line (and shows the line where the worker can read the
+# file). The name is a function of the code alone: the bytes stay the same from run to run.
+_CLOUDPICKLE_CODE = cloudpickle.CloudPickler.dispatch_table[types.CodeType]
+
+
+def _reduce_code(code: types.CodeType) -> tuple[Any, tuple[Any, ...]]:
+    make, args = _CLOUDPICKLE_CODE(code)  # cloudpickle's recipe, nested code included
+    return _code_in_file, (make, args, code.co_filename)
+
+
+def _code_in_file(make: Any, args: tuple[Any, ...], filename: str) -> types.CodeType:
+    code: types.CodeType = make(*args)
+    return code.replace(co_filename=filename)
+
+
+class _WorkerPickler(cloudpickle.CloudPickler):
+    dispatch_table = collections.ChainMap(
+        {types.CodeType: _reduce_code}, cloudpickle.CloudPickler.dispatch_table
+    )
+
+
+def pickle_for_workers(obj: Any) -> bytes:
+    """``cloudpickle.dumps(obj)``, but code keeps its file name (see above); read back with
+    ``cloudpickle.loads``."""
+    buffer = io.BytesIO()
+    _WorkerPickler(buffer, protocol=cloudpickle.DEFAULT_PROTOCOL).dump(obj)
+    return buffer.getvalue()
+
+
 def pickle_plan(plan: Plan) -> bytes:
     """The plan as sent to workers; names the part that cannot be pickled."""
     try:
-        return cloudpickle.dumps(plan)
+        return pickle_for_workers(plan)
     except Exception as exc:
         parts = [("data_source", plan.source), ("sampler", plan.sampler)]
         parts += [(f"operation {s.op.name}", s.op) for s in (*plan.pre, *plan.post)]
@@ -115,7 +152,7 @@ def pickle_plan(plan: Plan) -> bytes:
             parts.append((plan.batch.name, plan.batch))
         for label, obj in parts:
             try:
-                cloudpickle.dumps(obj)
+                pickle_for_workers(obj)
             except Exception as part_exc:
                 raise TypeError(
                     f"{label} ({obj!r}) cannot be sent to worker processes: "

@@ -1,47 +1,67 @@
 # Targets a newcomer can guess. Every target sets up the local virtual environment
-# itself, so a fresh machine with only Python 3.10+ needs nothing else.
+# itself, with what it needs and nothing more, so a fresh machine with only Python 3.10+
+# needs nothing else: `make demo` installs the package and its demo extra (no torch, Ray
+# or Beam); `make test` and `make lint` add the test and dev extras.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-stamp
+PIP := $(PY) -m pip
+BASE_STAMP := $(VENV)/.base-stamp
+TEST_STAMP := $(VENV)/.test-stamp
+DEMO_STAMP := $(VENV)/.demo-stamp
+# The test extra pins torch's CPU build (2.13.0+cpu on Linux x86_64): PyPI carries only
+# CUDA builds there, several GB. pip finds the CPU wheel where its configuration points
+# (a find-links folder, as on the project's CI machines); elsewhere `make test` asks
+# PyTorch's CPU index for it, after pip's usual places have none.
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
 .PHONY: install test test-fast lint bench bench-convert demo docs docs-serve clean
 
-$(STAMP): setup.cfg setup.py
+# The package alone (and the grain alias's startup hook, see setup.py).
+$(BASE_STAMP): setup.cfg setup.py
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,dev]'
-	touch $(STAMP)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e .
+	touch $@
 
-install: $(STAMP)
+# What the suite and the linters need: every extra's libraries (see setup.cfg's test).
+$(TEST_STAMP): $(BASE_STAMP)
+	$(PIP) install -q -e '.[test,dev]' || { \
+	  echo "make: installing again with PyTorch's CPU index ($(TORCH_CPU_INDEX)) for torch's CPU build"; \
+	  $(PIP) install -q -e '.[test,dev]' --extra-index-url $(TORCH_CPU_INDEX); }
+	touch $@
+
+# The demo extra (tokenizers for the language model's BPE, scikit-learn for its shipped
+# digits) on top of the package.
+$(DEMO_STAMP): $(BASE_STAMP)
+	$(PIP) install -q -e '.[demo]'
+	touch $@
+
+install: $(BASE_STAMP)
 
 # The whole non-GPU suite (slow and multi-process tests included).
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(PY) -m pytest -m "not gpu" -q
 
-test-fast: $(STAMP)
+# The suite without the tests marked slow (multi-process start-ups, clusters, builds).
+test-fast: $(TEST_STAMP)
 	$(PY) -m pytest -m "not gpu and not slow" -q
 
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy dataloader samplers sources operations
 
-bench: $(STAMP)
+# The benchmarks make their own environment (benchmarks/.venv, with the peers).
+bench: $(BASE_STAMP)
 	$(PY) benchmarks/run.py
 
 # TFRecord -> ArrayRecord: the Beam pipeline at 1 and 2 workers against its peers.
-bench-convert: $(STAMP)
+bench-convert: $(BASE_STAMP)
 	$(PY) benchmarks/convert.py
-
-# The demo extra (tokenizers for the language model's BPE, scikit-learn for its shipped
-# digits) on top of the base install.
-$(VENV)/.demo-stamp: $(STAMP)
-	$(PY) -m pip install -q -e '.[demo]'
-	touch $@
 
 # The language model (the main job), then the digits demo, whose files the configs/
 # examples read.
-demo: $(VENV)/.demo-stamp
+demo: $(DEMO_STAMP)
 	$(PY) -m dataloader demo
 	$(PY) -m dataloader demo --demo=digits
 

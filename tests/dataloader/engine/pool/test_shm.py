@@ -143,6 +143,25 @@ def test_block_room_is_bounded_by_memory_not_by_dev_shm(monkeypatch):
     assert room is not None and 1 << 20 < room <= total
 
 
+@pytest.mark.parametrize(("host_available", "memory_room", "room"), [
+    (7 << 30, 3 << 30, 3 << 30),  # the container leaves less than the machine
+    (2 << 30, 5 << 30, 2 << 30),  # the machine leaves less than the container's limit
+    (2 << 30, None, 2 << 30),  # no container limit
+    (None, None, None),  # nothing readable: unknown, not zero
+])
+def test_block_room_is_what_memory_leaves_not_dev_shm(monkeypatch, host_available, memory_room, room):
+    """The room is one reading of the memory the machine and the container leave.
+
+    The limits are fixed here: the machine's own MemAvailable moves with every other
+    process between two readings, so a test comparing two of them fails on a busy machine.
+    """
+    from dataloader.engine.pool.autoscale import limits
+
+    fixed = limits.Limits(host_available=host_available, memory_room=memory_room, host_total=64 << 30)
+    monkeypatch.setattr(limits, "read_limits", lambda: fixed)
+    assert shm.block_room() == room
+
+
 def test_closing_the_pool_closes_every_descriptor():
     pool = shm.BlockPool()
     fds = [pool.acquire().fd for _ in range(3)]

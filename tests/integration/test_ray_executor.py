@@ -52,7 +52,7 @@ def no_leaks():
     cluster's raylets, so what must be gone after a test is our actors' processes."""
     yield
     gc.collect()  # executors dropped by the test kill the actors they kept
-    assert wait_until(lambda: not _actor_processes(), timeout=30), _actor_processes()
+    assert wait_until(lambda: not _actor_processes()), _actor_processes()
 
 
 def _actor_processes() -> list[int]:

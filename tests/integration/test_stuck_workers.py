@@ -184,20 +184,22 @@ def test_close_from_another_thread_ends_a_next_blocked_on_a_stuck_worker():
 
 def test_close_from_another_thread_returns_while_next_runs_user_code_in_this_process(tmp_path):
     """A warm-start unit stuck in the consumer's own thread cannot give the lock up:
-    close() stops the workers without it, in bounded time."""
-    release = str(tmp_path / "release")
+    close() stops the workers without it, and returns while that user code still runs
+    (it waits for the lock a bounded time, CLOSE_WAIT_S; the user code hangs until the
+    test releases it, so a close() that waited for it would never return)."""
+    release, markers = str(tmp_path / "release"), tmp_path / "markers"
+    markers.mkdir()
     before = child_pids()  # what earlier tests keep (multiprocessing's resource tracker)
-    it = iter(make(wp.hang_on(1, release=release), warm_start=True))
+    it = iter(make(wp.hang_on(1, marker_dir=str(markers), release=release), warm_start=True))
     thread, seen = consume_in_thread(it)
-    assert wait_until(lambda: len(it._executor.pids) >= 1, 10)
-    time.sleep(0.5)  # the consumer thread is inside the warm unit (record 1 hangs)
-    assert seen == []
-    started = time.monotonic()
+    # The consumer thread is inside the warm unit: record 1 hangs in this process.
+    assert wait_until(lambda: any(m.name.startswith(f"{os.getpid()}-") for m in markers.iterdir()))
+    assert wait_until(lambda: len(it._executor.pids) >= 1)
     it.close()
-    assert time.monotonic() - started < 6
-    assert wait_until(lambda: child_pids() <= before, 5)
+    assert thread.is_alive() and seen == []  # returned while the user code still runs
+    assert wait_until(lambda: child_pids() <= before)
     open(release, "w").close()  # let the user code return
-    thread.join(5)
+    thread.join(PATIENCE_S)
     assert not thread.is_alive()
     # The unit it was computing may still be handed out; then the iterator is finished.
     assert seen[-1] == "StopIteration" or isinstance(seen[-1], dl.LoaderClosedError)

@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -46,7 +45,15 @@ def test_warm_start_computes_units_here_until_a_worker_is_ready_and_then_none(tm
     assert it.stats()["workers"]["main"]["units"] == 3
     open(release, "w").close()
     assert wait_until(lambda: len(os.listdir(tmp_path)) == 3)  # both workers were in init
-    time.sleep(1.0)  # their Ready messages are in the pipes by now
+    # Until the parent has taken a worker's Ready in, next() may still compute here: wait
+    # for that, rather than for a second that a busy machine may not keep to.
+    executor = it._executor
+
+    def a_worker_is_ready() -> bool:
+        executor._wait(0)  # what next() does first: take in the messages that arrived
+        return any(w.ready for w in executor._workers.workers)
+
+    assert wait_until(a_worker_is_ready)
     got += list(it)
     workers = it.stats()["workers"]
     it.close()
@@ -246,7 +253,7 @@ def test_worker_init_fn_runs_once_in_each_worker(tmp_path):
     it = iter(loader)
     assert len(list(it)) == 10
     # Tiny units may all be done before the last worker has started; wait for it.
-    assert wait_until(lambda: len(os.listdir(tmp_path)) == 3, 30)
+    assert wait_until(lambda: len(os.listdir(tmp_path)) == 3)
     it.close()
     names = sorted(n.rsplit("-", 1)[0] for n in os.listdir(tmp_path))
     assert names == ["0-of-3", "1-of-3", "2-of-3"]
@@ -273,7 +280,7 @@ def test_workers_start_computing_before_the_first_next():
     it = iter(loader)
     executor = it._executor
     # While the "training script" sets up, the workers start and take the first units.
-    assert wait_until(lambda: executor._window.buffered >= 2, 30)
+    assert wait_until(lambda: executor._window.buffered >= 2)
     assert executor._window.has_finished(0) and executor._window.has_finished(1)
     assert next(it)["id"].tolist() == list(range(8))
     it.close()

@@ -8,6 +8,7 @@ import numpy as np
 
 import dataloader as dl
 from tests.dataloader.engine.test_stats import assert_shape
+from tests.helpers import wait_full
 
 
 def row(i):
@@ -53,11 +54,14 @@ def test_the_steps_waiting_is_its_own_not_the_loaders():
         list(it)
         starved = it.stats()
     # A fast loader and a slow step: the step hardly waits, although the loader's own
-    # consumer (the feed's read thread) waits on the full queue.
-    with dl.device_prefetch(loader(row)) as it:
-        next(it)
-        for _ in it:
-            time.sleep(0.01)
+    # consumer (the feed's read thread) waits on the full queue. The step lasts until the
+    # feed has filled both buffers again (while enough batches are left): a step measured
+    # in the feed's progress, not in milliseconds that a busy machine stretches for the
+    # feed's thread too.
+    with dl.device_prefetch(loader(row, n=4 * 40)) as it:
+        for k, _ in enumerate(it):
+            if k < 30:
+                wait_full(it)
         fed = it.stats()
     assert starved["wait_share"] > 0.7
     assert fed["wait_share"] < 0.3

@@ -62,7 +62,7 @@ def test_process_state_tells_a_stopped_process_from_a_running_and_a_gone_one():
         # Running, sleeping, or in a disk wait while it loads on a busy machine: alive, not stopped.
         assert process_state(child.pid) in ("R", "S", "D")
         os.kill(child.pid, signal.SIGSTOP)
-        assert wait_until(lambda: process_state(child.pid) == "T", 10)
+        assert wait_until(lambda: process_state(child.pid) == "T")
     finally:
         child.kill()
         child.wait()

@@ -9,11 +9,18 @@ PIP := $(PY) -m pip
 BASE_STAMP := $(VENV)/.base-stamp
 TEST_STAMP := $(VENV)/.test-stamp
 DEMO_STAMP := $(VENV)/.demo-stamp
-# The test extra pins torch's CPU build (2.13.0+cpu on Linux x86_64): PyPI carries only
+DOCS_STAMP := $(VENV)/.docs-stamp
+TEST_EXTRAS := .[test,dev]
+# The test and docs extras pin torch's CPU build (2.13.0+cpu on Linux x86_64): PyPI has only
 # CUDA builds there, several GB. pip finds the CPU wheel where its configuration points
 # (a find-links folder, as on the project's CI machines); elsewhere `make test` asks
 # PyTorch's CPU index for it, after pip's usual places have none.
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+# $(call PIP_WITH_CPU_TORCH,.[extras]): the editable install of those extras, asking
+# PyTorch's CPU index for torch's CPU build if pip's usual places hold none.
+PIP_WITH_CPU_TORCH = $(PIP) install -q -e '$(1)' || { \
+	  echo "make: installing again with PyTorch's CPU index ($(TORCH_CPU_INDEX)) for torch's CPU build"; \
+	  $(PIP) install -q -e '$(1)' --extra-index-url $(TORCH_CPU_INDEX); }
 
 .PHONY: install test test-fast lint bench bench-convert demo docs docs-serve clean
 
@@ -26,9 +33,7 @@ $(BASE_STAMP): setup.cfg setup.py
 
 # What the suite and the linters need: every extra's libraries (see setup.cfg's test).
 $(TEST_STAMP): $(BASE_STAMP)
-	$(PIP) install -q -e '.[test,dev]' || { \
-	  echo "make: installing again with PyTorch's CPU index ($(TORCH_CPU_INDEX)) for torch's CPU build"; \
-	  $(PIP) install -q -e '.[test,dev]' --extra-index-url $(TORCH_CPU_INDEX); }
+	$(call PIP_WITH_CPU_TORCH,$(TEST_EXTRAS))
 	touch $@
 
 # The demo extra (tokenizers for the language model's BPE, scikit-learn for its shipped
@@ -69,14 +74,14 @@ demo: $(DEMO_STAMP)
 # mkdocstrings, and what the pages' examples import) on top of the base install.
 # `docs` builds it strictly (a broken link, a missing anchor or a docstring that names a
 # parameter the code lacks fails it) into site/; `docs-serve` serves it while you edit.
-$(VENV)/.docs-stamp: $(STAMP)
-	$(PY) -m pip install -q -e '.[docs]'
+$(DOCS_STAMP): $(BASE_STAMP)
+	$(call PIP_WITH_CPU_TORCH,.[docs])
 	touch $@
 
-docs: $(VENV)/.docs-stamp
+docs: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
-docs-serve: $(VENV)/.docs-stamp
+docs-serve: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve --dev-addr 127.0.0.1:8000
 
 clean:

@@ -98,6 +98,15 @@ def test_an_installed_real_grain_is_kept_with_a_warning_unless_forced(tmp_path):
     assert forced.stdout.splitlines() == ["GrainAliasModule True", "[30, 40, 50]"]
 
 
+def test_without_the_variable_a_real_grain_is_imported_untouched(tmp_path):
+    site = tmp_path / "site"
+    _fake_grain(site)
+    (tmp_path / "train.py").write_text("import sys, grain\nprint(grain.REAL, 'dataloader' in sys.modules)\n")
+    out = _python(["train.py"], tmp_path, pythonpath=str(site))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "True False" and "Warning" not in out.stderr
+
+
 def test_a_real_grain_beside_the_script_is_seen_though_the_hook_ran_before_its_folder_was_on_sys_path(tmp_path):
     """The hook runs as Python starts, before the script's folder joins sys.path: the
     check for a real Grain waits for the first `import grain`."""

@@ -24,9 +24,11 @@ PIP_WITH_CPU_TORCH = $(PIP) install -q -e '$(1)' || { \
 
 .PHONY: install test test-fast lint bench bench-convert demo docs docs-serve clean
 
-# The package alone (and the grain alias's startup hook, see setup.py).
+# The package alone (and the grain alias's startup hook, see setup.py). An existing venv is
+# kept: `python -m venv` over it rewrites its activate scripts and pyvenv.cfg in place,
+# which in a venv of hard-linked copies (a worktree's) rewrites every copy's.
 $(BASE_STAMP): setup.cfg setup.py
-	$(PYTHON) -m venv $(VENV)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -e .
 	touch $@

@@ -70,6 +70,23 @@ def test_each_target_installs_the_package_and_its_own_extras_only(tmp_path, targ
     assert _pip_installs(target, tmp_path) == installs
 
 
+def test_an_existing_venv_is_kept_and_only_pip_runs_in_it(tmp_path):
+    """A stamp made again (setup.cfg changed, or a venv from before the stamps) installs
+    into the venv there; `python -m venv` over it would rewrite its scripts in place."""
+    log = tmp_path / "calls"
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    for path in (venv / "bin" / "python", tmp_path / "python3"):  # each logs its arguments
+        path.write_text(f'#!/bin/sh\necho "$0 $*" >> {log}\n')
+        path.chmod(0o755)
+    out = subprocess.run(["make", "install", f"VENV={venv}", f"PYTHON={tmp_path / 'python3'}"],
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert log.read_text().splitlines() == [
+        f"{venv}/bin/python -m pip install -q --upgrade pip", f"{venv}/bin/python -m pip install -q -e ."]
+    assert (venv / ".base-stamp").exists()
+
+
 def _closure(requirements: list[Requirement]) -> set[str]:
     """The distributions these requirements bring on Linux x86_64, from the installed
     distributions' metadata (this environment holds every extra)."""

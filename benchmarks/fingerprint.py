@@ -39,7 +39,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import dataloader as dl
-from dataloader.engine import fingerprint
+from dataloader.engine import digest
 
 RECORD_BYTES = 1024
 BATCH = 64
@@ -104,8 +104,8 @@ def hashing_us(records, pipeline: str, units: int = 50) -> float:
     outputs = [batch] if pipeline == "batch" else [decode(r) for r in chunk if keep_even_first_byte(decode(r))]
     began = time.perf_counter()
     for _ in range(units):
-        fingerprint.digests(chunk)
-        fingerprint.digests(outputs)
+        digest.digests(chunk)
+        digest.digests(outputs)
     return (time.perf_counter() - began) / units * 1e6
 
 

@@ -24,9 +24,10 @@ so a preempted save leaves no half-written state behind.
 
 Elastic restore. Restoring process ``i`` of ``n`` reads ``process_<i>-of-<n>.json``.
 When the checkpoint was written by another number of processes and that file does not
-exist, a loader's iterator (one that declares ``restores_from_every_shard``) is given
-every old process's state, and reads its share of what they left unread, for every
-pipeline (:mod:`dataloader.engine.elastic`); another iterator reads
+exist, an iterator that takes part in an elastic restore (a loader's, and stages over
+it: :func:`~dataloader.engine.restore.protocol.takes_every_host`) is given every old
+process's state, and reads its share of what they left unread, for every pipeline
+(:mod:`dataloader.engine.restore`); another iterator reads
 ``process_0-of-<m>.json`` instead: all processes save at the same global batch, so
 process 0's state holds the position every process needs, and the loader maps it onto
 its own shard (see :mod:`dataloader.engine.state`: plain ``Batch``, same global batch
@@ -43,7 +44,7 @@ that a subclass overrides and calls back (MaxText's ``GrainCheckpointHandler`` d
 state taken when ``save`` runs, the same file names. On top of Grain's, its restore reads
 process 0's file on another process count (as above) and converts a state that Grain's
 own ``DataLoader`` wrote where the continuation is exact
-(:mod:`dataloader.engine.grain_state`).
+(:mod:`dataloader.engine.restore.grain`).
 
 Orbax v1. Every :class:`~dataloader.DatasetIterator` (a DataLoader's, a dataset's, the
 device queue's) is also a ``StatefulCheckpointable`` of ``orbax.checkpoint.v1``, as
@@ -68,7 +69,8 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
-from dataloader.engine import grain_state
+from dataloader.engine.restore import grain as grain_state
+from dataloader.engine.restore.protocol import takes_every_host
 from dataloader.errors import StateMismatchError
 
 _FILE = re.compile(r"^process_(\d+)-of-(\d+)\.json$")
@@ -198,7 +200,7 @@ def _restore_from(path: epath.Path, iterator: Any) -> Any:
 def _every_shard(directory: epath.Path, iterator: Any, index: int, count: int) -> list[dict[str, Any]] | None:
     """Every old process's state, when the checkpoint was written by another number of
     processes and ``iterator`` restores from them all; else None (the one-file rule)."""
-    if iterator is None or not getattr(iterator, "restores_from_every_shard", False):
+    if iterator is None or not takes_every_host(iterator):
         return None
     directory = epath.Path(directory)
     if (directory / state_filename(index, count)).exists():

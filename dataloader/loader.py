@@ -8,13 +8,13 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from dataloader.engine.executor import Executor, InProcessExecutor
+from dataloader.engine.executor import Described, ExecutorKind, ExecutorMaker, InProcessExecutor
 from dataloader.engine.plan import BATCH, Plan, make_plan
 from dataloader.engine.pool import zygote as fork_server
 from dataloader.engine.pool.executor import PoolExecutor
 from dataloader.engine.pool.messages import pickle_plan
 from dataloader.engine.stages.base import DatasetIterator
-from dataloader.engine.stages.finite import EndTogether, resolve_end, static_steps
+from dataloader.engine.stages.finite import EndTogether, resolve_end, static_steps, steps_over
 from dataloader.engine.stages.tail import TailIterator, check_shippable, split_at_first_packer
 from dataloader.engine.stats import FilterWatch
 from dataloader.engine.stats.pipeline import describe_pipeline
@@ -189,7 +189,7 @@ class DataLoader:
         if worker_init_fn is not None and not callable(worker_init_fn):
             raise TypeError(f"worker_init_fn must be callable, got {worker_init_fn!r}")
         self.worker_count = check_worker_count("worker_count", worker_count)
-        if executor is not None and not callable(getattr(executor, "make_executor", None)):
+        if executor is not None and not isinstance(executor, ExecutorKind):
             raise TypeError(
                 f"executor must have make_executor(plan, plan_bytes, position, init_fn), such as "
                 f"dl.RayExecutor(...), got {executor!r}"
@@ -232,11 +232,11 @@ class DataLoader:
         self.end = resolve_end(end)
         if self.end is not None:
             self._end_batch = _end_batch(operations)
-        make_executor: Callable[[int], Executor]
+        make_executor: ExecutorMaker
         if executor is not None:
             self._plan_bytes = pickle_plan(self.plan)  # as for local workers: fails here
-            make_executor = functools.partial(
-                executor.make_executor, self.plan, self._plan_bytes, init_fn=self.worker_init_fn
+            make_executor = ExecutorMaker(
+                executor.make_executor, self.plan, self._plan_bytes, {"init_fn": self.worker_init_fn}
             )
         elif in_workers:
             # Pickled once, here, so an operation that cannot reach the workers fails now.
@@ -244,20 +244,17 @@ class DataLoader:
             # The fork server starts now, in the background, and imports what the plan
             # needs while the training script goes on: iter() then only forks.
             fork_server.prestart(self._plan_bytes)
-            make_executor = functools.partial(
-                PoolExecutor,
-                self.plan,
-                self._plan_bytes,
-                worker_count=self.worker_count,
-                buffer_size=self.worker_buffer_size,
-                init_fn=self.worker_init_fn,
-                warm_start=self.warm_start,
-                stall_warning_s=self.stall_warning_s,
-                unit_timeout_s=self.unit_timeout_s,
-            )
+            make_executor = ExecutorMaker(PoolExecutor, self.plan, self._plan_bytes, {
+                "worker_count": self.worker_count,
+                "buffer_size": self.worker_buffer_size,
+                "init_fn": self.worker_init_fn,
+                "warm_start": self.warm_start,
+                "stall_warning_s": self.stall_warning_s,
+                "unit_timeout_s": self.unit_timeout_s,
+            })
         else:
             self._plan_bytes = b""
-            make_executor = functools.partial(InProcessExecutor, self.plan, read_options=read_options)
+            make_executor = ExecutorMaker(InProcessExecutor, self.plan, None, {"read_options": read_options})
         # Values only (no bound method of the loader): the iterators never reach back.
         self._engine = LoaderEngine(
             plan=self.plan,
@@ -269,7 +266,7 @@ class DataLoader:
                 self.plan, worker_count=self.worker_count,
                 worker_buffer_size=self.worker_buffer_size, read_options=read_options,
                 executor=None if executor is None else executor.describe()
-                if callable(getattr(executor, "describe", None)) else {"kind": type(executor).__name__},
+                if isinstance(executor, Described) else {"kind": type(executor).__name__},
             ),
             in_workers=in_workers,
             verify_on_restore=check_bool("verify_on_restore", verify_on_restore),
@@ -294,6 +291,12 @@ class DataLoader:
     def operation_names(self) -> list[str]:
         """Every operation's name, the engine's and the stages' after a packer."""
         return [*self.plan.operation_names, *(op.name for op in self._tail)]
+
+    @property
+    def stage_operations(self) -> list[Any]:
+        """The operations from the first packer on, run as stages after the engine's
+        stream (:class:`~dataloader.engine.stages.tail.TailIterator`); empty: none."""
+        return list(self._tail)
 
     def __iter__(self) -> DatasetIterator:
         return self.iterator()
@@ -337,8 +340,14 @@ class DataLoader:
                 from dataloader.device.ends import KeyValueExchange
 
                 exchange = KeyValueExchange()
-        parent = DataLoaderIterator(self._engine) if not self._tail else self._tail_iterator()
-        it = EndTogether(parent, batch_size=batch_size, end=self.end, steps=steps, exchange=exchange)
+        recount = None
+        parent: DatasetIterator
+        if steps is not None:  # a plain batch: the head itself, whose sampler a restore may move
+            head = parent = DataLoaderIterator(self._engine)
+            recount = functools.partial(_steps_of, head, batch_size, drop_remainder)
+        else:
+            parent = DataLoaderIterator(self._engine) if not self._tail else self._tail_iterator()
+        it = EndTogether(parent, batch_size=batch_size, end=self.end, steps=steps, exchange=exchange, recount=recount)
         if state is not None:
             it.set_state(state)
         return it
@@ -348,6 +357,11 @@ class DataLoader:
             f"DataLoader(data_source={self.plan.source!r}, sampler={self.plan.sampler!r}, "
             f"operations={self.operation_names}, worker_count={self.worker_count})"
         )
+
+
+def _steps_of(head: DataLoaderIterator, batch_size: int, drop_remainder: bool) -> tuple[int, int] | None:
+    """``end="pad"``'s computed step count over what ``head`` reads now."""
+    return steps_over(head.sampler, batch_size, drop_remainder)
 
 
 def _end_batch(operations: Sequence[Any]) -> tuple[int, bool]:
@@ -382,10 +396,10 @@ def _check_audit_log(path: Any, sampler: Sampler) -> str | None:
 def _check_stage_operations(tail: list[Any]) -> None:
     """The operations after a packer: any that declares where it runs (element-wise ones,
     batches and stream operations)."""
-    from dataloader.operations.transforms import ELEMENT, GROUP, STREAM
+    from dataloader.operations.transforms import ELEMENT, GROUP, STREAM, runs_of
 
     for op in tail:
-        if getattr(op, "runs", None) not in (ELEMENT, GROUP, STREAM):
+        if runs_of(op) not in (ELEMENT, GROUP, STREAM):
             raise TypeError(
                 f"{op!r} after a packer is not an operation (a map, random map, filter, "
                 f"flat map, batch or packer)"

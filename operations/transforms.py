@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -48,6 +48,22 @@ KEEP = "keep"  # whether to keep the element
 MANY = "many"  # a sequence of elements that replace it
 
 
+@runtime_checkable
+class Declared(Protocol):
+    """What every operation declares: where it runs (``ELEMENT``, ``GROUP``, ``STREAM``).
+
+    An ``ELEMENT`` operation (an :class:`Operation`) also declares ``returns``,
+    ``needs_seed``, ``needs_index`` and ``reshapes``; a ``STREAM`` one its ``stage``.
+    """
+
+    runs: str
+
+
+def runs_of(op: Any) -> str | None:
+    """Where ``op`` runs, or None when it is no operation (a function, a class, ...)."""
+    return op.runs if isinstance(op, Declared) and not isinstance(op, type) else None
+
+
 def resolve_seed(op: Any, default: int | None, where: str = "") -> int | None:
     """The seed of ``op``'s per-element generators: its ``rng_seed``, else ``default``.
 
@@ -61,7 +77,7 @@ def resolve_seed(op: Any, default: int | None, where: str = "") -> int | None:
         ValueError: ``op`` needs a seed and neither it nor ``default`` has one, or the
             seed is not an integer in ``[0, 2**64)``.
     """
-    if not getattr(op, "needs_seed", False):
+    if not op.needs_seed:
         return None
     seed = op.rng_seed if op.rng_seed is not None else default
     if seed is None:

@@ -49,7 +49,7 @@ def _output_count_unknown(plan: Any) -> bool:
 def _expected_batches(loader: Any, limit: int | None) -> int | None:
     """How many outputs the run will see, when that is known in advance."""
     positions, batch = loader.sampler.num_positions, loader.plan.batch
-    if positions is None or _output_count_unknown(loader.plan) or loader._tail:  # unknown until run
+    if positions is None or _output_count_unknown(loader.plan) or loader.stage_operations:  # unknown until run
         return limit
     total = positions
     if batch is not None:

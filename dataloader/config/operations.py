@@ -42,7 +42,7 @@ from dataloader.operations import (
     Operation,
     RandomMapTransform,
 )
-from dataloader.operations.transforms import ELEMENT, GROUP, STREAM
+from dataloader.operations.transforms import ELEMENT, GROUP, STREAM, runs_of
 
 _TRANSFORMS: dict[str, type[Operation]] = {
     "map": MapTransform,
@@ -68,7 +68,7 @@ _KINDS = (*_TRANSFORMS, "operation", "batch", *_PACKERS)
 
 def _declared(target: Any) -> bool:
     """Whether ``target`` is an operation instance: it declares where it runs."""
-    return not isinstance(target, type) and getattr(target, "runs", None) in (ELEMENT, GROUP, STREAM)
+    return runs_of(target) in (ELEMENT, GROUP, STREAM)
 
 
 def _resolve(where: str, path: Any) -> Any:

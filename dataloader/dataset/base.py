@@ -70,7 +70,7 @@ from dataloader.operations import (
     Operation,
     RandomMapTransform,
 )
-from dataloader.operations.transforms import MANY
+from dataloader.operations.transforms import ELEMENT, MANY, runs_of
 
 if TYPE_CHECKING:
     from dataloader.options import MultiprocessingOptions
@@ -132,7 +132,7 @@ class IterDataset(Generic[T], abc.ABC):
 
     def map(self, transform: Any) -> IterDataset:
         """Applies ``transform`` to every element (a ``FlatMapTransform`` flattens, as in Grain)."""
-        if getattr(transform, "returns", None) == MANY:
+        if runs_of(transform) == ELEMENT and transform.returns == MANY:
             return self.flat_map(transform)
         return self._then(as_operation(transform, MapTransform, "map"))
 

@@ -27,8 +27,8 @@ from dataloader.dataset.compile.nodes import has_user_dataset, is_batched, reads
 from dataloader.dataset.compile.wrappers import DropNone
 from dataloader.dataset.context import default_worker_count, inherited_options, inherited_workers
 from dataloader.dataset.map_dataset import MapDataset
+from dataloader.engine.restore.resume import Foreign
 from dataloader.engine.stages.base import DatasetIterator
-from dataloader.engine.state import Cursor, make_state
 from dataloader.iterator import DataLoaderIterator
 from dataloader.loader import DataLoader
 from dataloader.operations import (
@@ -36,9 +36,44 @@ from dataloader.operations import (
     Operation,
 )
 from dataloader.operations.padding import BatchAndPad
-from dataloader.operations.transforms import GROUP
+from dataloader.operations.transforms import ELEMENT, GROUP
 from dataloader.options import DatasetOptions, MultiprocessingOptions, ReadOptions, check_bool
 from dataloader.samplers import ShardOptions
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamShape:
+    """What an engine-backed stream does to the positions it reads.
+
+    Attributes:
+        batched: its elements are batches (a ``batch`` on it or on its ``MapDataset``).
+        reshaped: a filter or flat map (on it or in its ``MapDataset``) drops or adds
+            elements, so outputs are no fixed number of positions.
+        shard_options: the ``shard_options`` it was given, or None.
+        multiprocessing: its ``mp_prefetch`` options, or None.
+        read_options: its read options (``prefetch`` sets them).
+    """
+
+    batched: bool
+    reshaped: bool
+    shard_options: ShardOptions | None
+    multiprocessing: MultiprocessingOptions | None
+    read_options: ReadOptions
+
+    @property
+    def sharded(self) -> bool:
+        return self.shard_options is not None
+
+    @property
+    def prefetched(self) -> bool:
+        """``mp_prefetch`` was called on it (with any worker count)."""
+        return self.multiprocessing is not None
+
+    @property
+    def computed_ahead(self) -> bool:
+        """Worker processes or read-ahead threads compute it (what a mixture refuses)."""
+        return bool(self.multiprocessing is not None and self.multiprocessing.num_workers) \
+            or self.read_options != ReadOptions()
 
 
 class LoaderIterDataset(IterDataset):
@@ -105,7 +140,7 @@ class LoaderIterDataset(IterDataset):
     def _then(self, op: Operation | Batch) -> IterDataset:
         if op.runs == GROUP and self._is_batched():
             return super()._then(op)  # a batch of batches, at the iterator level
-        if getattr(op, "needs_index", False):
+        if op.runs == ELEMENT and op.needs_index:
             # The engine numbers positions; Grain's index counts the elements that reach
             # the call, which differ after a filter or flat map.
             return super()._then(op)
@@ -128,7 +163,24 @@ class LoaderIterDataset(IterDataset):
         return is_batched(self._parent._node) or any(o.runs == GROUP for o in self._operations)
 
     def _reshaped(self) -> bool:
-        return any(getattr(o, "reshapes", False) for o in self._operations)
+        return any(o.runs != GROUP and o.reshapes for o in self._operations)
+
+    @property
+    def shape(self) -> StreamShape:
+        """What the stream does to the positions it reads (what ``ElasticIterator`` and
+        the mixtures ask before they take a stream)."""
+        return StreamShape(
+            batched=self._is_batched(),
+            reshaped=self._reshaped() or self._parent.filtered,
+            shard_options=self._shard_options,
+            multiprocessing=self._mp,
+            read_options=self._read_options,
+        )
+
+    def configured(self, **changes: Any) -> LoaderIterDataset:
+        """The same stream with other settings: ``shard_options``, ``read_options``,
+        ``multiprocessing`` (``MultiprocessingOptions``), ``operations``."""
+        return self._with(**changes)
 
     def prefetch(self, buffer_size: int | MultiprocessingOptions = 2) -> LoaderIterDataset:
         """Reads up to ``buffer_size`` records ahead in a thread (without workers; see
@@ -194,14 +246,7 @@ class LoaderIterDataset(IterDataset):
         return self._loader
 
     def __iter__(self) -> DatasetIterator:
-        iterator = self._new_iterator()
-        # What a Grain dataset-iterator state needs to be read (DataLoaderIterator.set_state):
-        # whether the order is Grain's, and positions per index of a batched MapDataset.
-        node = self._parent._node
-        iterator._grain_order = reads_grains_order(node)  # type: ignore[attr-defined]
-        if is_batched(node):
-            iterator._grain_positions_per_index = self._parent._compiled.batch_size or 1  # type: ignore[attr-defined]
-        return iterator
+        return self._new_iterator()
 
     def _new_iterator(self) -> DatasetIterator:
         options = inherited_options()
@@ -214,33 +259,22 @@ class LoaderIterDataset(IterDataset):
         return self._iterator_of(self.loader)
 
     def _iterator_of(self, loader: DataLoader) -> DatasetIterator:
-        """``loader.iterator()``; for a stream on the engine, one that also takes the
-        streaming iterators' states (unless a packer follows: its tail nests the
-        loader's state in its own)."""
-        if self._position_of_state is None or loader._tail:
+        """``loader.iterator()``, whose engine also reads the states that are not its own:
+        a Grain dataset iterator's (whether the order is Grain's, and positions per index
+        of a batched MapDataset) and, for a stream on the engine, the streaming
+        iterators' (:mod:`dataloader.dataset.streams.lowering`). With a packer the tail
+        nests the loader's state in its own: such states do not reach the engine."""
+        if loader.stage_operations:
             return loader.iterator()
-        return StreamStateIterator(loader.engine, self._position_of_state)
+        node = self._parent._node
+        per_index = (self._parent._compiled.batch_size or 1) if is_batched(node) else 1
+        foreign = Foreign(reads_grains_order(node), per_index, self._position_of_state)
+        return DataLoaderIterator(dataclasses.replace(loader.engine, foreign=foreign))
 
     def __repr__(self) -> str:
         ops = "".join(f".apply({o.name})" for o in self._operations)
         workers = f".mp_prefetch({self._mp})" if self._mp is not None and self._mp.num_workers else ""
         return f"{self._parent!r}.to_iter_dataset(){ops}{workers}"
-
-
-class StreamStateIterator(DataLoaderIterator):
-    """The iterator of a stream on the engine (``ParquetIterDataset(...).map(f)``), which
-    also continues from a state of the streaming iterators: ``position_of_state`` turns
-    one into a position (see :mod:`dataloader.dataset.streams.lowering`). Its own states
-    are the loader's."""
-
-    def __init__(self, engine: Any, position_of_state: Callable[[dict[str, Any]], int]) -> None:
-        self._position_of_state = position_of_state
-        super().__init__(engine)
-
-    def set_state(self, state: Any) -> None:
-        if isinstance(state, dict) and "made_for" not in state:
-            state = make_state(self._plan, Cursor(self._position_of_state(state)))
-        super().set_state(state)
 
 
 def mix_iter_datasets(datasets: Sequence[Any], weights: Sequence[float] | None) -> IterDataset:
@@ -255,18 +289,18 @@ def mix_iter_datasets(datasets: Sequence[Any], weights: Sequence[float] | None) 
     for i, d in enumerate(datasets):
         if not isinstance(d, LoaderIterDataset):
             raise TypeError(f"IterDataset.mix: datasets[{i}] is {d!r}, expected an IterDataset")
-        if d._is_batched():
+        if d.shape.batched:
             raise ValueError(
                 f"IterDataset.mix: datasets[{i}] is batched ({d!r}); mix elements and "
                 f"batch the mixture: IterDataset.mix([...]).batch(n)"
             )
-        if (d._mp is not None and d._mp.num_workers) or d._read_options != ReadOptions():
+        if d.shape.computed_ahead:
             raise ValueError(
                 f"IterDataset.mix: datasets[{i}] is prefetched; call prefetch or "
                 f"mp_prefetch on the mixture instead"
             )
         components.append(d._as_map_dataset())
-    shardings = {d._shard_options for d in datasets}
+    shardings = {d.shape.shard_options for d in datasets}
     if len(shardings) != 1:
         raise ValueError(
             "IterDataset.mix: the datasets have different shard_options; shard them "

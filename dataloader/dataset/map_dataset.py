@@ -97,6 +97,12 @@ class MapDataset(Generic[T]):
         return ds
 
     @property
+    def filtered(self) -> bool:
+        """Whether a filter or flat map in the chain drops or adds elements (so an
+        element's index no longer is a fixed position of the source's)."""
+        return self._filtered
+
+    @property
     def parents(self) -> tuple[MapDataset, ...]:
         return self._parents
 

@@ -38,11 +38,13 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
 
 from dataloader.device.placement import Placement
+from dataloader.engine.restore.protocol import StatePart
 from dataloader.engine.stages.base import DatasetIterator
 from dataloader.engine.stats import collect
 from dataloader.engine.stats.protocol import StatsParticipant
@@ -289,13 +291,6 @@ class DeviceIterator(DatasetIterator[Any]):
 
     _stats_exact = True  # its calls are a training step's: time every one, never sample
 
-    @property
-    def restores_from_every_shard(self) -> bool:
-        """The source takes every old process's states in ``set_state`` (a loader's
-        iterator: an elastic restore), so an Orbax restore on another process count
-        hands them over (``dataloader.checkpoint``)."""
-        return bool(getattr(self._res.source, "restores_from_every_shard", False))
-
     def __init__(
         self,
         source: Any,
@@ -382,14 +377,35 @@ class DeviceIterator(DatasetIterator[Any]):
                 f"the source {type(source).__name__} has no set_state(), so the device "
                 f"iterator cannot be restored; feed it a DataLoader or its iterator"
             )
+        self._restart(lambda: source.set_state(state))
+
+    def _restart(self, move: Callable[[], None]) -> None:
+        """Stops the feed threads, drops both buffers, moves the source, starts again."""
         if not self._finalizer.alive:
             raise RuntimeError("set_state on a closed device iterator; make a new one")
         if self._res.feed is not None:
             self._res.feed.stop()
-        source.set_state(state)
-        self._state = source.get_state() if hasattr(source, "get_state") else None
+        move()
+        self._state = self._res.source.get_state() if hasattr(self._res.source, "get_state") else None
         self._finished = False
         self._start()
+
+    # The elastic-restore protocol (dataloader.engine.restore.protocol.ElasticStage): its
+    # state is its source's (a loader's iterator restores from every old process's
+    # states, so an Orbax restore on another process count hands them over).
+
+    @property
+    def elastic_parent(self) -> Any:
+        return self._res.source
+
+    def last_tag(self) -> Any:
+        return None  # batches, and read ahead
+
+    def split_state(self, state: Any) -> StatePart:
+        return StatePart(state)
+
+    def restart_elastic(self, resume: Callable[[], None], kept: Sequence[Any]) -> None:
+        self._restart(resume)
 
     def start_prefetch(self) -> None:
         """Nothing to do: the feed's threads read ahead from construction on (asking the

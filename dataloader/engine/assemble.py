@@ -3,7 +3,9 @@
 One assembler per unit layout (see :mod:`dataloader.engine.plan`). Each has ``next()`` and
 ``state() -> Cursor``, the restart point after the last output handed out, and
 ``last_step()``, the units and outputs that output came from (what
-:func:`~dataloader.engine.fingerprint.of_step` reads; None before the first output). The common ``batch`` layout does no per-record work here.
+:func:`~dataloader.engine.fingerprint.of_step` reads; None before the first output), and
+``last_tag()``, the engine tag of that output when it is one element. The common
+``batch`` layout does no per-record work here.
 """
 
 from __future__ import annotations
@@ -53,6 +55,10 @@ class BatchAssembler:
             return None
         r, i = self._last
         return [r], [(r, i, i + 1)], i
+
+    def last_tag(self) -> tuple[int, int] | None:
+        """None: a batch holds several elements (see :meth:`ElementAssembler.last_tag`)."""
+        return None
 
 
 class ElementAssembler:
@@ -128,6 +134,14 @@ class ElementAssembler:
             return None
         r, i = self._last
         return [r], [(r, i, i + 1)], None
+
+    def last_tag(self) -> tuple[int, int] | None:
+        """The ``(position, sub)`` of the element handed out last (None: none yet): what
+        a packer over the engine's stream names its rows' records by."""
+        i = self._i
+        if not 0 < i <= len(self._pos):
+            return None
+        return int(self._pos[i - 1]), int(self._sub[i - 1])
 
     def take(self, n: int) -> tuple[list[Any], tuple[int, int] | None]:
         """Up to ``n`` elements (fewer only at the end) and the first one's tags."""
@@ -251,6 +265,10 @@ class RegroupAssembler:
         """The units and element slices of the last batch: its post-batch outputs (run
         here) share it."""
         return None if self._taken is None else (*self._taken, None)
+
+    def last_tag(self) -> tuple[int, int] | None:
+        """None: a batch holds several elements."""
+        return None
 
 
 def from_position(r: UnitResult, position: int) -> UnitResult:

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from dataloader.engine import fingerprint
+from dataloader.engine import digest
 from dataloader.engine.blame import blame_read
 from dataloader.engine.plan import BATCH, Plan, Step
 from dataloader.errors import PipelineError
@@ -383,7 +383,7 @@ def _compute_unit(
             raise error from cause
         timings = {"read": time.perf_counter() - began}
     # Before the operations: a map may change its record in place.
-    sources = fingerprint.digests(records) if plan.fingerprint else None
+    sources = digest.digests(records) if plan.fingerprint else None
     elements, positions, subs = apply_steps(
         plan, plan.pre, list(records), None, None, start, timings, report, passthrough
     )
@@ -393,7 +393,7 @@ def _compute_unit(
         outputs, positions, subs = batch_and_post(
             plan, elements, start, 0, timings, report, passthrough
         )
-    digests = fingerprint.digests(outputs) if plan.fingerprint else None
+    digests = digest.digests(outputs) if plan.fingerprint else None
     return UnitResult(
         start, stop, outputs, positions, subs, timings, elements=len(elements), began=wall,
         ended=time.monotonic(), cpu_s=time.thread_time() - cpu, sources=sources, digests=digests,

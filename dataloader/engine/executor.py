@@ -14,8 +14,8 @@ import collections
 import concurrent.futures
 import dataclasses
 import time
-from collections.abc import Iterator
-from typing import Any, Protocol
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Protocol, runtime_checkable
 
 from dataloader.engine.compute import Read, UnitResult, compute_unit, hint_unit, unit_record_keys
 from dataloader.engine.plan import Plan
@@ -46,6 +46,74 @@ class Executor(Protocol):
         ``next()`` waits in another thread; that ``next()`` then raises
         :class:`~dataloader.errors.LoaderClosedError` (or returns a result it had).
         """
+
+
+@runtime_checkable
+class Prefetching(Protocol):
+    """An executor that computes nothing until asked, unless told to start early."""
+
+    def start_prefetch(self) -> None:
+        """Starts computing the first units now (idempotent)."""
+
+
+@runtime_checkable
+class ExecutorKind(Protocol):
+    """What ``DataLoader(executor=...)`` takes: a kind of executor of its own (a
+    ``RayExecutor``), which makes a stream of the plan's units from ``position``."""
+
+    def make_executor(self, plan: Plan, plan_bytes: bytes, position: int, init_fn: Any = None) -> Executor: ...
+
+
+@runtime_checkable
+class Described(Protocol):
+    """An executor kind that describes itself for ``stats()["pipeline"]["executor"]``
+    (plain JSON values, with a ``"kind"``); one that does not is named by its class."""
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class ExecutorMaker:
+    """Makes the executors of a loader's units, of the kind the loader chose once.
+
+    Calling it with a local position makes an executor of ``plan`` from there:
+    ``make(plan, plan_bytes, position, **options)`` for a kind whose units are computed
+    elsewhere (worker processes, remote actors: the plan travels pickled, as
+    ``plan_bytes``), ``make(plan, position, **options)`` in this process
+    (``plan_bytes`` None).
+
+    Attributes:
+        make: the executor class or factory (``PoolExecutor``, ``InProcessExecutor``,
+            a ``RayExecutor``'s ``make_executor``).
+        plan: the plan whose units it computes.
+        plan_bytes: ``plan`` pickled for the workers, or None in this process.
+        options: the keyword arguments of ``make``.
+        wrap: applied to each executor made (an elastic restore's dropping of the
+            outputs used before the change), or None.
+    """
+
+    make: Callable[..., Any]
+    plan: Plan
+    plan_bytes: bytes | None = None
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    wrap: Callable[[Any], Any] | None = None
+
+    def __call__(self, position: int) -> Executor:
+        if self.plan_bytes is None:
+            executor = self.make(self.plan, position, **self.options)
+        else:
+            executor = self.make(self.plan, self.plan_bytes, position, **self.options)
+        return executor if self.wrap is None else self.wrap(executor)
+
+    def for_plan(self, plan: Plan, wrap: Callable[[Any], Any] | None = None) -> ExecutorMaker:
+        """The same kind of executor for ``plan`` (another sampler or unit size: an
+        elastic restore's, a fingerprint check's), pickled again for the workers."""
+        plan_bytes = None
+        if self.plan_bytes is not None:
+            from dataloader.engine.pool.messages import pickle_plan
+
+            plan_bytes = pickle_plan(plan)
+        return dataclasses.replace(self, plan=plan, plan_bytes=plan_bytes, wrap=wrap)
 
 
 # How often a next() waiting on a read-ahead thread looks whether close() was called,

@@ -34,7 +34,7 @@ from typing import Any
 
 from dataloader.engine.sizing import MAX_UNIT_POSITIONS, Units, UnitSizer, sized_ranges
 from dataloader.operations import Batch, Operation
-from dataloader.operations.transforms import ELEMENT, GROUP, resolve_seed
+from dataloader.operations.transforms import ELEMENT, GROUP, resolve_seed, runs_of
 from dataloader.samplers import Sampler
 
 BATCH, ELEMENTS, REGROUP = "batch", "elements", "regroup"
@@ -94,6 +94,16 @@ class Plan:
             names.append(self.batch.name)
         return names + [s.op.name for s in self.post]
 
+    @property
+    def positions_per_output(self) -> int | None:
+        """Positions per output when that is fixed (a plain batch, or maps only): what
+        Grain's next index of an output counts; None when filters or flat maps decide."""
+        if self.layout == BATCH and not self.post:
+            return self.batch.batch_size if self.batch is not None else 1
+        if self.layout == ELEMENTS and not any(s.op.reshapes for s in self.pre):
+            return 1
+        return None
+
     def units(self, position: int) -> Units:
         """Unit ranges from ``position`` to the end of the stream (for ever if infinite).
 
@@ -140,7 +150,7 @@ def make_plan(
     post: list[Step] = []
     batch: Batch | None = None
     for i, op in enumerate(operations):
-        runs = getattr(op, "runs", None)
+        runs = runs_of(op)
         if runs == GROUP:
             if batch is not None:
                 raise ValueError(

@@ -35,7 +35,7 @@ import mmap
 import os
 import pickle
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
 import numpy as np
@@ -43,9 +43,10 @@ import numpy as np
 from dataloader.engine.executor import InProcessExecutor
 from dataloader.engine.plan import ELEMENTS, Plan, Step
 from dataloader.engine.pool.shm import new_memfd
+from dataloader.engine.restore.protocol import ElasticDefaults, StatePart, tag_reader
 from dataloader.engine.sizing import Units
 from dataloader.engine.stages.base import DatasetIterator, expect_state
-from dataloader.engine.stages.packing import _last_tag
+from dataloader.engine.stages.elementwise import element_part
 from dataloader.errors import PipelineError
 from dataloader.operations import Operation
 from dataloader.operations.transforms import MANY, resolve_seed
@@ -291,12 +292,15 @@ class Feeder:
         self.error_state: Any = None  # the upstream's state after it raised
         self.end_at = 0
         self.end_state: Any = None  # the upstream's state once it ended
-        self._restore: list[Any] = []  # the upstream state to go back to, once
+        self._restore: list[Callable[[], None]] = []  # what moves the upstream back, once
+        self._tag = tag_reader(upstream)
 
-    def restore(self, state: Any) -> None:
-        """Puts the upstream at ``state`` when the next stream of ranges is read: in the
-        thread that reads it (a pool reads ahead in a thread of its own, under its lock)."""
-        self._restore = [state]
+    def restore(self, move: Callable[[], None]) -> None:
+        """Calls ``move()`` (which puts the upstream where the stream restarts: its
+        ``set_state``, or an elastic restore's resume) when the next stream of ranges is
+        read: in the thread that reads it (a pool reads ahead in a thread of its own,
+        under its lock)."""
+        self._restore = [move]
 
     def ranges(self, position: int) -> Iterator[tuple[int, int]]:
         """The unit ranges from ``position`` on, reading the upstream as they are asked for.
@@ -316,7 +320,7 @@ class Feeder:
         self.tags.clear()
         self.error = None
         if restore:
-            self.upstream.set_state(restore[0])
+            restore[0]()
         while True:
             # The state before every element, not only the unit's first: a state handed
             # out mid-unit then names the very element it stands before, as the
@@ -331,7 +335,7 @@ class Feeder:
                 for _ in range(want):
                     befores.append(self.upstream.get_state())
                     elements.append(next(self.upstream))
-                    tags.append(_last_tag(self.upstream))
+                    tags.append(self._tag())
                 after = self.upstream.get_state()
             except StopIteration:
                 after = befores.pop()
@@ -392,7 +396,7 @@ def shipped_plans(
     return fed, plan
 
 
-class ShippedElementwiseIterator(DatasetIterator):
+class ShippedElementwiseIterator(DatasetIterator, ElasticDefaults):
     """``ops`` over ``parent``'s elements, unit by unit, on ``options.num_workers``
     worker processes (0: in this process, unit by unit all the same).
 
@@ -446,6 +450,11 @@ class ShippedElementwiseIterator(DatasetIterator):
         self._go_on: tuple[list[Any], int] | None = None
         self._resume: tuple[list[Any], int] | None = None
         self._ended = False
+        self._expands = any(op.returns == MANY for op in ops)
+        # The unit being handed out: (start, output positions, its elements' engine tags,
+        # the upstream's state before it); set by an elastic restore until it settles.
+        self._tags: tuple[int, Any, list[Any], Any] = (0, None, [], None)
+        self._restarted = False
         plan, worker_plan = shipped_plans(ops, self._inputs, self._feeder, default_seed)
         self._executor: Any
         if count == 0:
@@ -508,7 +517,8 @@ class ShippedElementwiseIterator(DatasetIterator):
         """A new stream of units from element ``index``, the upstream first restored to
         ``restore[0]`` when given."""
         if restore:
-            self._feeder.restore(restore[0])
+            upstream, state = self._parent, restore[0]
+            self._feeder.restore(lambda: upstream.set_state(state))
         self._executor.reset(index)
 
     def _take_unit(self) -> None:
@@ -535,6 +545,9 @@ class ShippedElementwiseIterator(DatasetIterator):
         befores, after = self._feeder.states.pop(result.start)
         self._tags = (result.start, result.positions, self._feeder.tags.pop(result.start, []), befores[0])
         start = result.start
+        if self._restarted:  # the first unit after an elastic restore: the parent's state is known
+            self._restarted = False
+            self._at = {"parent": befores[0], "index": start, "skip": 0}
         skip = int(self._at["skip"]) if self._at["index"] == start and self._unit is None else 0
         self._unit = (start, befores, after, result.positions, result.subs)
         self._outputs, self._given = result.outputs, min(skip, len(result.outputs))
@@ -554,27 +567,36 @@ class ShippedElementwiseIterator(DatasetIterator):
         self._inputs.drop(start)
         return _after(befores, after, start, failed)
 
+    # The elastic-restore protocol (dataloader.engine.restore.protocol.ElasticStage), with
+    # the states of the element-by-element stage.
+
     def last_tag(self) -> Any:
         """The engine's (position, sub) of the element the last output came from, when
         each output is one element (no flat map) and the parent says it; else None. A
         packer over this stage names its rows' records by it (elastic restore)."""
-        if self._given == 0 or any(op.returns == MANY for op in self._ops):
+        if self._given == 0 or self._expands:
             return None
-        start, positions, tags, _ = getattr(self, "_tags", (0, None, [], None))
+        start, positions, tags, _ = self._tags
         e = (int(positions[self._given - 1]) if positions is not None else start + self._given - 1) - start
         return tags[e] if 0 <= e < len(tags) else None
 
-    @property
-    def restores_from_every_shard(self) -> bool:
-        """Whether ``set_state`` takes every old host's states: when its parent does."""
-        return bool(getattr(self._parent, "restores_from_every_shard", False))
+    def split_state(self, state: Any) -> StatePart:
+        return element_part(state, f"{self!r}")
+
+    def restart_elastic(self, resume: Callable[[], None], kept: Sequence[Any]) -> None:
+        """Starts empty; the feeder calls ``resume()`` (the parent's restart on this
+        host's share) in the thread that reads the parent, before it reads on."""
+        self._set_at({"parent": None, "index": 0, "skip": 0})
+        self._restarted = True
+        self._feeder.restore(resume)
+        self._executor.reset(0)
 
     def get_state(self) -> dict[str, Any]:
-        if getattr(self, "_restarted", False):
-            self._settle()
         """The element-by-element stage's state at the same output: the element the
         last output came from and how many of its outputs were handed out, or, all of
         them out, the upstream's state after it."""
+        if self._restarted:
+            self._settle()
         unit = self._unit
         if unit is None or self._given == 0:
             return dict(self._at)
@@ -601,20 +623,21 @@ class ShippedElementwiseIterator(DatasetIterator):
         self.set_state({"parent": first, "index": 0, "skip": 0})
 
     def set_state(self, state: Any) -> None:
-        self._restarted = isinstance(state, (list, tuple))
-        if self._restarted:  # every old host's states: an elastic restore, the parent
-            state = {"parent": list(state), "index": 0, "skip": 0}  # restarts on them
         state = expect_state(state, ("parent", "index", "skip"), f"{self!r}")
-        index, skip = int(state["index"]), int(state["skip"])
         # The upstream is restored where it is read: a pool reads it in a thread of its
         # own before the first next(), under its lock, which reset() waits for.
-        self._at = {"parent": state["parent"], "index": index, "skip": skip}
+        self._set_at({"parent": state["parent"], "index": int(state["index"]), "skip": int(state["skip"])})
+        self._restarted = False
+        self._restart([state["parent"]], self._at["index"])
+
+    def _set_at(self, at: dict[str, Any]) -> None:
+        """Drops what is in hand; the stream goes on at ``at`` (an element-wise state)."""
+        self._at = at
         self._outputs, self._given = [], 0
         self._unit = None
         self._error = self._failed = None
         self._go_on = self._resume = None
         self._ended = False
-        self._restart([state["parent"]], index)
 
     def stop_workers(self) -> None:
         """Stops this stage's workers and frees its units, leaving its parent open (a

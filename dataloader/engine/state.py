@@ -16,7 +16,7 @@ it), a state saved on ``H`` shards at per-shard batch ``B`` restores on ``H'`` s
 ``B' = B*H/H'``: global batch ``k`` is global positions ``[k*B*H, (k+1)*B*H)`` for every
 ``H``, so position ``p`` becomes ``p*H/H'``.
 
-Elastic restore, from every host's state (any pipeline; :mod:`dataloader.engine.elastic`):
+Elastic restore, from every host's state (any pipeline; :mod:`dataloader.engine.restore`):
 the positions no old host used (below the highest host's position, those other hosts
 had not reached, and a begun flat-map position with the outputs it gave) are dealt out
 first, in global order, round-robin over the new hosts, then the positions above, also
@@ -31,6 +31,7 @@ import json
 from typing import Any, NamedTuple
 
 from dataloader.engine.plan import BATCH, ELEMENTS, REGROUP, Plan
+from dataloader.engine.restore.samplers import layout_of
 from dataloader.errors import StateMismatchError
 from dataloader.operations.transforms import MANY
 
@@ -115,7 +116,7 @@ def made_for(plan: Plan) -> dict[str, Any]:
 
 def _elastic_layout(plan: Plan) -> Any:
     """The layout an elastic restore gave the sampler (None: the plain sharding)."""
-    layout = getattr(plan.sampler, "layout", None)
+    layout = layout_of(plan.sampler)
     return layout.describe() if layout is not None else None
 
 
@@ -180,8 +181,9 @@ def _check_made_for(saved: Any) -> None:
         raise _refuse("made_for.index_map", saved["index_map"], "a string")
 
 
-def _as_dict(state: Any) -> dict[str, Any]:
-    """The state as a dict whose every field has the type and range get_state() gives."""
+def check_state(state: Any) -> dict[str, Any]:
+    """The state (a dict, or its JSON text) as a dict whose every field has the type and
+    range get_state() gives; else a :class:`StateMismatchError` naming the field."""
     if isinstance(state, (bytes, bytearray, str)):  # Grain's iterators hand out JSON bytes
         try:
             state = json.loads(state)
@@ -252,7 +254,7 @@ def resolve_state(plan: Plan, state: Any) -> Cursor:
         StateMismatchError: naming the invalid field, its value and what was expected,
             or every field that differs from this loader and what to do.
     """
-    state = _as_dict(state)
+    state = check_state(state)
     saved, now = state["made_for"], made_for(plan)
     problems = [
         f"{key}={saved.get(key)!r} but this loader has {key}={now.get(key)!r} ({_HINTS[key]})"

@@ -178,7 +178,11 @@ class BestFitPack(FitPack):
 
 
 class FitRound:
-    """The rows of one round, filled element by element."""
+    """The rows of one round, filled element by element.
+
+    Attributes:
+        last_row: the row the last piece added went into (-1 before the first).
+    """
 
     def __init__(self, op: FitPack) -> None:
         self._op, self._spec = op, op.spec
@@ -190,6 +194,7 @@ class FitRound:
         self._count = np.zeros(self._bins, np.int64)
         self._side: list[dict[str, list[Any]]] = [{} for _ in range(self._bins)]
         self._capacity = self._spec.lengths[:, None]
+        self.last_row = -1
 
     @property
     def empty(self) -> bool:
@@ -236,6 +241,7 @@ class FitRound:
             align = int(spec.alignments[i])
             self._used[i, row] = -(-stop // align) * align
         self._count[row] += 1
+        self.last_row = row
         for key in spec.side_meta:
             if key in element:
                 self._side[row].setdefault(key, []).append(element[key])

@@ -12,6 +12,7 @@ import pytest
 import dataloader as dl
 from dataloader import checkpoint
 from dataloader.dataset.experimental.elastic import ElasticIterator
+from dataloader.engine.restore.protocol import takes_every_host
 from tests.dataloader.engine.elastic_cases import make_loader, record_ids, reference
 
 
@@ -49,7 +50,7 @@ def test_an_iterator_that_does_not_take_every_state_reads_process_0(tmp_path):
         next(it)
     _write(tmp_path, [it.get_state() for it in old])
     new = ElasticIterator(ds, 6, dl.ShardOptions(0, 3))
-    assert not getattr(new, "restores_from_every_shard", False)
+    assert not takes_every_host(new)
     checkpoint._restore_item(tmp_path, new, 0, 3)
     assert new.get_state()["global_next_index"] == 6
 
@@ -75,7 +76,7 @@ def test_the_device_feed_over_a_loader_restores_from_every_process_file(tmp_path
     _write(tmp_path, [it.get_state() for it in old])
     for h in range(3):
         with dl.device_prefetch(make_loader("flat map", h, 3).iterator()) as it:
-            assert it.restores_from_every_shard
+            assert takes_every_host(it)
             checkpoint._restore_item(tmp_path, it, h, 3)
             used += [i for b in it for i in record_ids("flat map", np.asarray(b))]
     assert sorted(used) == reference("flat map")

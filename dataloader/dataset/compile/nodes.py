@@ -196,7 +196,7 @@ def reads_grains_order(node: Any) -> bool:
     """Whether the tree reads its indices in the order Grain's datasets would: every
     ``shuffle`` in Grain's order (``permutation="grain"``) and no window shuffle (ours
     permutes windows its own way). A Grain dataset-iterator state continues exactly only
-    then (:mod:`dataloader.engine.grain_state`)."""
+    then (:mod:`dataloader.engine.restore.grain`)."""
     if isinstance(node, WindowShuffleNode) or (isinstance(node, ShuffleNode) and node.permutation != "grain"):
         return False
     children = [node.parent] if hasattr(node, "parent") else list(getattr(node, "parents", ()))

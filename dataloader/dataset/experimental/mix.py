@@ -106,14 +106,11 @@ def mix(
 def _on_engine(datasets: list[Any]) -> bool:
     """Whether the mixture can compile to one engine (see the module docstring)."""
     from dataloader.dataset.iter_dataset import LoaderIterDataset
-    from dataloader.options import ReadOptions
 
     for d in datasets:
-        if type(d) is not LoaderIterDataset or d._is_batched():
+        if type(d) is not LoaderIterDataset or d.shape.batched or d.shape.computed_ahead:
             return False
-        if (d._mp is not None and d._mp.num_workers) or d._read_options != ReadOptions():
-            return False
-    return len({d._shard_options for d in datasets}) == 1
+    return len({d.shape.shard_options for d in datasets}) == 1
 
 
 class MixIterDataset(IterDataset):

@@ -60,11 +60,11 @@ def stream_form(ds: Any) -> StreamForm | None:
     if isinstance(ds, FileIterDataset):
         return ds._stream_form()
     if type(ds) is SeedScope:
-        return stream_form(ds._parent)
+        return stream_form(ds.parents[0])
     if type(ds) is InterleaveIterDataset:
         return _interleave_form(ds)
     if type(ds) is WindowShuffleIterDataset:
-        parent = stream_form(ds._parent)
+        parent = stream_form(ds.parents[0])
         return None if parent is None else _window_form(parent, ds.window_size, ds.window_seed)
     return None
 

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from dataloader.operations.transforms import ELEMENT, GROUP, KEEP, MANY, STREAM, refuse_class
+from dataloader.operations.transforms import ELEMENT, GROUP, KEEP, MANY, STREAM, refuse_class, runs_of
 
 
 def _element_call(ds: Any, op: Any) -> Any:
@@ -41,7 +41,7 @@ def apply_transformations(ds: Any, transformations: Any) -> Any:
     items = transformations if isinstance(transformations, Sequence) else [transformations]
     for i, op in enumerate(items):
         refuse_class(op, f"transformations[{i}]")
-        runs = getattr(op, "runs", None)
+        runs = runs_of(op)
         if runs == GROUP:
             ds = ds._then(op) if isinstance(ds, IterDataset) else ds._batch(op)
         elif runs == ELEMENT:

@@ -49,7 +49,7 @@ def then(parent: IterDataset, op: Operation | Batch) -> IterDataset:
     if op.runs == GROUP:
         return BatchIterDataset(parent, op)
     if type(parent) is ElementwiseIterDataset and not (op.needs_index and parent.reshapes):
-        merged = ElementwiseIterDataset(parent._parent, (*parent.ops, op))
+        merged = ElementwiseIterDataset(parent.parents[0], (*parent.ops, op))
         merged._seed, merged._seed_uses = parent._seed, parent._seed_uses
         return merged
     return ElementwiseIterDataset(parent, (op,))

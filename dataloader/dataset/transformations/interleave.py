@@ -136,6 +136,9 @@ class InterleaveDatasetIterator(DatasetIterator):
         self._ended: list[Any] = [None] * self._cycle  # final state of a slot's ended stream
         self._turn = 0
         self._opened = 0
+        # Streams not opened yet whose place a restore of shard states gave: index ->
+        # {"exhausted": 0 or 1, "state": its state, or None for its start}.
+        self._future: dict[int, dict[str, Any]] = {}
         self._retired = empty_totals()  # stats of the streams that ended
         self._retired_s = 0.0  # and their seconds in next(), called from this one
         self._maker = (
@@ -175,10 +178,15 @@ class InterleaveDatasetIterator(DatasetIterator):
                 self._next_turn()
                 return element
             if self._opened < self._count:
-                self._slots[slot] = self._open(self._opened)
-                self._indices[slot] = self._opened
+                index, self._opened = self._opened, self._opened + 1
+                future = self._future.pop(index, None)
+                if future is not None and future["exhausted"]:
+                    continue  # read to its end before a restore of shard states
+                it = self._slots[slot] = self._open(index)
+                self._indices[slot] = index
                 self._ended[slot] = None
-                self._opened += 1
+                if future is not None and future["state"] is not None:
+                    it.set_state(future["state"])
             elif all(s is None for s in self._slots):
                 raise StopIteration
             else:
@@ -188,7 +196,7 @@ class InterleaveDatasetIterator(DatasetIterator):
         states = [
             it.get_state() if it is not None else self._ended[k] for k, it in enumerate(self._slots)
         ]
-        return {
+        state = {
             "next_index_in_cycle": self._turn,
             "next_index_in_datasets": self._opened,
             "iterators_in_use_indices": list(self._indices),
@@ -196,6 +204,63 @@ class InterleaveDatasetIterator(DatasetIterator):
             # ints rather than bools, as Grain writes them
             "exhausted": [int(it is None and e is not None) for it, e in zip(self._slots, self._ended)],
         }
+        if self._future:  # after a restore of shard states (Grain's key)
+            state["future_states"] = {str(i): f for i, f in sorted(self._future.items())}
+        return state
+
+    def get_shard_states(self) -> list[dict[str, Any]]:
+        """The state of each of its datasets, in order, as Grain's elastic iterator keys
+        them: ``{"exhausted": 0 or 1, "state": ...}`` (``state`` None: from its start).
+
+        Raises:
+            ValueError: the datasets are endless (a ``MapDataset`` repeated for ever).
+        """
+        if self._count > MAX_SHARD_STATES:
+            raise ValueError(
+                f"get_shard_states needs a finite list of datasets, this interleave has {self._count}; "
+                f"save with get_state() and restore on the same shard count"
+            )
+        live = {self._indices[k]: k for k in range(self._cycle) if self._slots[k] is not None or self._ended[k] is not None}
+        out = []
+        for i in range(self._count):
+            if i in live:
+                k = live[i]
+                it = self._slots[k]
+                out.append({"exhausted": 0, "state": it.get_state()} if it is not None
+                           else {"exhausted": 1, "state": self._ended[k]})
+            elif i < self._opened:
+                out.append({"exhausted": 1, "state": None})  # read to its end and closed
+            else:
+                out.append(self._future.get(i, {"exhausted": 0, "state": None}))
+        return out
+
+    def set_shard_states(self, shard_states: list[dict[str, Any]]) -> None:
+        """Continues from :meth:`get_shard_states` of datasets that were spread over other
+        shards (every state of this interleave's datasets, in order): the first
+        ``cycle_length`` not exhausted go on in the slots, the others when their turn to
+        open comes; an exhausted one is never opened again."""
+        if len(shard_states) != self._count:
+            raise StateMismatchError(
+                f"set_shard_states got {len(shard_states)} dataset states for an interleave of "
+                f"{self._count} datasets; pass one for each dataset this shard reads"
+            )
+        going = [i for i, s in enumerate(shard_states) if not s["exhausted"]][: self._cycle]
+        for slot, it in enumerate(self._slots):
+            if it is not None:
+                self._slots[slot] = None
+                self._retire(it)
+                it.close()
+        self._ended = [None] * self._cycle
+        for slot, index in enumerate(going):
+            it = self._slots[slot] = self._opener(index)
+            self._indices[slot] = index
+            if shard_states[index]["state"] is not None:
+                it.set_state(shard_states[index]["state"])
+        self._turn = 0
+        self._opened = max(going) + 1 if going else 0
+        self._future = {i: dict(s) for i, s in enumerate(shard_states) if i >= self._opened}
+        if self._maker is not None:
+            self._maker.discard()
 
     def set_state(self, state: dict[str, Any]) -> None:
         indices, states, exhausted = self._check(state)
@@ -215,6 +280,7 @@ class InterleaveDatasetIterator(DatasetIterator):
         self._indices = list(indices)
         self._turn = int(state["next_index_in_cycle"])
         self._opened = int(state["next_index_in_datasets"])
+        self._future = {int(i): dict(f) for i, f in state.get("future_states", {}).items()}
         if self._maker is not None:
             self._maker.discard()
 
@@ -266,6 +332,9 @@ class InterleaveDatasetIterator(DatasetIterator):
     def __repr__(self) -> str:
         return f"InterleaveDatasetIterator({self._count} datasets, cycle_length={self._cycle})"
 
+
+# Datasets an interleave gives shard states for (an endless list has none to give).
+MAX_SHARD_STATES = 1 << 20
 
 # Every open dataset holds files and buffers; a cycle this long is a mistake (typically
 # cycle_length=len(ds) over a dataset repeated for ever), not a plan.

@@ -38,4 +38,4 @@ __all__ = ["UNIT_SIZE", "PooledElementwiseIterator", "can_ship"]
 
 def can_ship(ops: tuple[Operation, ...]) -> bool:
     """Whether the pool can compute ``ops`` (an index counted in order cannot)."""
-    return not any(getattr(op, "needs_index", False) for op in ops)
+    return not any(op.needs_index for op in ops)

@@ -22,12 +22,13 @@ import contextlib
 import queue
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from dataloader.dataset.base import DatasetIterator, IterDataset
 from dataloader.dataset.context import default_worker_count, workers
 from dataloader.dataset.transformations.apply import get_next_index, set_next_index
+from dataloader.engine.restore.protocol import ElasticDefaults, StatePart
 from dataloader.options import MultiprocessingOptions, check_int, most_workers
 
 _POLL_S = 0.05
@@ -153,7 +154,7 @@ def _release(producer: _Producer, parent: Any) -> None:
     producer.stop()
 
 
-class _PrefetchingIterator(DatasetIterator):
+class _PrefetchingIterator(DatasetIterator, ElasticDefaults):
     """The thread-owning part of :class:`ThreadPrefetchDatasetIterator`: the producer
     thread pulls elements from the parent, each with the parent's state right after it,
     into a bounded queue; the consumer takes them in order. ``set_state`` stops the
@@ -200,6 +201,18 @@ class _PrefetchingIterator(DatasetIterator):
     def set_state(self, state: dict[str, Any]) -> None:
         self._stop()
         self._parent.set_state(state)
+        self._state = self._parent.get_state()
+        self._finished = False
+
+    # The elastic-restore protocol (dataloader.engine.restore.protocol.ElasticStage): its
+    # state is its parent's, and what it computed ahead is dropped on a restore.
+
+    def split_state(self, state: Any) -> StatePart:
+        return StatePart(state)
+
+    def restart_elastic(self, resume: Callable[[], None], kept: Sequence[Any]) -> None:
+        self._stop()
+        resume()
         self._state = self._parent.get_state()
         self._finished = False
 

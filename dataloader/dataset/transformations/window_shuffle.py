@@ -33,6 +33,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -41,8 +42,9 @@ from dataloader.dataset.arguments import SHUFFLE_BITS, check_seed, check_size
 from dataloader.dataset.base import DatasetIterator, IterDataset
 from dataloader.dataset.compile import nodes as nd
 from dataloader.dataset.map_dataset import MapDataset
+from dataloader.engine.restore.protocol import ElasticDefaults, StatePart, tag_reader
 from dataloader.engine.stages.base import expect_state
-from dataloader.engine.stages.packing import _last_tag, _used, pass_every_state
+from dataloader.engine.stages.packing import held_part, used_of
 from dataloader.errors import StateMismatchError
 from dataloader.samplers import permute
 
@@ -54,7 +56,7 @@ def window_order(size: int, seed: int, window: int) -> list[int]:
     return permute(np.arange(size), size, seed, window).tolist()
 
 
-class WindowShuffleDatasetIterator(DatasetIterator):
+class WindowShuffleDatasetIterator(DatasetIterator, ElasticDefaults):
     """Hands out the parent's elements window by window, each window permuted.
 
     It reads the next ``window_size`` elements of its parent (fewer at the end of the
@@ -67,8 +69,9 @@ class WindowShuffleDatasetIterator(DatasetIterator):
 
     Over the engine's element stream, a state inside a window also names the elements
     handed out as ``"used": [[position, sub, null], ...]`` (the engine's local positions),
-    so an elastic restore (``set_state`` with every old host's states) reads the
-    window's other elements again on the new hosts, whose windows start empty.
+    so an elastic restore (``set_state`` with every old host's states; it is an
+    :class:`~dataloader.engine.restore.protocol.ElasticStage`) reads the window's other
+    elements again on the new hosts, whose windows start empty.
     """
 
     def __init__(self, parent: DatasetIterator, window_size: int, seed: int) -> None:
@@ -81,6 +84,7 @@ class WindowShuffleDatasetIterator(DatasetIterator):
         self._tags: list[Any] = []  # the engine's (position, sub) of each, in that order
         self._given = 0
         self._ended = False
+        self._parent_tag = tag_reader(parent)
 
     def _fill(self) -> None:
         self._start = self._parent.get_state()
@@ -91,7 +95,7 @@ class WindowShuffleDatasetIterator(DatasetIterator):
             except StopIteration:
                 self._ended = True
                 break
-            tags.append(_last_tag(self._parent))
+            tags.append(self._parent_tag())
         order = window_order(len(elements), self._seed, self._window)
         self._elements = [elements[k] for k in order]
         self._tags = [tags[k] for k in order]
@@ -120,7 +124,7 @@ class WindowShuffleDatasetIterator(DatasetIterator):
         state = {"parent": parent, "window_index": window, "pos_in_window": given,
                  "window_size": self._size, "seed": self._seed}
         if given:
-            used = _used([(tag, None) for tag in self._tags[:given]])
+            used = used_of([(tag, None) for tag in self._tags[:given]])
             if used is not None:
                 state["used"] = used
         return state
@@ -130,17 +134,15 @@ class WindowShuffleDatasetIterator(DatasetIterator):
         a packer over this shuffle names its rows' elements for an elastic restore."""
         return self._tags[self._given - 1] if self._given else None
 
-    @property
-    def restores_from_every_shard(self) -> bool:
-        """Whether ``set_state`` takes every old host's states: when its parent does (a
-        stream on the engine)."""
-        return bool(getattr(self._parent, "restores_from_every_shard", False))
+    def split_state(self, state: Any) -> StatePart:
+        expect_state(state, ("parent", "window_index", "pos_in_window"), "a window shuffle")
+        return held_part(state, {"pos_in_window": state["pos_in_window"]}, "a window shuffle")
+
+    def restart_elastic(self, resume: Callable[[], None], kept: Sequence[Any]) -> None:
+        resume()
+        self._window, self._elements, self._tags, self._given, self._ended = 0, [], [], 0, False
 
     def set_state(self, state: Any) -> None:
-        if isinstance(state, (list, tuple)):  # every old host's states: an elastic restore
-            pass_every_state(self, "a window shuffle", state)
-            self._window, self._elements, self._tags, self._given, self._ended = 0, [], [], 0, False
-            return
         expect_state(state, ("parent", "window_index", "pos_in_window"), "a window shuffle")
         saved = (state.get("window_size"), state.get("seed"))
         if saved != (self._size, self._seed):

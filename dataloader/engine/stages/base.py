@@ -10,6 +10,12 @@ Every subclass's ``__next__`` runs under the iterator's stats clock (wrapped onc
 the class is made; see :mod:`dataloader.engine.stats.clock`), so each stage, a user's
 own included, reports its time and its outputs in ``stats()`` without doing anything.
 A subclass's ``__next__`` that calls its base class's is counted once.
+
+Every subclass's ``set_state`` is wrapped the same way for one case: given a list (or
+tuple) of states, every old host's of an elastic restore, it hands them to the restore
+room (:func:`~dataloader.engine.restore.every_host.restore_every_host`), which restores
+the whole chain under the iterator through the elastic-restore protocol, or refuses,
+naming the stage that cannot take part. ``set_state`` itself only ever sees its own state.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import functools
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
-from dataloader.engine.grain_state import is_grain_state
+from dataloader.engine.restore.grain import is_grain_state
 from dataloader.engine.stats import collect
 from dataloader.engine.stats.clock import Clock, Hook
 from dataloader.errors import StateMismatchError
@@ -50,8 +56,11 @@ class DatasetIterator(Iterator[T], abc.ABC):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         own = cls.__dict__.get("__next__")
-        if own is not None and not getattr(own, "_timed", False):
+        if own is not None and own not in _WRAPPED:
             cls.__next__ = _timed(own)  # type: ignore[method-assign, assignment]
+        restore = cls.__dict__.get("set_state")
+        if restore is not None and restore not in _WRAPPED:
+            cls.set_state = _every_host_aware(restore)  # type: ignore[method-assign, assignment]
 
     def __init__(self, parents: DatasetIterator | Sequence[DatasetIterator] = ()) -> None:
         if isinstance(parents, Iterator) and not isinstance(parents, Sequence):
@@ -148,7 +157,12 @@ class DatasetIterator(Iterator[T], abc.ABC):
 
     def _stats_parents(self) -> Sequence[Any]:
         """The iterators whose totals this one adds up (its parents, by default)."""
-        return getattr(self, "_parents", ())
+        return self.parents
+
+    @property
+    def parents(self) -> tuple[Any, ...]:
+        """The iterators this one reads (given to ``__init__``)."""
+        return self.__dict__.get("_parents", ())
 
     def _stats_pipeline(self) -> dict[str, Any]:
         return collect.chain_pipeline(self)
@@ -194,8 +208,29 @@ def _timed(next_fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
             clock = collect.clock_of(self)
         return clock.call(self, next_fn)
 
-    __next__._timed = True  # type: ignore[attr-defined]
+    _WRAPPED.add(__next__)
     return __next__
+
+
+def _every_host_aware(set_state: Callable[[Any, Any], None]) -> Callable[[Any, Any], None]:
+    """``set_state`` (a subclass's), with every old host's states (a list or tuple) sent
+    to the restore room instead."""
+
+    @functools.wraps(set_state)
+    def wrapped(self: Any, state: Any) -> None:
+        if isinstance(state, (list, tuple)):
+            from dataloader.engine.restore.every_host import restore_every_host
+
+            restore_every_host(self, state)
+        else:
+            set_state(self, state)
+
+    _WRAPPED.add(wrapped)
+    return wrapped
+
+
+# The functions the class hooks above made (a class that reuses one is not wrapped again).
+_WRAPPED: set[Callable[..., Any]] = set()
 
 
 def expect_state(state: Any, keys: Sequence[str], where: str) -> dict[str, Any]:

@@ -16,19 +16,20 @@ A batch pulls exactly its elements, so its state is its parent's.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from dataloader.engine.compute import apply_element_ops, call_user
 from dataloader.engine.plan import Step
+from dataloader.engine.restore.protocol import ElasticDefaults, StatePart, tag_reader
 from dataloader.engine.stages.base import DatasetIterator, expect_state
-from dataloader.engine.stages.packing import _last_tag
-from dataloader.errors import PipelineError
+from dataloader.errors import PipelineError, StateMismatchError
 from dataloader.operations import Batch, Operation
 from dataloader.operations.transforms import MANY, resolve_seed
 from dataloader.samplers import RecordRngFactory
 
 
-class ElementwiseIterator(DatasetIterator):
+class ElementwiseIterator(DatasetIterator, ElasticDefaults):
     """Pulls one parent element at a time and runs the operations on it."""
 
     def __init__(
@@ -50,6 +51,7 @@ class ElementwiseIterator(DatasetIterator):
         self._pending: list[Any] = []  # outputs of the last parent element
         self._given = 0  # how many of them were handed out
         self._before: Any = None  # the parent's state before the last element (flat maps)
+        self._parent_tag = tag_reader(parent)
 
     def __next__(self) -> Any:
         while self._given == len(self._pending):
@@ -70,17 +72,19 @@ class ElementwiseIterator(DatasetIterator):
         out, _, _ = apply_element_ops(self._steps, [element], None, None, index, self._fail, rngs=self._rngs)
         return out
 
+    # The elastic-restore protocol (dataloader.engine.restore.protocol.ElasticStage).
+
     def last_tag(self) -> Any:
         """The engine's (position, sub) of the element handed out last, through a parent
-        stage that says it (a window shuffle), when each output is one parent element (no
-        flat map); None otherwise. A packer over this stage names its rows' records by it
-        for an elastic restore (:func:`dataloader.engine.stages.packing._last_tag`)."""
-        return None if self._expands else _last_tag(self._parent)
+        that says it, when each output is one parent element (no flat map); else None."""
+        return None if self._expands else self._parent_tag()
 
-    @property
-    def restores_from_every_shard(self) -> bool:
-        """Whether ``set_state`` takes every old host's states: when its parent does."""
-        return bool(getattr(self._parent, "restores_from_every_shard", False))
+    def split_state(self, state: Any) -> StatePart:
+        return element_part(state, f"{self!r}")
+
+    def restart_elastic(self, resume: Callable[[], None], kept: Sequence[Any]) -> None:
+        resume()  # the parent restarts on this host's share, empty
+        self._index, self._pending, self._given = 0, [], 0
 
     def _fail(self, op: Operation, index: int, sub: int, exc: BaseException) -> BaseException:
         return PipelineError(
@@ -96,10 +100,6 @@ class ElementwiseIterator(DatasetIterator):
         return {"parent": self._parent.get_state(), "index": self._index, "skip": 0}
 
     def set_state(self, state: Any) -> None:
-        if isinstance(state, (list, tuple)):  # every old host's states: an elastic restore
-            self._parent.set_state(list(state))  # restarts the stages under it, empty
-            self._index, self._pending, self._given = 0, [], 0
-            return
         state = expect_state(state, ("parent", "index", "skip"), f"{self!r}")
         self._parent.set_state(state["parent"])
         self._index, skip = int(state["index"]), int(state["skip"])
@@ -111,8 +111,9 @@ class ElementwiseIterator(DatasetIterator):
             self._given = skip
 
 
-class BatchIterator(DatasetIterator):
-    """Pulls ``batch_size`` elements and stacks them; its state is the parent's."""
+class BatchIterator(DatasetIterator, ElasticDefaults):
+    """Pulls ``batch_size`` elements and stacks them; its state is the parent's. In an
+    elastic restore it holds nothing (it pulls exactly its elements)."""
 
     _stats_batches = True  # stats(): its outputs are batches of its parent's elements
 
@@ -146,3 +147,25 @@ class BatchIterator(DatasetIterator):
     def set_state(self, state: dict[str, Any]) -> None:
         self._parent.set_state(expect_state(state, ("parent",), f"{self!r}")["parent"])
         self._end = None
+
+    def split_state(self, state: Any) -> StatePart:
+        return StatePart(expect_state(state, ("parent",), f"{self!r}")["parent"])
+
+    def restart_elastic(self, resume: Callable[[], None], kept: Sequence[Any]) -> None:
+        resume()
+        self._end = None
+
+
+def element_part(state: Any, where: str) -> StatePart:
+    """The :class:`StatePart` of an element-wise stage's state (``where``: its name): its
+    parent's state; refused inside one element's outputs (``skip``), which an elastic
+    restore cannot split between hosts."""
+    state = expect_state(state, ("parent", "index", "skip"), where)
+    if state["skip"]:
+        raise StateMismatchError(
+            f"this state holds records in a stage ({where}, {{'skip': {state['skip']}}}) that it "
+            f"does not name as positions, so an elastic restore would lose or repeat them: an "
+            f"element-wise stage inside one element's outputs; save at another step or restore "
+            f"on the same host count"
+        )
+    return StatePart(state["parent"])

@@ -37,27 +37,31 @@ some other way (a source of their own each) use
 dtypes and shapes, so a restore in the padded tail can make padding without reading a
 batch). Batches read ahead are not in it: a restore continues with the very next step.
 
-**Elastic restore** (docs/elastic-restore.md): ``set_state`` also takes every old
-host's state (a list, as an Orbax restore on another process count hands it). The
-padding keys are dropped from each (padding batches hold no records, so a host that was
-in its padded tail simply has nothing left over), the loader's iterator reads this
+**Elastic restore** (docs/elastic-restore.md): it is an
+:class:`~dataloader.engine.restore.protocol.ElasticStage`, so ``set_state`` also takes
+every old host's state (a list, as an Orbax restore on another process count hands it).
+The padding keys are its part of each (padding batches hold no records, so a host that
+was in its padded tail simply has nothing left over), the loader's iterator reads this
 host's share of what the old hosts left, and the new hosts agree on a new end from
 there: with an exchange, as from any step; with a computed step count, it is computed
-again for the new layout (this host's batches of its share, and shard 0's: the longest).
+again for the new layout (:func:`steps_over`: this host's batches of its share, and
+shard 0's: the longest).
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from dataloader.engine.restore.protocol import ElasticDefaults, StatePart
+from dataloader.engine.restore.samplers import layout_of
 from dataloader.engine.stages.base import DatasetIterator
 from dataloader.errors import StateMismatchError
+from dataloader.samplers import ShardOptions
 from dataloader.samplers.sharding import shard_length
 
 # Keys this stage adds to its parent's state.
@@ -138,6 +142,18 @@ def static_steps(sampler: Any, batch_size: int, drop_remainder: bool) -> tuple[i
     return batch_count(own, batch_size, drop_remainder), batch_count(longest, batch_size, drop_remainder)
 
 
+def steps_over(sampler: Any, batch_size: int, drop_remainder: bool) -> tuple[int, int] | None:
+    """:func:`static_steps`, also over an elastic restore's layout (``sampler`` reads a
+    share of it): this host's batches of its share, and shard 0's, the longest."""
+    if layout_of(sampler) is None:
+        return static_steps(sampler, batch_size, drop_remainder)
+    longest = sampler.with_shard_options(ShardOptions(0, sampler.shard_options.shard_count))
+    own, first = sampler.num_positions, longest.num_positions
+    if own is None or first is None:
+        return None
+    return batch_count(own, batch_size, drop_remainder), batch_count(first, batch_size, drop_remainder)
+
+
 def spec_of(batch: Any, path: str = "batch") -> dict[str, Any]:
     """The dtypes and shapes of a batch's leaves, as JSON (``{"k": [dtype, shape]}``,
     nested dicts as dicts)."""
@@ -207,7 +223,7 @@ def pad_batch(batch: Mapping[str, Any], batch_size: int, mask_key: str) -> dict[
     return out
 
 
-class EndTogether(DatasetIterator[dict[str, Any]]):
+class EndTogether(DatasetIterator[dict[str, Any]], ElasticDefaults):
     """Pads a host's batch stream so that every host stops on the same step.
 
     See the module docstring for how the step count is known.
@@ -222,21 +238,23 @@ class EndTogether(DatasetIterator[dict[str, Any]]):
         exchange: ``exchange(values)``: the same call on every host, with this host's
             int64 vector; returns every host's, as rows of a ``(hosts, len)`` array. An
             optional ``reset()`` is called on ``set_state`` (every host restores at once).
+        recount: with ``steps``, ``recount()`` computes them again after an elastic
+            restore (the loader's: :func:`steps_over` its iterator's sampler); None: they
+            stay as they were.
     """
 
     _stats_name = "end_together"
     _stats_batches = True
 
     def __init__(self, parent: Any, *, batch_size: int, end: PadEnd,
-                 steps: tuple[int, int] | None = None, exchange: Exchange | None = None) -> None:
+                 steps: tuple[int, int] | None = None, exchange: Exchange | None = None,
+                 recount: Callable[[], tuple[int, int] | None] | None = None) -> None:
         super().__init__(parent)
         self._batch_size = batch_size
         self._end = end
         self._steps = steps
         self._exchange = exchange
-        # The Batch's drop_remainder, for computing the step count again after an
-        # elastic restore: the one of the two that gives the steps passed in.
-        self._drop = steps is not None and self._computed_steps(True) == steps
+        self._recount = recount
         self._spec: dict[str, Any] | None = spec_of(end.example) if end.example is not None else None
         self._reads_ahead = steps is None and exchange is not None
         # It may be closed from another thread (the device feed's close) where its parent
@@ -343,46 +361,28 @@ class EndTogether(DatasetIterator[dict[str, Any]]):
             close()
         super().close()
 
-    @property
-    def restores_from_every_shard(self) -> bool:
-        """Whether ``set_state`` takes every old host's states (an Orbax restore on another
-        process count then hands them over): when the loader's iterator under it does."""
-        return bool(getattr(self._parent, "restores_from_every_shard", False))
-
-    def _computed_steps(self, drop_remainder: bool) -> tuple[int, int] | None:
-        """The computed step count over the parent's sampler now (after an elastic restore,
-        its layout's: this host's share, and shard 0's, the longest)."""
-        sampler = getattr(getattr(self._parent, "_plan", None), "sampler", None)
-        if sampler is None:
-            return None
-        if getattr(sampler, "layout", None) is None:
-            return static_steps(sampler, self._batch_size, drop_remainder)
-        longest = sampler.with_shard_options(dataclasses.replace(sampler.shard_options, shard_index=0))
-        own, first = sampler.num_positions, longest.num_positions
-        if own is None or first is None:
-            return None
-        return batch_count(own, self._batch_size, drop_remainder), batch_count(first, self._batch_size, drop_remainder)
-
     def set_state(self, state: Any) -> None:
-        """Continues with the step after ``state`` (every host restores at the same step).
+        """Continues with the step after ``state`` (every host restores at the same step)."""
+        parent, padded, spec = self._own(state)
+        self._parent.set_state(parent)
+        self._restarted(spec, padded)
 
-        ``state`` may also be a list of every old host's states (an elastic restore on
-        another host count; see the module docstring).
-        """
-        if isinstance(state, (list, tuple)):
-            state, padded, spec = self._every_old_state(list(state)), 0, None
-            spec = next((s.pop(SPEC) for s in state if s.get(SPEC) is not None), None)
-            for s in state:
-                s.pop(SPEC, None)
-        else:
-            state = dict(state)
-            padded = state.pop(PADDED, 0)
-            spec = state.pop(SPEC, None)
-            if isinstance(padded, bool) or not isinstance(padded, int) or padded < 0:
-                raise ValueError(f"state[{PADDED!r}] must be an integer >= 0, got {padded!r}")
-        self._parent.set_state(state)
-        if self._steps is not None:
-            self._steps = self._computed_steps(self._drop) or self._steps
+    def _own(self, state: Any) -> tuple[dict[str, Any], int, Any]:
+        """The parent's state in ``state`` (without ``end_padded`` and ``end_spec``),
+        the padding steps handed out since, and the spec."""
+        if not isinstance(state, Mapping):
+            raise StateMismatchError(f'expected a state dict of end="pad" from get_state(), got {str(state)[:200]}')
+        parent = dict(state)
+        padded = parent.pop(PADDED, 0)
+        if isinstance(padded, bool) or not isinstance(padded, int) or padded < 0:
+            raise ValueError(f"state[{PADDED!r}] must be an integer >= 0, got {padded!r}")
+        return parent, padded, parent.pop(SPEC, None)
+
+    def _restarted(self, spec: Any, padded: int) -> None:
+        """After the parent moved: the computed step count again (the parent may read
+        another elastic layout), the spec, the exchange, padding steps since the state."""
+        if self._steps is not None and self._recount is not None:
+            self._steps = self._recount() or self._steps
         if spec is not None:
             self._spec = spec
         reset = getattr(self._exchange, "reset", None)
@@ -390,26 +390,16 @@ class EndTogether(DatasetIterator[dict[str, Any]]):
             reset()
         self._reset(self._parent_state() if self._reads_ahead else None, padded)
 
-    def _every_old_state(self, states: list[Any]) -> list[dict[str, Any]]:
-        """Every old host's state (an elastic restore), each without ``end_padded``: a
-        padding batch holds no records, so what a host in its padded tail left is what
-        its loader's state says; the new hosts agree on a new end."""
-        if not self.restores_from_every_shard:
-            raise StateMismatchError(
-                f'end="pad" was given {len(states)} states (an elastic restore from every old '
-                f"host's state), but the iterator under it ({type(self._parent).__name__}) "
-                f"restores from one state only; restore on the same host count"
-            )
-        out = []
-        for s in states:
-            s = json.loads(s) if isinstance(s, (str, bytes, bytearray)) else s
-            if not isinstance(s, dict):
-                raise StateMismatchError(
-                    f"expected a state dict from get_state() for each old host, got {str(s)[:200]}"
-                )
-            s = dict(s)
-            padded = s.pop(PADDED, 0)
-            if isinstance(padded, bool) or not isinstance(padded, int) or padded < 0:
-                raise ValueError(f"state[{PADDED!r}] must be an integer >= 0, got {padded!r}")
-            out.append(s)
-        return out
+    # The elastic-restore protocol (dataloader.engine.restore.protocol.ElasticStage).
+
+    def split_state(self, state: Any) -> StatePart:
+        """A padding batch holds no records: what a host in its padded tail left is what
+        its loader's state says. Keeps the spec."""
+        parent, _, spec = self._own(state)
+        return StatePart(parent, keep=spec)
+
+    def restart_elastic(self, resume: Callable[[], None], kept: Sequence[Any]) -> None:
+        """The loader's iterator reads this host's share; the new hosts agree on a new end
+        (the computed step count is computed again for the new layout)."""
+        resume()
+        self._restarted(next((spec for spec in kept if spec is not None), None), 0)

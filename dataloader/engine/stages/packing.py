@@ -16,7 +16,7 @@ the number of workers) and resume from a small state without replaying the strea
 A state records the packer it was made for (lengths, bins, seed, ...), and a state of
 another packer is refused with :class:`~dataloader.StateMismatchError`.
 
-For an elastic restore (:mod:`dataloader.engine.elastic`), a state taken while a round
+For an elastic restore (:mod:`dataloader.engine.restore`), a state taken while a round
 or a fill is partly handed out (or an element is partly in rows) also names what its
 handed rows used, as ``"used": [[position, sub, offsets or null], ...]``: the engine's
 local position and output rank of each element in them, with the offsets where an
@@ -24,17 +24,20 @@ element's unused rest starts (concat-then-split). The records of the open bins a
 those the state does not name: an elastic restore hands them to the new hosts, which
 pack them again in their own streams. Only a packer reading the engine's elements
 directly, or through stages that say which engine elements their last output holds
-(``last_tag()``: a window shuffle, a map or filter run element by element or on the
-pool, a first-fit packer whose last row holds its records whole), can name them; over
-another stage (a flat map at the iterator level, a packer cutting the rows of another)
-its mid-round states are refused for an elastic restore. Given every old host's states
-(``set_state(list)``), a packer passes them to its parent and starts empty.
+(``last_tag()`` of the :class:`~dataloader.engine.restore.protocol.ElasticStage`
+protocol: a window shuffle, a map or filter run element by element or on the pool, a
+first-fit packer whose last row holds its records whole), can name them; over another
+stage (a flat map at the iterator level, a packer cutting the rows of another) its
+mid-round states are refused for an elastic restore. Both packers are
+``ElasticStage``s: restarted by an elastic restore, a packer starts empty.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from dataloader.engine.restore.protocol import ElasticDefaults, StatePart, tag_reader
 from dataloader.engine.stages.base import DatasetIterator, expect_state
 from dataloader.errors import PipelineError, StateMismatchError
 from dataloader.operations.packing import ConcatThenSplit, FitPack
@@ -50,54 +53,30 @@ def _check_packer(state: Any, op: Any, where: str) -> dict[str, Any]:
     return state
 
 
-def _norm(tag: Any) -> Any:
-    """A tag as ``(position, sub)``, or a group of them (a first-fit row's records) as a
-    tuple of such pairs; None stays None."""
-    if tag is None:
-        return None
-    if len(tag) == 2 and not isinstance(tag[0], (tuple, list)):
-        return int(tag[0]), int(tag[1])
-    return tuple(_norm(t) for t in tag)
-
-
 def _flat(tag: Any) -> list[tuple[int, int]]:
     """The ``(position, sub)`` pairs of a tag or a group."""
     return [tag] if isinstance(tag[0], int) else [t for g in tag for t in _flat(g)]
 
 
-def _last_tag(parent: Any) -> Any:
-    """The (local position, sub) of the element the engine's iterator handed out last;
-    None when the parent is not the engine's element stream, or a stage that says which
-    engine elements its last output holds (``last_tag()``: a window shuffle, a map, a
-    first-fit packer, whose rows give a group of tags)."""
-    last = getattr(parent, "last_tag", None)
-    if callable(last):
-        return _norm(last())
-    assembler = getattr(parent, "_assembler", None)
-    pos, sub, i = (getattr(assembler, name, None) for name in ("_pos", "_sub", "_i"))
-    if pos is None or sub is None or not isinstance(i, int) or not 0 < i <= len(pos):
-        return None
-    return int(pos[i - 1]), int(sub[i - 1])
-
-
-def pass_every_state(stage: Any, what: str, states: Any) -> None:
-    """Hands every old host's states (an elastic restore) to ``stage``'s parent, which
-    restarts on this host's share of what they left unread.
-
-    Raises:
-        StateMismatchError: the parent restores from one state only (not a stream on
-            the engine, or a stage that passes them on).
-    """
-    if not getattr(stage._parent, "restores_from_every_shard", False):
+def held_part(state: dict[str, Any], held: dict[str, Any], what: str) -> StatePart:
+    """A stage's :class:`StatePart` when its ``state`` holds records (``held``: the fields
+    that say how many; none non-zero: it holds nothing): they must be named as the
+    engine's outputs in ``"used"``, else an elastic restore would lose or repeat them."""
+    if any(held.values()) and "used" not in state:
         raise StateMismatchError(
-            f"{what} over {type(stage._parent).__name__} restores from one state only; an "
-            f"elastic restore (every old host's states) needs a stream on the engine "
-            f"(MapDataset...to_iter_dataset() and its map/filter/flat_map) under it"
+            f"this state holds records in a stage ({what}, {held}) that it does not name "
+            f"as positions, so an elastic restore would lose or repeat them: rows of a round "
+            f"handed out so that a middle piece of an element cut into pieces came out before "
+            f"both its neighbours, or a packer or window shuffle over a stage that cannot say "
+            f"which engine elements its outputs hold (a flat map after an iterator-level "
+            f"stage, a packer cutting another packer's rows); save at another step or restore "
+            f"on the same host count"
         )
-    stage._parent.set_state(list(states))
+    used = tuple((int(q), int(sub), u) for q, sub, u in state.get("used", ()))
+    return StatePart(state["parent"], used)
 
 
-def _used(entries: list[tuple[tuple[int, int] | None, Any]]) -> list[list[Any]] | None:
+def used_of(entries: list[tuple[tuple[int, int] | None, Any]]) -> list[list[Any]] | None:
     """``entries`` (tag, None or offsets: a later one about the same tag wins) as a
     state's ``"used"``; None when a tag is unknown."""
     final: dict[tuple[int, int], Any] = {}
@@ -116,7 +95,7 @@ def _failed(op: Any, exc: Exception) -> PipelineError:
     return PipelineError(f"{op.name} failed: {type(exc).__name__}: {exc}", operation=op.name)
 
 
-class _PackIterator(DatasetIterator):
+class _PackIterator(DatasetIterator, ElasticDefaults):
     """What both packing stages share: the packer, and what a state records about it."""
 
     _stats_batches = False  # stats(): its rows are the elements out
@@ -126,18 +105,19 @@ class _PackIterator(DatasetIterator):
         self._stats_name = op.name
         self._op = op
         self._describe = op.describe()
+        self._parent_tag = tag_reader(parent)
 
-    @property
-    def restores_from_every_shard(self) -> bool:
-        """Whether ``set_state`` takes every old host's states (an elastic restore): when
-        its parent does (a stream on the engine, through stages that pass them on)."""
-        return bool(getattr(self._parent, "restores_from_every_shard", False))
+    # The elastic-restore protocol (dataloader.engine.restore.protocol.ElasticStage).
 
-    def _restart(self, states: Any) -> None:
-        """An elastic restore: the parent reads this host's share of what every old host
-        (``states``, their full states) left unread, the open bins' records included,
-        and this packer starts empty over it."""
-        pass_every_state(self, "a packer", states)
+    def split_state(self, state: Any) -> StatePart:
+        state = _check_packer(state, self._op, f"the packer {self._op.name}")
+        held = {k: state[k] for k in ("piece", "next_row", "offsets", "skip") if k in state}
+        return held_part(state, held, state["packer"])
+
+    def restart_elastic(self, resume: Callable[[], None], kept: Sequence[Any]) -> None:
+        """The parent reads this host's share of what every old host left unread, the
+        open bins' records included, and this packer starts empty over it."""
+        resume()
         self.__init__(self._parent, self._op)  # type: ignore[misc]  # a fresh packer over it
 
 
@@ -195,18 +175,17 @@ class FitPackIterator(_PackIterator):
                 except StopIteration:
                     self._after = (parent.get_state(), 0)
                     break
-                tag = _last_tag(parent)
+                tag = self._parent_tag()
                 try:
                     pieces, k = op.pieces(element), 0
                 except (TypeError, KeyError, ValueError) as exc:
                     raise _failed(op, exc) from exc
             while k < len(pieces):
-                counts = packing._count.copy()
                 if not packing.add(pieces[k]):
                     self._carry = (pieces, k, before, tag)
                     self._after = (before, k)
                     break
-                members[int((packing._count != counts).argmax())].append((tag, k, len(pieces)))
+                members[packing.last_row].append((tag, k, len(pieces)))
                 k += 1
         self._members = members
         self._rows = packing.rows()
@@ -275,12 +254,9 @@ class FitPackIterator(_PackIterator):
             else:
                 a, b = unused[0], unused[-1] + 1
                 entries.append((tag, {name: [a * cap, b * cap] for name, cap in zip(names, caps)}))
-        return _used(entries)
+        return used_of(entries)
 
     def set_state(self, state: Any) -> None:
-        if isinstance(state, (list, tuple)):  # every old host's states: an elastic restore
-            self._restart(state)
-            return
         state = _check_packer(state, self._op, "a first-fit or best-fit packer")
         self._parent.set_state(state["parent"])
         piece = int(state["piece"])
@@ -290,7 +266,7 @@ class FitPackIterator(_PackIterator):
         self._restored_used = state.get("used")
         if piece:
             element = next(self._parent)
-            self._carry = (self._op.pieces(element), piece, state["parent"], _last_tag(self._parent))
+            self._carry = (self._op.pieces(element), piece, state["parent"], self._parent_tag())
 
 
 class ConcatIterator(_PackIterator):
@@ -345,7 +321,7 @@ class ConcatIterator(_PackIterator):
                 except StopIteration:
                     self._ended = True
                     break
-                offsets, tag = None, _last_tag(parent)
+                offsets, tag = None, self._parent_tag()
             try:
                 if offsets is None and op.passes_through(element):
                     alone.append(op.single_row(element))
@@ -384,7 +360,7 @@ class ConcatIterator(_PackIterator):
             cut = self._carry is not None and any(offsets.values())
             entries = [(self._carry[3], dict(offsets))] if cut and self._carry is not None else []
         if entries:
-            used = _used(entries)
+            used = used_of(entries)
             if used is not None:
                 state["used"] = used
         elif offsets:
@@ -392,15 +368,12 @@ class ConcatIterator(_PackIterator):
         return state
 
     def set_state(self, state: Any) -> None:
-        if isinstance(state, (list, tuple)):  # every old host's states: an elastic restore
-            self._restart(state)
-            return
         state = _check_packer(state, self._op, "a concat-then-split packer")
         self._parent.set_state(state["parent"])
         self._carry, self._ended, self._ready, self._handed = None, False, [], 0
         offsets = {str(k): int(v) for k, v in dict(state["offsets"]).items()}
         if offsets:
-            self._carry = (next(self._parent), offsets, state["parent"], _last_tag(self._parent))
+            self._carry = (next(self._parent), offsets, state["parent"], self._parent_tag())
         skip = int(state.get("skip", 0))  # states without it (none to skip) restore as before
         if skip:
             self._fill()

@@ -15,18 +15,20 @@ stages' states and records the operations it was made for.
 from __future__ import annotations
 
 import importlib
+import json
 from collections.abc import Sequence
 from typing import Any
 
+from dataloader.engine.restore.protocol import ElasticDefaults, StatePart
 from dataloader.engine.stages.base import DatasetIterator
 from dataloader.engine.stages.elementwise import BatchIterator, ElementwiseIterator
 from dataloader.errors import StateMismatchError
-from dataloader.operations.transforms import GROUP, STREAM
+from dataloader.operations.transforms import GROUP, STREAM, runs_of
 from dataloader.options import MultiprocessingOptions
 
 
 def _runs(op: Any) -> Any:
-    return getattr(op, "runs", None)
+    return runs_of(op)
 
 
 def stream_stage(parent: DatasetIterator, op: Any) -> DatasetIterator:
@@ -78,7 +80,7 @@ def check_shippable(tail: Sequence[Any]) -> None:
     import cloudpickle
 
     for op in tail:
-        if _runs(op) in (STREAM, GROUP) or getattr(op, "needs_index", False):
+        if _runs(op) in (STREAM, GROUP) or op.needs_index:
             continue  # run in this process
         try:
             cloudpickle.dumps(op)
@@ -94,7 +96,7 @@ def _name(op: Any) -> str:
     return op.name
 
 
-class TailIterator(DatasetIterator):
+class TailIterator(DatasetIterator, ElasticDefaults):
     """The stages of ``tail`` over ``head`` (the engine's iterator); see the module docstring.
 
     Args:
@@ -135,22 +137,12 @@ class TailIterator(DatasetIterator):
     def _elementwise(self, top: DatasetIterator, ops: tuple[Any, ...]) -> DatasetIterator:
         """The element-wise ``ops`` over ``top``: on a pool with workers (an op that
         needs the stream's order, ``map_with_index``, stays here), else here."""
-        if not self._workers or any(getattr(op, "needs_index", False) for op in ops):
+        if not self._workers or any(op.needs_index for op in ops):
             return ElementwiseIterator(top, ops, self._seed)
         from dataloader.engine.shipped import ShippedElementwiseIterator
 
         options = MultiprocessingOptions(num_workers=self._workers)
         return ShippedElementwiseIterator(top, ops, options, self._init_fn, default_seed=self._seed)
-
-    def _stop_stages(self) -> None:
-        """Stops the workers of the stages over the head, leaving the head open."""
-        from dataloader.engine.shipped import ShippedElementwiseIterator
-
-        stage: Any = self._parent
-        while stage is not self._head and isinstance(stage, DatasetIterator):
-            if isinstance(stage, ShippedElementwiseIterator):
-                stage.stop_workers()
-            stage = stage._parents[0] if len(stage._parents) == 1 else None
 
     @property
     def head(self) -> DatasetIterator:
@@ -163,35 +155,41 @@ class TailIterator(DatasetIterator):
     def get_state(self) -> dict[str, Any]:
         return {"stages": self._parent.get_state(), "stage_operations": self._operations}
 
-    # An Orbax restore on another process count hands set_state every old process's
-    # state (dataloader.checkpoint).
-    restores_from_every_shard = True
-
     def set_state(self, state: Any) -> None:
-        """Continues from ``state``; given every old host's states (a list), restores
-        elastically: the engine reads its share of what they left unread (the records
-        of the old packers' open bins included) and the stages start empty."""
-        if isinstance(state, (list, tuple)):
-            head: Any = self._head  # the engine's iterator, which takes a list of states
-            self._stop_stages()  # their pools read the head: stopped before it moves
-            head.set_state(list(state))
-            self._parents = (self._stages(self._head),)
-            return
-        if isinstance(state, (str, bytes)):
-            import json
+        """Continues from ``state``. Every old host's states (a list) restore elastically
+        (the restore room, through :meth:`split_state` and :meth:`restart_elastic`): the
+        engine reads its share of what they left unread (the records of the old packers'
+        open bins included) and the stages start empty."""
+        self._parent.set_state(self._checked(state)["stages"])
 
+    # The elastic-restore protocol (dataloader.engine.restore.protocol.ElasticStage); its
+    # restart moves its stages (each restarts empty, the engine on this host's share).
+
+    def split_state(self, state: Any) -> StatePart:
+        """The stages' state; an elastic restore may change the batch size (the host
+        count's share of the global batch), not the operations."""
+        return StatePart(self._checked(state, elastic=True)["stages"])
+
+    def _checked(self, state: Any, elastic: bool = False) -> dict[str, Any]:
+        if isinstance(state, (str, bytes)):
             state = json.loads(state)
         if not isinstance(state, dict) or "stages" not in state or "stage_operations" not in state:
             raise StateMismatchError(
                 f"this loader packs ({self._operations[0]}), so its states have 'stages' and "
                 f"'stage_operations'; got {str(state)[:200]}"
             )
-        if state["stage_operations"] != self._operations:
+        saved = state["stage_operations"]
+        # An elastic restore changes the per-host batch size: a Batch may differ in size.
+        same = len(saved) == len(self._operations) and all(
+            a == b or (elastic and _runs(op) == GROUP and str(a).startswith("Batch("))
+            for a, b, op in zip(saved, self._operations, self._tail)
+        )
+        if not same:
             raise StateMismatchError(
                 f"this state was saved for the operations {state['stage_operations']} after the "
                 f"engine, but this loader has {self._operations}; keep the operations as they were"
             )
-        self._parent.set_state(state["stages"])
+        return state
 
     def close(self) -> None:
         super().close()

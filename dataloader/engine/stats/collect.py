@@ -149,3 +149,29 @@ def engines(it: Any) -> list[Any]:
         elif isinstance(node, StatsParticipant):
             stack.extend(reversed(list(node._stats_parents())))
     return found
+
+
+def engine_totals(it: StatsParticipant, stats: Any, batches: bool) -> dict[str, Any]:
+    """The totals of an engine's iterator: its :class:`~dataloader.engine.stats.units.Stats`
+    (``stats``), with what the iterator handed out (batches or elements) and waited."""
+    totals = stats.totals(time.monotonic())
+    clock = clock_of(it)
+    if batches:
+        totals["elements_out"], totals["batches_out"] = stats.elements, clock.outputs
+    else:
+        totals["elements_out"] = clock.outputs
+    totals["wait_s"] = clock.wait_s()
+    return totals
+
+
+def engine_pipeline(pipeline: Any, stats: Any) -> dict[str, Any]:
+    """An engine's ``stats()["pipeline"]``: its description, and when results come through
+    shared memory, how much room the result blocks have left (what the advice reads)."""
+    out = dict(pipeline)
+    if stats.pipe_units:
+        from dataloader.engine.pool.shm import block_room
+
+        room = block_room()
+        if room is not None:
+            out["shm_free_mb"] = room / 2**20
+    return out

@@ -41,8 +41,8 @@ class FilterWatch:
     def for_operations(cls, ops: Sequence[Any], options: Any) -> FilterWatch | None:
         """A watch over ``ops`` with ``options`` (a ``DatasetOptions``), or None: no filter,
         no threshold, or a flat map (which adds elements, so drops cannot be counted)."""
-        filters = [op.name for op in ops if getattr(op, "returns", None) == KEEP]
-        if not filters or any(getattr(op, "returns", None) == MANY for op in ops):
+        filters = [op.name for op in ops if op.returns == KEEP]
+        if not filters or any(op.returns == MANY for op in ops):
             return None
         warn = options.get("filter_warn_threshold_ratio")
         fail = options.get("filter_raise_threshold_ratio")

@@ -39,7 +39,7 @@ def describe_pipeline(
     return {
         "source": type(source).__name__,
         "num_records": int(sampler.num_records),
-        "shuffle": bool(getattr(sampler, "shuffle", False)),
+        "shuffle": bool(sampler.shuffle),
         "max_group_size": max(groups) if groups else None,
         "files_with_groups": sum(1 for g in groups if g > 1),
         "operations": list(plan.operation_names),

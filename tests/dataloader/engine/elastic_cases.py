@@ -45,6 +45,14 @@ def times_ten(x: int) -> int:
     return x * 10
 
 
+def same(x: Any) -> Any:
+    return x
+
+
+def as_x(x: int) -> dict[str, np.ndarray]:
+    return {"x": np.int64(x)}
+
+
 def as_tokens(x: int) -> dict[str, np.ndarray]:
     return {"tokens": np.full(1 + x % 7, x + 1, dtype=np.int64)}
 
@@ -152,6 +160,9 @@ PIPELINES: dict[str, tuple[Callable[[], list[Any]], str]] = {
     "flat map, concat-then-split": (
         lambda: [dl.FlatMapTransform(fan_out, max_fan_out=3), dl.MapTransform(as_tokens), _pack("concat")], "tokens"
     ),
+    # end="pad" (make_loader passes it for these names): every host the same number of
+    # steps, the last ones padded and masked; on one host the sampler has NoSharding.
+    "end pad": (lambda: [dl.MapTransform(as_x), dl.Batch(4)], "masked"),
 }
 
 
@@ -201,6 +212,14 @@ DATASETS: dict[str, tuple[Callable[[int, int], Any], str]] = {
         lambda h, c: _first_fit(_first_fit(_stream(h, c).filter(keep).map(as_tokens)), 24), "tokens"),
     "first-fit over pooled map over first-fit": (
         lambda h, c: _first_fit(_first_fit(_stream(h, c).filter(keep).map(as_tokens)).map(same_row), 24), "tokens"),
+    # A batch (in the consumer's process) over a window shuffle or a packer, directly and
+    # with a pooled map between.
+    "batch over window shuffle": (lambda h, c: _shuffled(_stream(h, c).filter(keep)).batch(4), "batch"),
+    "batch over pooled map over window shuffle": (
+        lambda h, c: _shuffled(_stream(h, c).filter(keep)).map(same).batch(4), "batch"),
+    "batch over first-fit": (lambda h, c: _first_fit(_stream(h, c).filter(keep).map(as_tokens)).batch(2), "rows"),
+    "batch over pooled map over first-fit": (
+        lambda h, c: _first_fit(_stream(h, c).filter(keep).map(as_tokens)).map(same_row).batch(2), "rows"),
 }
 
 
@@ -221,7 +240,7 @@ def make_loader(name: str, shard: int, count: int, workers: int = 0) -> dl.DataL
     source, sampler, head = _source_and_sampler(name == "mixture", name == "window shuffle", name == "Parquet stream")
     ops, _ = PIPELINES[name]
     return dl.DataLoader(source, sampler, [*head, *ops()], worker_count=workers,
-                         shard_options=dl.ShardOptions(shard, count))
+                         shard_options=dl.ShardOptions(shard, count), end="pad" if "end pad" in name else None)
 
 
 def record_ids(name: str, output: Any) -> list[int]:
@@ -229,6 +248,11 @@ def record_ids(name: str, output: Any) -> list[int]:
     kind = _kind(name)
     if kind in ("batch", "element"):
         return np.asarray(output).reshape(-1).tolist()
+    if kind == "masked":  # end="pad": the real rows
+        return np.asarray(output["x"])[np.asarray(output["mask"])].tolist()
+    if kind == "rows":  # a batch of packed rows
+        rows = {k: np.asarray(v) for k, v in output.items()}
+        return [i for r in range(len(rows["tokens"])) for i in record_ids("first-fit", {k: v[r] for k, v in rows.items()})]
     tokens, segments = np.asarray(output["tokens"]), np.asarray(output["tokens_segment_ids"])
     if kind == "tokens":
         return [int(t) - 1 for t in tokens[(segments > 0) & (tokens > 0)]]  # not an inner row's padding

@@ -59,7 +59,8 @@ def test_every_record_is_used_exactly_once_through_the_pooled_stage(name, change
     assert run(name, CHANGES[change]) == reference(name)
 
 
-@pytest.mark.parametrize("name", ["pooled map over first-fit", "first-fit over pooled map"])
+@pytest.mark.parametrize("name", ["pooled map over first-fit", "first-fit over pooled map", "batch over window shuffle",
+                                  "batch over pooled map over first-fit"])
 def test_exactly_once_with_worker_processes(name):
     assert run(name, CHANGES["1->2->3->1"], workers=2) == reference(name)
 

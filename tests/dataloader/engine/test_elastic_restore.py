@@ -15,13 +15,16 @@ import numpy as np
 import pytest
 
 import dataloader as dl
-from dataloader.engine.elastic import ElasticSampler, Layout, next_layout
+from dataloader.engine.restore.layout import Layout, next_layout
+from dataloader.engine.restore.protocol import takes_every_host
+from dataloader.engine.restore.samplers import ElasticSampler
 from dataloader.errors import StateMismatchError
 from dataloader.iterator import elastic_iterator
 from tests.dataloader.engine.elastic_cases import (
     CHANGES,
     DATASETS,
     PIPELINES,
+    as_x,
     make_loader,
     record_ids,
     reference,
@@ -86,7 +89,8 @@ def test_a_state_that_cannot_name_a_cut_elements_rest_is_refused():
 
 
 def test_rest_of_an_element_between_two_used_pieces_and_a_chain_of_them():
-    from dataloader.engine.elastic import _merge, _rest
+    from dataloader.engine.restore.layout import _merge
+    from dataloader.engine.restore.relayout import _rest
 
     element = {"tokens": np.arange(30)}
     assert _rest(element, {"tokens": [12, 24]})["tokens"].tolist() == list(range(12, 24))
@@ -101,9 +105,31 @@ def test_exactly_once_whatever_step_the_hosts_save_at(name, steps):
     assert run(name, [(2, steps), (3, steps), (1, None)]) == reference(name)
 
 
-@pytest.mark.parametrize("name", ["filter", "first-fit", "flat map"])  # flat map: checks dropped outputs in workers
+@pytest.mark.parametrize("name", ["filter", "first-fit", "flat map", "end pad"])  # flat map: dropped outputs in workers
 def test_exactly_once_with_worker_processes(name):
     assert run(name, [(2, 3), (3, 2), (1, None)], workers=2) == reference(name)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_end_pad_restores_elastically_onto_one_host(workers):
+    """The README's ``end="pad"`` example (9 records, 2 hosts, batches of 4) restored on
+    one host, whose sampler shards nothing (``NoSharding``): every record once, and the
+    step count computed again for the one host."""
+
+    def host(index, count):
+        shard = dl.ShardOptions(index, count) if count > 1 else dl.NoSharding()
+        return dl.DataLoader(dl.RangeDataSource(9), dl.IndexSampler(9, shard, num_epochs=1),
+                             [dl.MapTransform(as_x), dl.Batch(4)], end="pad", worker_count=workers)
+
+    old = [iter(host(h, 2)) for h in range(2)]
+    used = [x for it in old for x in record_ids("end pad", next(it))]
+    states = [json.loads(json.dumps(it.get_state())) for it in old]
+    for it in old:
+        it.close()
+    rest = list(host(0, 1).iterator(states))
+    used += [x for batch in rest for x in record_ids("end pad", batch)]
+    assert sorted(used) == list(range(9))
+    assert len(rest) == 1 and rest[0]["mask"].tolist() == [True] * 1 + [False] * 3
 
 
 def test_hosts_that_ran_unevenly_are_restored_too():
@@ -269,7 +295,7 @@ def test_a_window_shuffle_iterator_over_a_loader_takes_every_old_hosts_states():
     assert all(s["pos_in_window"] == 3 and len(s["used"]) == 3 for s in states)
     for j in range(3):
         it = WindowShuffleDatasetIterator(make_loader(name, j, 3).iterator(), 5, 3)
-        assert it.restores_from_every_shard
+        assert takes_every_host(it)
         it.set_state(states)
         used += [i for out in it for i in record_ids(name, out)]
     assert sorted(used) == reference(name)
@@ -295,7 +321,7 @@ def test_a_window_shuffle_over_an_iterator_of_one_state_refuses_every_hosts_stat
             self.n = state["n"]
 
     it = WindowShuffleDatasetIterator(Counting(), 3, 0)
-    assert not it.restores_from_every_shard
+    assert not takes_every_host(it)
     next(it)
     assert "used" not in it.get_state()  # its elements have no engine positions
     with pytest.raises(StateMismatchError, match="restores from one state only"):

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import dataloader as dl
+from dataloader.engine.restore.protocol import takes_every_host
 from dataloader.engine.stages.finite import (
     PadEnd,
     batch_count,
@@ -469,11 +470,11 @@ def test_an_end_together_over_an_iterator_of_one_state_refuses_every_hosts_state
             pass
 
     it = EndTogether(One(), batch_size=2, end=PadEnd())
-    assert not it.restores_from_every_shard
+    assert not takes_every_host(it)
     with pytest.raises(StateMismatchError, match="restores from one state only"):
         it.set_state([{}, {}])
 
 
 def test_an_end_pad_loaders_iterator_takes_every_shard_in_an_orbax_restore():
     it = loader(0, 2, [dl.MapTransform(as_dict), dl.Batch(4)]).iterator()
-    assert it.restores_from_every_shard
+    assert takes_every_host(it)

@@ -1,7 +1,10 @@
-"""Streams the experimental-dataset tests share: a user's own source that counts its reads."""
+"""Streams the experimental-dataset tests share: a user's own source that counts its reads,
+and a run of ``ElasticIterator`` shards through restores on other shard counts."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -45,3 +48,30 @@ def engine_stream(n: int = 30, seed: int = 5) -> dl.IterDataset:
     """A shuffled, filtered, mapped engine-backed stream of dicts (values 0..n-1, no multiples of 7)."""
     return (dl.MapDataset.range(n).seed(seed).shuffle().map(lambda x: {"x": np.int64(x)})
             .to_iter_dataset().filter(lambda e: e["x"] % 7 != 0))
+
+
+def run_on_shard_counts(make: Callable[[int, int], Any], ids: Callable[[Any], list[Any]],
+                        phases: Sequence[tuple[int, int | None]]) -> list[Any]:
+    """``make(shard, count)`` (an ``ElasticIterator``) through ``phases`` of ``(count,
+    steps)`` (None: to the end); each phase restores from the union of the last one's
+    ``get_shard_states()`` through JSON (whose keys are strings). Returns what ``ids``
+    reads of every output."""
+    used: list[Any] = []
+    states: dict[Any, Any] = {}
+    for count, steps in phases:
+        its = [make(h, count) for h in range(count)]
+        for it in its:
+            if states:
+                it.set_shard_states(states)
+            taken = 0
+            while steps is None or taken < steps:
+                try:
+                    used += ids(next(it))
+                except StopIteration:
+                    break
+                taken += 1
+        states = {}
+        for it in its:
+            states.update(json.loads(json.dumps(it.get_shard_states())))
+            it.close()
+    return used

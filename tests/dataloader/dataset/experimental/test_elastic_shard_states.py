@@ -6,13 +6,12 @@ record exactly once over the whole run.
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
 import dataloader as dl
 from dataloader.dataset.experimental.elastic import ElasticIterator
+from tests.dataloader.dataset.experimental.streams import run_on_shard_counts
 
 N = 61
 
@@ -113,25 +112,11 @@ def test_a_map_after_a_packer_on_worker_processes_restores_with_every_record_onc
 
 def _restore_on_other_counts(name: str, mp=None) -> None:
     make, want = CASES[name]
-    used: list[int] = []
-    shard_states: dict[int, dict] = {}
-    for count, steps in [(2, 2), (3, 1), (1, None)]:
-        its = [ElasticIterator(make(), 6, dl.ShardOptions(h, count), multiprocessing_options=mp) for h in range(count)]
-        for it in its:
-            if shard_states:
-                it.set_shard_states(shard_states)
-            taken = 0
-            while steps is None or taken < steps:
-                try:
-                    used += ids(name, next(it))
-                except StopIteration:
-                    break
-                taken += 1
-        shard_states = {}
-        for it in its:
-            shard_states.update(json.loads(json.dumps(it.get_shard_states())))
-        assert sorted(map(int, shard_states)) == list(range(count))  # JSON keys are strings
-    assert sorted(used) == want
+
+    def shard(h, count):
+        return ElasticIterator(make(), 6, dl.ShardOptions(h, count), multiprocessing_options=mp)
+
+    assert sorted(run_on_shard_counts(shard, lambda out: ids(name, out), [(2, 2), (3, 1), (1, None)])) == want
 
 
 def test_each_shard_yields_its_share_of_the_global_batch():
@@ -177,3 +162,9 @@ def test_a_packer_cutting_another_packers_rows_mid_round_is_refused_at_restore()
     states = {h: s for it in its for h, s in it.get_shard_states().items()}
     with pytest.raises(dl.StateMismatchError, match="does not name as positions"):
         ElasticIterator(ds, 3, dl.ShardOptions(0, 3)).set_shard_states(states)
+
+
+def test_shard_states_are_keyed_by_shard_index():
+    its = [ElasticIterator(CASES["filter"][0](), 6, dl.ShardOptions(h, 3)) for h in range(3)]
+    keys = sorted(k for it in its for k in it.get_shard_states())
+    assert keys == [0, 1, 2]

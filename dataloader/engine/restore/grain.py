@@ -44,6 +44,7 @@ import re
 from typing import Any
 
 from dataloader.errors import StateMismatchError
+from dataloader.samplers import IndexSampler
 
 _PAIR = re.compile(r"(\w+)=([\w.+-]+)")
 _SAMPLER_KEYS = ("num_records", "shuffle", "seed", "num_epochs", "shard_index", "shard_count")
@@ -183,7 +184,7 @@ _HOW = (
 def reads_grains_order(sampler: Any) -> bool:
     """Whether a DataLoader's ``sampler`` reads its records in Grain's dataset order: no
     shuffle, or ``permutation="grain"`` (a dataset's iterator is told by its dataset)."""
-    return not getattr(sampler, "shuffle", True) or getattr(sampler, "permutation", None) == "grain"
+    return not sampler.shuffle or (isinstance(sampler, IndexSampler) and sampler.permutation == "grain")
 
 
 def dataset_next_index(state: dict[str, Any]) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dataloader.engine.grain_state import (
+from dataloader.engine.restore.grain import (
     dataset_next_index,
     from_grain,
     from_grain_dataset,

@@ -157,6 +157,24 @@ MODULES: dict[str, GrainModule] = {
         names=("TFRecordIterDataset", "_TFRecordDatasetIterator", "_TFRecordReader"),
         search=("dataloader.compat.tfrecord", "dataloader.experimental"),
     ),
+    # What Grain's elastic iterator and its tests import.
+    "grain._src.python.dataset.elastic_iterator": GrainModule(
+        names=("ElasticIterator",), search=("dataloader.experimental",),
+    ),
+    "grain._src.python.dataset.transformations": GrainModule(names=()),
+    "grain._src.python.dataset.transformations.interleave": GrainModule(
+        names=("InterleaveDatasetIterator", "InterleaveIterDataset"),
+        search=("dataloader.dataset.transformations.interleave",),
+    ),
+    "grain._src.python.testing": GrainModule(names=()),
+    "grain._src.python.testing.experimental": GrainModule(
+        names=("assert_equal_output_after_checkpoint",), search=("dataloader.testing",),
+    ),
+    "grain._src.python.checkpoint": GrainModule(names=()),
+    "grain._src.python.checkpoint.handler": GrainModule(
+        names=("CheckpointHandler",), search=(_CHECKPOINT,),
+        renamed={"CheckpointHandler": (f"{_CHECKPOINT}:CheckpointHandler", f"{_CHECKPOINT}:IteratorCheckpointHandler")},
+    ),
 }
 
 

@@ -39,6 +39,9 @@ _EXPORTS: dict[str, str] = {
     "ReadOptions": "dataloader.options",
     "DatasetOptions": "dataloader.options",
     "ExecutionTrackingMode": "dataloader.options",
+    "ElasticStage": "dataloader.engine.restore.protocol",
+    "StatePart": "dataloader.engine.restore.protocol",
+    "takes_every_host": "dataloader.engine.restore.protocol",
     "EndTogether": "dataloader.engine.stages.finite",
     "PadEnd": "dataloader.engine.stages.finite",
     "RayExecutor": "dataloader.engine.remote.ray_executor",  # imports Ray when used

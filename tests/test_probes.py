@@ -26,8 +26,8 @@ PACKAGES = ("dataloader", "samplers", "sources", "operations")
 NAMEDTUPLE = {"_replace", "_asdict", "_fields", "_make"}
 
 # The bounds (issue 33: at most 40 probes and 100 private reads once its steps land).
-MOST_PROBES = 93
-MOST_PRIVATE_READS = 166
+MOST_PROBES = 48
+MOST_PRIVATE_READS = 124
 
 
 def _is_probe(node: ast.AST) -> bool:

@@ -48,3 +48,18 @@ def run_row(script: str, request: dict, timeout: float, env: dict[str, str] | No
                 break
     tail = [line for line in stderr.strip().splitlines() if line.strip()] or ["no output"]
     return {"ok": False, "reason": f"exit {process.returncode}: {tail[-1][:200]}"}
+
+
+def run_in_tree(script: str, tree: str, arguments: list[str], timeout: float = 600) -> dict:
+    """``script arguments`` in a fresh interpreter that imports the project from the
+    checkout ``tree`` (first on the path, and the working directory): one row of a
+    side-by-side run against other checkouts (the code before a change). Returns the JSON
+    object on the last line it prints; raises with its stderr when it fails."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([tree, str(Path(script).resolve().parent)]))
+    out = subprocess.run(
+        [sys.executable, str(Path(script).resolve()), *arguments],
+        env=env, cwd=tree, capture_output=True, text=True, timeout=timeout,
+    )
+    if out.returncode:
+        raise RuntimeError(f"{Path(script).name} {' '.join(arguments)} in {tree} failed:\n{out.stderr}")
+    return json.loads(out.stdout.strip().splitlines()[-1])

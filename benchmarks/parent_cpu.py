@@ -28,14 +28,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
+from bench_env import run_in_tree
 
 N = 10**7
 ROWS = ("loader", "loader + packer", "dataset window shuffle")
@@ -79,14 +77,7 @@ def measure(row: str, warmup: int, seconds: float) -> dict:
 
 
 def _row(tree: str, row: str, args: argparse.Namespace) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([tree, str(Path(__file__).resolve().parent)]))
-    out = subprocess.run(
-        [sys.executable, __file__, "--child", row, "--seconds", str(args.seconds), "--warmup", str(args.warmup)],
-        env=env, cwd=tree, capture_output=True, text=True, timeout=600,
-    )
-    if out.returncode:
-        raise RuntimeError(f"row {row} of {tree} failed:\n{out.stderr}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_in_tree(__file__, tree, ["--child", row, "--seconds", str(args.seconds), "--warmup", str(args.warmup)])
 
 
 def main() -> None:

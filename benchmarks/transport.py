@@ -23,14 +23,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
+from bench_env import run_in_tree
 
 RECORDS_PER_BATCH = 8
 
@@ -69,14 +67,7 @@ def measure(record_bytes: int, seconds: float) -> dict:
 
 
 def _row(tree: str, record_bytes: int, seconds: float) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([tree, str(Path(__file__).resolve().parent)]))
-    out = subprocess.run(
-        [sys.executable, __file__, "--child", str(record_bytes), "--seconds", str(seconds)],
-        env=env, cwd=tree, capture_output=True, text=True, timeout=600,
-    )
-    if out.returncode:
-        raise RuntimeError(f"row {tree} {record_bytes} failed:\n{out.stderr}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_in_tree(__file__, tree, ["--child", str(record_bytes), "--seconds", str(seconds)])
 
 
 def main() -> None:

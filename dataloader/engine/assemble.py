@@ -45,6 +45,10 @@ class BatchAssembler:
         self._i += 1
         return out
 
+    def last_tag(self) -> tuple[int, int] | None:
+        """None: a batch holds several elements (see :meth:`ElementAssembler.last_tag`)."""
+        return None
+
     def state(self) -> Cursor:
         if self._i < len(self._outputs):
             return Cursor(self._start, 0, self._i)
@@ -55,10 +59,6 @@ class BatchAssembler:
             return None
         r, i = self._last
         return [r], [(r, i, i + 1)], i
-
-    def last_tag(self) -> tuple[int, int] | None:
-        """None: a batch holds several elements (see :meth:`ElementAssembler.last_tag`)."""
-        return None
 
 
 class ElementAssembler:

@@ -57,6 +57,7 @@ from dataloader.dataset.experimental.elastic_path import (
     elastic_path,
     index_stream,
     interleave_under,
+    own_shard_state,
     shards_loader,
 )
 from dataloader.dataset.map_dataset import MapDataset
@@ -173,6 +174,9 @@ class ElasticIterator(DatasetIterator):
 
     def get_state(self) -> dict[str, Any]:
         state = self._inner.get_state()
+        if self._path.kind == INTERLEAVE:  # this shard's own, saying which (own_shard_state)
+            return {"shard_index": self._shard_options.shard_index,
+                    "shard_count": self._shard_options.shard_count, "iterator": state}
         if self._path.kind != INDEX:  # this shard's own state
             return state
         made_for = {k: v for k, v in state["made_for"].items() if k not in _PER_SHARD}
@@ -196,7 +200,7 @@ class ElasticIterator(DatasetIterator):
             self._iterator = self._loader.iterator(state)
             return
         if self._path.kind == INTERLEAVE:
-            self._inner.set_state(state)
+            self._inner.set_state(own_shard_state(state, self._shard_options))
             return
         state = expect_state(state, (_KEY,), "ElasticIterator")
         n, count = int(state[_KEY]), self._shard_options.shard_count

@@ -135,3 +135,21 @@ def index_stream(ds: Any, shard_options: ShardOptions, read_options: ReadOptions
     else:
         stream = ds.configured(shard_options=shard_options, read_options=read_options)
     return stream.batch(batch, drop_remainder=True)
+
+
+def own_shard_state(state: Any, shard_options: ShardOptions) -> Any:
+    """The iterator's state in an ``interleave`` path state, refused unless it is this
+    shard's: it names only the datasets of the shard that saved it."""
+    from dataloader.engine.stages.base import expect_state
+    from dataloader.errors import StateMismatchError
+
+    state = expect_state(state, ("shard_index", "shard_count", "iterator"), "ElasticIterator")
+    saved = (state["shard_index"], state["shard_count"])
+    if saved != (shard_options.shard_index, shard_options.shard_count):
+        raise StateMismatchError(
+            f"this state is shard {saved[0]} of {saved[1]}'s and this ElasticIterator is shard "
+            f"{shard_options.shard_index} of {shard_options.shard_count}: over an "
+            f"InterleaveIterDataset a state restores its own shard only; on another shard "
+            f"count pass the union of every shard's get_shard_states() to set_shard_states"
+        )
+    return state["iterator"]

@@ -151,3 +151,12 @@ def test_worker_processes_on_the_interleave_path_are_refused_as_in_grain():
     with pytest.raises(NotImplementedError, match="multiprocess prefetching"):
         ElasticIterator(InterleaveIterDataset(datasets(2), cycle_length=2), 2, dl.ShardOptions(0, 1),
                         multiprocessing_options=dl.MultiprocessingOptions(num_workers=1))
+
+
+def test_a_state_of_another_shard_is_refused_on_the_interleave_path():
+    """A state names only the datasets of its shard: restoring it into another shard (as
+    a checkpoint read on another process count would) is refused, saying what to do."""
+    it = _interleave(0, 2)
+    next(it)
+    with pytest.raises(dl.StateMismatchError, match=r"shard 0 of 2's and this ElasticIterator is shard 1 of 3"):
+        _interleave(1, 3, 6).set_state(it.get_state())

@@ -102,24 +102,13 @@ def chain_totals(
 
 
 def chain_pipeline(it: StatsParticipant) -> dict[str, Any]:
-    """The first engine's description, with the iterator-level stages above it."""
-    stages: list[str] = []
-    node: Any = it
-    while True:
-        own = getattr(node, "_pipeline", None)
-        if own is not None:
-            pipeline = dict(own)
-            break
-        name = stage_name(node)
-        if name is not None:
-            stages.append(name)
-        parents = participants(node)
-        if not parents:
-            pipeline = {}
-            break
-        node = parents[0]
-    if stages:
-        pipeline["stages"] = [*pipeline.get("stages", []), *reversed(stages)]
+    """The first engine's description (what its iterator's ``_stats_pipeline()`` says),
+    with the iterator-level stages above it, lowest first."""
+    parents = participants(it)
+    pipeline = dict(parents[0]._stats_pipeline()) if parents else {}
+    name = stage_name(it)
+    if name is not None:
+        pipeline["stages"] = [*pipeline.get("stages", []), name]
     return pipeline
 
 

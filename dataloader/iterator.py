@@ -66,10 +66,10 @@ class DataLoaderIterator(DatasetIterator[Any]):
         state: what :meth:`set_state` takes, to start from; None: the beginning.
     """
 
-    _stats_name: str | None = None  # stats(): the engine's stages are in its Stats
+    stats_name: str | None = None  # stats(): the engine's stages are in its Stats
     # close() may come from any thread while a next() waits: the executor's close ends
     # that wait at once (Executor's contract), so the device feed closes it first.
-    _closes_from_any_thread = True
+    closes_from_any_thread = True
     _resume: Cursor | None = None  # after a PipelineError of an element stream: the restart
     _primed: list[Any] | None = None  # a fingerprint check's units from the cursor on
 
@@ -88,7 +88,7 @@ class DataLoaderIterator(DatasetIterator[Any]):
         self._assembler: Any = None
         self._closed = False
         self._stats = Stats()
-        self._stats_batches = self._plan.batch is not None
+        self.stats_batches = self._plan.batch is not None
         # Steps handed out since the stream's start (None: unknown, after a restore from
         # a state without a fingerprint), and the fingerprint a restore brought.
         self._step: int | None = 0
@@ -221,10 +221,10 @@ class DataLoaderIterator(DatasetIterator[Any]):
         if isinstance(self._executor, Prefetching):
             self._executor.start_prefetch()
 
-    def _stats_totals(self) -> dict[str, Any]:
-        return collect.engine_totals(self, self._stats, bool(self._stats_batches))
+    def stats_totals(self) -> dict[str, Any]:
+        return collect.engine_totals(self, self._stats, bool(self.stats_batches))
 
-    def _stats_pipeline(self) -> dict[str, Any]:
+    def stats_pipeline(self) -> dict[str, Any]:
         return collect.engine_pipeline(self._engine.pipeline, self._stats)
 
     @property

@@ -25,9 +25,10 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGES = ("dataloader", "samplers", "sources", "operations")
 NAMEDTUPLE = {"_replace", "_asdict", "_fields", "_make"}
 
-# The bounds (issue 33: at most 40 probes and 100 private reads once its steps land).
-MOST_PROBES = 47
-MOST_PRIVATE_READS = 125
+# The bounds (issue 33 asked for at most 40 probes and 100 private reads; 93 and 166
+# when it was filed).
+MOST_PROBES = 38
+MOST_PRIVATE_READS = 92
 
 
 def _is_probe(node: ast.AST) -> bool:

@@ -62,7 +62,7 @@ class Recorder:
         self._due = now + self._every
         if len(self.samples) >= MAX_SAMPLES:
             self.samples, self._every = self.samples[::2], self._every * 2
-        totals = self._it._stats_totals()
+        totals = self._it.stats_totals()
         self.samples.append(Sample(now, totals["records_read"], totals["elements_out"],
                                    totals["batches_out"], totals["wait_s"]))
         for i, engine in enumerate(self._engines):

@@ -91,7 +91,7 @@ class _TFRecordDatasetIterator(DatasetIterator):
     and set ``self._reader`` to a reader of its own, as MaxText's GCS iterator does.
     """
 
-    _stats_name = "read"  # stats(): reading the file is the stream's read stage
+    stats_name = "read"  # stats(): reading the file is the stream's read stage
 
     def __init__(self, path: str) -> None:
         super().__init__()

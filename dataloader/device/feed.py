@@ -45,7 +45,7 @@ import jax
 
 from dataloader.device.placement import Placement
 from dataloader.engine.restore.protocol import StatePart
-from dataloader.engine.stages.base import DatasetIterator
+from dataloader.engine.stages.base import DatasetIterator, SupportsClose
 from dataloader.engine.stats import collect
 from dataloader.engine.stats.protocol import StatsParticipant
 from dataloader.engine.stats.shape import empty_totals
@@ -254,7 +254,7 @@ class _Resources:
 def _shutdown(res: _Resources) -> None:
     if res.feed is not None:
         res.feed.stopping.set()
-        if isinstance(res.source, DatasetIterator) and res.source._closes_from_any_thread:
+        if isinstance(res.source, DatasetIterator) and res.source.closes_from_any_thread:
             # It says it closes safely from any thread and ends a next() in progress at
             # once (a loader's, waiting on a stuck worker, say), so the read thread stops
             # now. Other sources are closed only after their thread, which might be
@@ -263,9 +263,8 @@ def _shutdown(res: _Resources) -> None:
         # Bounded, so that a source stuck in next() cannot hang close() or interpreter
         # exit; closing the source below is what ends such a call.
         res.feed.stop(timeout=CLOSE_WAIT_S)
-    close = getattr(res.source, "close", None)
-    if close is not None:
-        close()
+    if isinstance(res.source, SupportsClose):
+        res.source.close()
 
 
 class DeviceIterator(DatasetIterator[Any]):
@@ -289,7 +288,7 @@ class DeviceIterator(DatasetIterator[Any]):
         ([0, 1, 2, 3], 4)
     """
 
-    _stats_exact = True  # its calls are a training step's: time every one, never sample
+    stats_exact = True  # its calls are a training step's: time every one, never sample
 
     def __init__(
         self,
@@ -429,9 +428,9 @@ class DeviceIterator(DatasetIterator[Any]):
         """The queues' depths at each of the last ``DEPTH_SAMPLES`` steps (for reports)."""
         return list(self._res.counters.depths)
 
-    def _stats_totals(self) -> dict[str, Any]:
+    def stats_totals(self) -> dict[str, Any]:
         source = self._res.source
-        totals = source._stats_totals() if isinstance(source, StatsParticipant) else empty_totals()
+        totals = source.stats_totals() if isinstance(source, StatsParticipant) else empty_totals()
         stages = totals["stage_seconds"]
         stages["host_to_device"] = stages.get("host_to_device", 0.0) + self._res.counters.put_s
         clock = collect.clock_of(self)
@@ -439,9 +438,9 @@ class DeviceIterator(DatasetIterator[Any]):
         totals["wait_s"] = clock.wait_s()
         return totals
 
-    def _stats_pipeline(self) -> dict[str, Any]:
+    def stats_pipeline(self) -> dict[str, Any]:
         source = self._res.source
-        pipeline = source._stats_pipeline() if isinstance(source, StatsParticipant) else {}
+        pipeline = source.stats_pipeline() if isinstance(source, StatsParticipant) else {}
         pipeline["device_feed"] = {
             "cpu_buffer_size": self.cpu_buffer_size, "device_buffer_size": self.device_buffer_size,
         }

@@ -427,7 +427,7 @@ class ShippedElementwiseIterator(DatasetIterator, ElasticDefaults):
         default_seed: int | None = None,
     ) -> None:
         super().__init__(parent)
-        self._stats_name = " + ".join(op.name for op in ops)
+        self.stats_name = " + ".join(op.name for op in ops)
         self._ops = ops
         self._watch = watch
         count = check_worker_count("num_workers", options.num_workers)

@@ -99,7 +99,7 @@ class _Builder:
             low = self.as_leaf(parent) if nd.is_batched(parent) else self.lower(parent)
             low.batch = node.batch
             return low
-        children = [node.parent] if hasattr(node, "parent") else list(node.parents)
+        children = nd.children(node)
         lowered = [self.as_leaf(c) if nd.is_batched(c) else self.lower(c) for c in children]
         indices = [c.index for c in lowered]
         if isinstance(node, nd.ShuffleNode):
@@ -131,8 +131,7 @@ def _may_yield_none(node: Any) -> bool:
         return True
     if isinstance(node, nd.FlatMapNode):
         return True
-    children = [node.parent] if hasattr(node, "parent") else list(getattr(node, "parents", ()))
-    return any(_may_yield_none(c) for c in children)
+    return any(_may_yield_none(c) for c in nd.children(node))
 
 
 def _canonical_sampler(index: Any, seed: int | None) -> IndexSampler | None:

@@ -184,12 +184,26 @@ class WithIndexNode:
         return f"{self.parent!r}.map_with_index({self.op.name})"
 
 
+_ONE_PARENT = (ShuffleNode, WindowShuffleNode, RepeatNode, SliceNode, ReindexNode, OpNode, BatchNode,
+               FlatMapNode, WithIndexNode)
+_SEVERAL_PARENTS = (MixNode, SelectNode, ConcatNode)
+
+
+def children(node: Any) -> tuple[Any, ...]:
+    """The nodes ``node`` reads: its ``parent``, its ``parents`` (a mixture, a selection, a
+    concatenation), or none (a source)."""
+    if isinstance(node, _ONE_PARENT):
+        return (node.parent,)
+    if isinstance(node, _SEVERAL_PARENTS):
+        return tuple(node.parents)
+    return ()
+
+
 def has_user_dataset(node: Any) -> bool:
     """Whether a leaf of the tree is a ``MapDataset`` of the user's own."""
     if isinstance(node, SourceNode):
         return node.user
-    children = [node.parent] if hasattr(node, "parent") else list(getattr(node, "parents", ()))
-    return any(has_user_dataset(c) for c in children)
+    return any(has_user_dataset(c) for c in children(node))
 
 
 def reads_grains_order(node: Any) -> bool:
@@ -199,5 +213,4 @@ def reads_grains_order(node: Any) -> bool:
     then (:mod:`dataloader.engine.restore.grain`)."""
     if isinstance(node, WindowShuffleNode) or (isinstance(node, ShuffleNode) and node.permutation != "grain"):
         return False
-    children = [node.parent] if hasattr(node, "parent") else list(getattr(node, "parents", ()))
-    return all(reads_grains_order(c) for c in children)
+    return all(reads_grains_order(c) for c in children(node))

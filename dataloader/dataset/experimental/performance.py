@@ -58,6 +58,7 @@ from dataloader.dataset.base import IterDataset
 from dataloader.dataset.compile.nodes import is_batched
 from dataloader.dataset.map_dataset import MapDataset
 from dataloader.engine.sizing import unit_outputs
+from dataloader.engine.stages.base import SupportsClose
 from dataloader.options import AutoWorkers, MultiprocessingOptions, ReadOptions
 
 # A pool worker forked from the fork server held 2.6 MiB of private memory after ten
@@ -154,9 +155,8 @@ def _measure(ds: Any, samples: int) -> tuple[float, float]:
         for element in itertools.islice(iterator, samples):
             sizes.append(element_bytes(element))
     finally:
-        close = getattr(iterator, "close", None)
-        if callable(close):
-            close()
+        if isinstance(iterator, SupportsClose):
+            iterator.close()
     seconds = time.process_time() - began
     if not sizes:
         return 0.0, 0.0

@@ -162,7 +162,7 @@ class ParquetFileIterator(DatasetIterator):
     consumer rarely waits for a read. ``start_prefetch()`` starts reading the first.
     """
 
-    _stats_name = "read"  # stats(): reading the file is the stream's read stage
+    stats_name = "read"  # stats(): reading the file is the stream's read stage
 
     def __init__(self, path: str, columns: list[str] | None, read_kwargs: dict[str, Any]) -> None:
         super().__init__()

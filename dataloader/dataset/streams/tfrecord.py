@@ -103,7 +103,7 @@ def stream_source_form(paths: list[str], cycle_length: int, index: Any = None) -
 class TFRecordFileIterator(DatasetIterator):
     """The records of one TFRecord file; its state is the next record's byte offset."""
 
-    _stats_name = "read"  # stats(): reading the file is the stream's read stage
+    stats_name = "read"  # stats(): reading the file is the stream's read stage
 
     def __init__(self, path: str) -> None:
         super().__init__()

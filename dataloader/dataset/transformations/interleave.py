@@ -313,14 +313,14 @@ class InterleaveDatasetIterator(DatasetIterator):
         """Keeps the stats of a stream that ended (stats() adds them up)."""
         if not isinstance(it, StatsParticipant):
             return
-        add_totals(self._retired, it._stats_totals())
-        if it._clock is not None and it._clock.thread == collect.clock_of(self).thread:
-            self._retired_s += it._clock.inside_s()
+        add_totals(self._retired, it.stats_totals())
+        if it.stats_clock is not None and it.stats_clock.thread == collect.clock_of(self).thread:
+            self._retired_s += it.stats_clock.inside_s()
 
-    def _stats_parents(self) -> list[Any]:
+    def stats_parents(self) -> list[Any]:
         return [it for it in self._slots if it is not None]
 
-    def _stats_totals(self) -> dict[str, Any]:
+    def stats_totals(self) -> dict[str, Any]:
         return collect.chain_totals(self, self._retired, self._retired_s)
 
     def close(self) -> None:

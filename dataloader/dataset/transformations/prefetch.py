@@ -29,6 +29,7 @@ from dataloader.dataset.base import DatasetIterator, IterDataset
 from dataloader.dataset.context import default_worker_count, workers
 from dataloader.dataset.transformations.apply import get_next_index, set_next_index
 from dataloader.engine.restore.protocol import ElasticDefaults, StatePart
+from dataloader.engine.stages.base import SupportsClose
 from dataloader.options import MultiprocessingOptions, check_int, most_workers
 
 _POLL_S = 0.05
@@ -148,9 +149,8 @@ class _Producer:
 
 def _release(producer: _Producer, parent: Any) -> None:
     producer.stopping.set()
-    close = getattr(parent, "close", None)
-    if close is not None:
-        close()
+    if isinstance(parent, SupportsClose):
+        parent.close()
     producer.stop()
 
 
@@ -162,7 +162,7 @@ class _PrefetchingIterator(DatasetIterator, ElasticDefaults):
     the consumer at its place, with its type."""
 
     # stats(): its time in next() is its caller waiting for the thread, not a stage.
-    _stats_name = None
+    stats_name = None
 
     def __init__(self, parent: DatasetIterator, buffer_size: int) -> None:
         super().__init__(parent)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import abc
 import functools
 from collections.abc import Callable, Coroutine, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from dataloader.engine.restore.grain import is_grain_state
 from dataloader.engine.stats import collect
@@ -31,6 +31,20 @@ from dataloader.engine.stats.clock import Clock, Hook
 from dataloader.errors import StateMismatchError
 
 T = TypeVar("T")
+
+# The members of the stats protocol (and closes_from_any_thread) had private names; a
+# class still defining one would silently drop out of stats(), so it is refused instead.
+_PUBLIC_NOW = {"_clock": "stats_clock"} | {f"_{name}": name for name in (
+    "stats_name", "stats_batches", "stats_exact", "stats_totals", "stats_parents", "stats_pipeline",
+    "closes_from_any_thread")}
+
+
+@runtime_checkable
+class SupportsClose(Protocol):
+    """What holds resources until ``close()`` (an iterator, a generator, a file): a
+    reader that drops it calls ``close()``, which is idempotent."""
+
+    def close(self) -> None: ...
 
 
 class DatasetIterator(Iterator[T], abc.ABC):
@@ -45,16 +59,22 @@ class DatasetIterator(Iterator[T], abc.ABC):
 
     # stats(): every DatasetIterator is a StatsParticipant (engine/stats/protocol.py
     # says what each member means); these are the defaults a subclass overrides.
-    _clock: Clock | None = None
-    _stats_name: str | None = ""
-    _stats_batches: bool | None = None
-    _stats_exact: bool = False
+    stats_clock: Clock | None = None
+    stats_name: str | None = ""
+    stats_batches: bool | None = None
+    stats_exact: bool = False
     # What it declares to its readers (the device feed): close() may be called from
     # another thread while a next() runs in one, and ends that next() promptly.
-    _closes_from_any_thread: bool = False
+    closes_from_any_thread: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        old = sorted(set(cls.__dict__) & _PUBLIC_NOW.keys())
+        if old:
+            raise TypeError(
+                f"{cls.__qualname__} defines {old[0]}, a member the stats protocol no longer reads: "
+                f"it is public now, name it {_PUBLIC_NOW[old[0]]}"
+            )
         own = cls.__dict__.get("__next__")
         if own is not None and own not in _WRAPPED:
             cls.__next__ = _timed(own)  # type: ignore[method-assign, assignment]
@@ -152,10 +172,10 @@ class DatasetIterator(Iterator[T], abc.ABC):
         """
         collect.clock_of(self).add_hook(callback, every_s)
 
-    def _stats_totals(self) -> dict[str, Any]:
+    def stats_totals(self) -> dict[str, Any]:
         return collect.chain_totals(self)
 
-    def _stats_parents(self) -> Sequence[Any]:
+    def stats_parents(self) -> Sequence[Any]:
         """The iterators whose totals this one adds up (its parents, by default)."""
         return self.parents
 
@@ -164,7 +184,7 @@ class DatasetIterator(Iterator[T], abc.ABC):
         """The iterators this one reads (given to ``__init__``)."""
         return self.__dict__.get("_parents", ())
 
-    def _stats_pipeline(self) -> dict[str, Any]:
+    def stats_pipeline(self) -> dict[str, Any]:
         return collect.chain_pipeline(self)
 
     def _get_next_index(self) -> int:
@@ -203,7 +223,7 @@ def _timed(next_fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
     def __next__(self: Any) -> Any:
         if type(self).__next__ is not __next__:  # a subclass's __next__ calling its base's
             return next_fn(self)
-        clock = self._clock
+        clock = self.stats_clock
         if clock is None:
             clock = collect.clock_of(self)
         return clock.call(self, next_fn)

@@ -21,11 +21,11 @@ from dataloader.errors import StateMismatchError
 class BucketIterator(DatasetIterator):
     """Groups the parent's elements by bucket and hands out each bucket's batches."""
 
-    _stats_batches = True  # stats(): each output is a batch of the parent's elements
+    stats_batches = True  # stats(): each output is a batch of the parent's elements
 
     def __init__(self, parent: DatasetIterator, op: Any) -> None:
         super().__init__(parent)
-        self._op, self._stats_name = op, op.name
+        self._op, self.stats_name = op, op.name
         # Per bucket: (offset read, element, the parent's state before it), oldest first.
         self._buckets: list[list[tuple[int, Any, Any]]] = [[] for _ in op.batch_sizes]
         self._read, self._ended = 0, False  # elements read from the parent; it ended

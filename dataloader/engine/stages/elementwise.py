@@ -40,7 +40,7 @@ class ElementwiseIterator(DatasetIterator, ElasticDefaults):
         watch: Any = None,
     ) -> None:
         super().__init__(parent)
-        self._stats_name = " + ".join(op.name for op in ops)  # its seconds in stats()
+        self.stats_name = " + ".join(op.name for op in ops)  # its seconds in stats()
         self._watch = watch  # a FilterWatch: Grain's filter thresholds
         self._steps = tuple(
             Step(op, stream, resolve_seed(op, default_seed)) for stream, op in enumerate(ops)
@@ -115,11 +115,11 @@ class BatchIterator(DatasetIterator, ElasticDefaults):
     """Pulls ``batch_size`` elements and stacks them; its state is the parent's. In an
     elastic restore it holds nothing (it pulls exactly its elements)."""
 
-    _stats_batches = True  # stats(): its outputs are batches of its parent's elements
+    stats_batches = True  # stats(): its outputs are batches of its parent's elements
 
     def __init__(self, parent: DatasetIterator, batch: Batch) -> None:
         super().__init__(parent)
-        self._stats_name = batch.name
+        self.stats_name = batch.name
         self._batch = batch
         self._end: Any = None  # the parent's state where the stream ended
 

@@ -243,8 +243,8 @@ class EndTogether(DatasetIterator[dict[str, Any]], ElasticDefaults):
             stay as they were.
     """
 
-    _stats_name = "end_together"
-    _stats_batches = True
+    stats_name = "end_together"
+    stats_batches = True
 
     def __init__(self, parent: Any, *, batch_size: int, end: PadEnd,
                  steps: tuple[int, int] | None = None, exchange: Exchange | None = None,
@@ -259,7 +259,7 @@ class EndTogether(DatasetIterator[dict[str, Any]], ElasticDefaults):
         self._reads_ahead = steps is None and exchange is not None
         # It may be closed from another thread (the device feed's close) where its parent
         # may: the exchange's wait then ends too (an optional close() of the exchange).
-        self._closes_from_any_thread = getattr(parent, "_closes_from_any_thread", False)
+        self.closes_from_any_thread = isinstance(parent, DatasetIterator) and parent.closes_from_any_thread
         self._reset(self._parent_state() if self._reads_ahead else None, 0)
 
     def _parent_state(self) -> dict[str, Any] | None:

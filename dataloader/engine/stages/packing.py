@@ -98,11 +98,11 @@ def _failed(op: Any, exc: Exception) -> PipelineError:
 class _PackIterator(DatasetIterator, ElasticDefaults):
     """What both packing stages share: the packer, and what a state records about it."""
 
-    _stats_batches = False  # stats(): its rows are the elements out
+    stats_batches = False  # stats(): its rows are the elements out
 
     def __init__(self, parent: DatasetIterator, op: Any) -> None:
         super().__init__(parent)
-        self._stats_name = op.name
+        self.stats_name = op.name
         self._op = op
         self._describe = op.describe()
         self._parent_tag = tag_reader(parent)

@@ -108,7 +108,7 @@ class TailIterator(DatasetIterator, ElasticDefaults):
         init_fn: the loader's ``worker_init_fn``.
     """
 
-    _stats_name = None  # stats(): it only passes its stages' outputs on
+    stats_name = None  # stats(): it only passes its stages' outputs on
 
     def __init__(
         self, head: DatasetIterator, tail: Sequence[Any], seed: int | None, workers: Any = 0, init_fn: Any = None

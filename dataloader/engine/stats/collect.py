@@ -7,7 +7,7 @@ the parent's number, ``"1/0"``), plus:
 
 * its own seconds under its name in ``stage_seconds``: its time in ``next()`` minus
   that of its parents called from the same thread (see :mod:`.clock`);
-* the counts of what it hands out: a stage that makes batches (``_stats_batches =
+* the counts of what it hands out: a stage that makes batches (``stats_batches =
   True``, e.g. ``batch()``) counts its outputs as ``batches_out`` and its parent's
   outputs as ``elements_out``; one that makes elements (``False``, a packer) counts its
   outputs as ``elements_out``; the rest (``None``) hand out what their parent does; a
@@ -32,25 +32,25 @@ from dataloader.engine.stats.shape import add_totals, empty_totals, publish
 
 def clock_of(it: StatsParticipant) -> Clock:
     """The iterator's clock, made on first use (user iterators need not make one); it
-    times every call if the class says ``_stats_exact = True``, whichever use comes first."""
-    clock = it._clock
+    times every call if the class says ``stats_exact = True``, whichever use comes first."""
+    clock = it.stats_clock
     if clock is None:
-        clock = it._clock = Clock(_totals_of, it._stats_exact)
+        clock = it.stats_clock = Clock(_totals_of, it.stats_exact)
     return clock
 
 
 def _totals_of(it: StatsParticipant) -> dict[str, Any]:
-    return it._stats_totals()
+    return it.stats_totals()
 
 
 def participants(it: StatsParticipant) -> list[StatsParticipant]:
     """The iterators whose totals ``it`` adds up, those that take part in ``stats()``."""
-    return [p for p in it._stats_parents() if isinstance(p, StatsParticipant)]
+    return [p for p in it.stats_parents() if isinstance(p, StatsParticipant)]
 
 
 def yields_batches(it: StatsParticipant) -> bool:
     """Whether the iterator hands out batches (see the module docstring)."""
-    flag = it._stats_batches
+    flag = it.stats_batches
     if flag is not None:
         return bool(flag)
     parents = participants(it)
@@ -58,7 +58,7 @@ def yields_batches(it: StatsParticipant) -> bool:
 
 
 def stage_name(it: StatsParticipant) -> str | None:
-    name = it._stats_name
+    name = it.stats_name
     return type(it).__name__ if name == "" else name
 
 
@@ -71,7 +71,7 @@ def chain_totals(
     and ``retired_s`` their seconds in ``next()``.
     """
     parents = participants(it)
-    below = [p._stats_totals() for p in parents]
+    below = [p.stats_totals() for p in parents]
     if retired is not None:
         below.append(retired)
     totals = empty_totals()
@@ -81,7 +81,7 @@ def chain_totals(
     clock = clock_of(it)
     name = stage_name(it)
     inner = retired_s + sum(
-        p._clock.inside_s() for p in parents if p._clock is not None and p._clock.thread == clock.thread
+        p.stats_clock.inside_s() for p in parents if p.stats_clock is not None and p.stats_clock.thread == clock.thread
     )
     own = clock.inside_s() - inner
     if name is not None and own > 0:
@@ -93,7 +93,7 @@ def chain_totals(
         totals["elements_out"] = outputs
     elif yields_batches(it):
         totals["batches_out"] = outputs
-        if it._stats_batches:  # made its batches from its parents' outputs
+        if it.stats_batches:  # made its batches from its parents' outputs
             totals["elements_out"] = sum(t["elements_out"] for t in below)
     else:
         totals["elements_out"], totals["batches_out"] = outputs, 0
@@ -102,10 +102,10 @@ def chain_totals(
 
 
 def chain_pipeline(it: StatsParticipant) -> dict[str, Any]:
-    """The first engine's description (what its iterator's ``_stats_pipeline()`` says),
+    """The first engine's description (what its iterator's ``stats_pipeline()`` says),
     with the iterator-level stages above it, lowest first."""
     parents = participants(it)
-    pipeline = dict(parents[0]._stats_pipeline()) if parents else {}
+    pipeline = dict(parents[0].stats_pipeline()) if parents else {}
     name = stage_name(it)
     if name is not None:
         pipeline["stages"] = [*pipeline.get("stages", []), name]
@@ -117,12 +117,12 @@ def stats_of(it: StatsParticipant, queues: dict[str, Any] | None = None) -> dict
     clock = clock_of(it)
     now = time.monotonic()
     return publish(
-        it._stats_totals(),
+        it.stats_totals(),
         elapsed_s=now - clock.made,
         active_s=clock.active_s(now),
         first_next_s=clock.first_s,
         window=clock.history.window(now),
-        pipeline=it._stats_pipeline(),
+        pipeline=it.stats_pipeline(),
         queues=queues,
     )
 
@@ -136,7 +136,7 @@ def engines(it: Any) -> list[Any]:
         if hasattr(node, "unit_stats"):
             found.append(node)
         elif isinstance(node, StatsParticipant):
-            stack.extend(reversed(list(node._stats_parents())))
+            stack.extend(reversed(list(node.stats_parents())))
     return found
 
 

@@ -24,35 +24,35 @@ class StatsParticipant(Protocol):
 
     Obligations:
 
-    * ``_clock``: None until :func:`~dataloader.engine.stats.collect.clock_of` makes
+    * ``stats_clock``: None until :func:`~dataloader.engine.stats.collect.clock_of` makes
       the iterator's :class:`Clock` on first use; its ``__next__`` runs under that clock
       (``DatasetIterator`` wraps every subclass's ``__next__`` once, when the class is
       made), so the clock counts its outputs and its time in ``next()``.
-    * ``_stats_name``: its stage name in ``stage_seconds``: ``""`` for the class's
+    * ``stats_name``: its stage name in ``stage_seconds``: ``""`` for the class's
       name, None for no stage of its own (it only passes its parents' outputs on, or,
       like the loader's iterator, its engine names its stages).
-    * ``_stats_batches``: True if it makes batches of its parent's elements (it counts
+    * ``stats_batches``: True if it makes batches of its parent's elements (it counts
       its outputs as ``batches_out`` and its parents' as ``elements_out``), False if it
       makes elements (a packer's rows), None if it hands out what its parent does.
-    * ``_stats_exact``: True to time every call, never one in a sample: calls that are
+    * ``stats_exact``: True to time every call, never one in a sample: calls that are
       a training step's (the device feed), where an estimate would blur the step's wait.
-    * ``_stats_totals()``: its totals in the shape of
+    * ``stats_totals()``: its totals in the shape of
       :func:`~dataloader.engine.stats.shape.empty_totals`, everything under it
       included; cheap enough to be called about once a second from ``next()``, in the
       consumer's thread, and never blocking.
-    * ``_stats_parents()``: the iterators whose totals it adds up (its parents; an
+    * ``stats_parents()``: the iterators whose totals it adds up (its parents; an
       interleave's open streams); those that take part are added, the rest skipped.
-    * ``_stats_pipeline()``: a new JSON-able dict describing the pipeline under it
+    * ``stats_pipeline()``: a new JSON-able dict describing the pipeline under it
       (``stats()["pipeline"]``); the caller may change it.
     """
 
-    _clock: Clock | None
-    _stats_name: str | None
-    _stats_batches: bool | None
-    _stats_exact: bool
+    stats_clock: Clock | None
+    stats_name: str | None
+    stats_batches: bool | None
+    stats_exact: bool
 
-    def _stats_totals(self) -> dict[str, Any]: ...
+    def stats_totals(self) -> dict[str, Any]: ...
 
-    def _stats_parents(self) -> Sequence[Any]: ...
+    def stats_parents(self) -> Sequence[Any]: ...
 
-    def _stats_pipeline(self) -> dict[str, Any]: ...
+    def stats_pipeline(self) -> dict[str, Any]: ...

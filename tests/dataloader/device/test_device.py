@@ -387,7 +387,7 @@ class WaitsUntilClosed(dl.DatasetIterator):
     """A user's iterator whose next() waits until close(); it declares that close() may
     come from another thread (the capability a loader's iterator declares)."""
 
-    _closes_from_any_thread = True
+    closes_from_any_thread = True
 
     def __init__(self):
         super().__init__()

@@ -43,7 +43,7 @@ def test_the_feed_times_every_step_even_when_stats_were_asked_first():
     with dl.device_prefetch(loader(row, n=400)) as it:
         it.stats()  # makes the clock
         batches = sum(1 for _ in it)
-    clock = it._clock
+    clock = it.stats_clock
     assert clock is not None and clock._exact
     assert batches == 100 and clock.timed_calls == clock.calls == batches  # all but the first, the end included
 

@@ -326,3 +326,20 @@ def test_workers_that_appear_or_retire_keep_shares_of_their_own_time():
     assert set(out["window"]["workers"]) == {"1"}  # worker 0 did nothing in the last 4 s
     assert out["window"]["workers"]["1"]["busy_share"] == pytest.approx(1.0)
     assert out["units"] == 16 and out["window"]["units"] == 4
+
+
+def test_a_stage_defining_a_stats_member_by_its_old_private_name_is_refused_when_made():
+    # It would drop out of stats() silently: the collector reads stats_totals() now.
+    with pytest.raises(TypeError, match=r"_stats_totals.*stats_totals"):
+        class Old(dl.DatasetIterator):
+            def __next__(self):
+                raise StopIteration
+
+            def get_state(self):
+                return {}
+
+            def set_state(self, state):
+                pass
+
+            def _stats_totals(self):
+                return {}

@@ -27,6 +27,8 @@ CHANGES = {
     "1->2->3->1": [(1, 2), (2, 2), (3, 1), (1, None)],
     "2->3->1 at once": [(2, 0), (3, 1), (1, None)],
 }
+# The changes issue 33 names for every restore case it fixed, with 0 and 2 workers.
+ISSUE_CHANGES = ["1->2", "2->3", "3->1", "1->2->3->1"]
 
 
 def keep(x: int) -> bool:

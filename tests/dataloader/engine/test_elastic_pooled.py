@@ -18,6 +18,7 @@ from dataloader.errors import StateMismatchError
 from tests.dataloader.engine.elastic_cases import (
     CHANGES,
     DATASETS,
+    ISSUE_CHANGES,
     _first_fit,
     _shuffled,
     _stream,
@@ -59,10 +60,18 @@ def test_every_record_is_used_exactly_once_through_the_pooled_stage(name, change
     assert run(name, CHANGES[change]) == reference(name)
 
 
-@pytest.mark.parametrize("name", ["pooled map over first-fit", "first-fit over pooled map", "batch over window shuffle",
-                                  "batch over pooled map over first-fit"])
+@pytest.mark.parametrize("name", ["pooled map over first-fit", "first-fit over pooled map"])
 def test_exactly_once_with_worker_processes(name):
     assert run(name, CHANGES["1->2->3->1"], workers=2) == reference(name)
+
+
+@pytest.mark.parametrize("change", ISSUE_CHANGES)
+@pytest.mark.parametrize("name", [name for name in DATASETS if name.startswith("batch over")])
+def test_a_batch_over_a_window_shuffle_or_a_packer_takes_every_old_state_on_worker_processes(name, change):
+    """The dataset API's .batch() after a window shuffle or a packer (with a .map()
+    between or not) under mp_prefetch with 2 workers, restored from the list of every old
+    host's states (issue 33 found it refused the list)."""
+    assert run(name, CHANGES[change], workers=2) == reference(name)
 
 
 @pytest.mark.parametrize("name", ["first-fit, map, filter", "stream window shuffle, map, first-fit"])

@@ -17,6 +17,7 @@ import dataloader as dl
 from dataloader.experimental import ElasticIterator, InterleaveIterDataset
 from tests.dataloader.dataset.experimental.streams import Counted, run_on_shard_counts
 from tests.dataloader.dataset.streams.test_parquet import key, write_files
+from tests.dataloader.engine.elastic_cases import CHANGES, ISSUE_CHANGES
 
 Parquet = dl.experimental.ParquetIterDataset
 COUNTS = [7, 3, 12, 1, 9, 4]
@@ -57,28 +58,36 @@ def test_each_kind_of_dataset_takes_its_path(tmp_path):
     for path, made in table.items():
         for ds in made:
             assert ElasticIterator(ds, 4, shard).path == path, ds
-    with pytest.raises(ValueError, match="no elastic path for other IterDatasets"):
+    with pytest.raises(ValueError, match=r"no elastic path for Counted\(\): .*no elastic path for other IterDatasets"):
         ElasticIterator(Counted([1, 2]), 2, shard)
 
 
-@pytest.mark.parametrize("keep", [False, True], ids=["without a filter", "with a filter"])
-def test_the_maxtext_composition_restores_its_shard_states_on_other_counts(tmp_path, keep):
-    """Without a filter it reads on the engine by index, with one by layout: either way
-    Grain's get_shard_states/set_shard_states calls restore it, each row once."""
-    paths = write_files(tmp_path, COUNTS)
-    want = sorted((f, r) for f, n in enumerate(COUNTS) for r in range(n) if not keep or r % 3 != 1)
+def _maxtext_rows(paths, keep, phases, workers=0):
+    mp = dl.MultiprocessingOptions(num_workers=workers) if workers else None
 
     def make(h, count):
-        return ElasticIterator(maxtext(paths, keep), 6, dl.ShardOptions(h, count))
+        return ElasticIterator(maxtext(paths, keep), 6, dl.ShardOptions(h, count), multiprocessing_options=mp)
 
-    def keys(batch):
-        return [tuple(k) for k in np.asarray(batch).tolist()]
+    return run_on_shard_counts(make, lambda batch: [tuple(k) for k in np.asarray(batch).tolist()], phases)
 
-    used = run_on_shard_counts(make, keys, [(2, 2), (3, 1), (1, None)])
-    if not keep:  # the index path drops each shard's last short batch, as Grain's MapDataset path
-        assert len(used) == len(set(used)) and set(used) <= set(want) and len(want) - len(used) < 6
-    else:
-        assert sorted(used) == want
+
+@pytest.mark.parametrize("change", ISSUE_CHANGES)
+@pytest.mark.parametrize("keep", [False, True], ids=["without a filter", "with a filter"])
+def test_the_maxtext_composition_restores_its_shard_states_on_other_counts(tmp_path, keep, change):
+    """Without a filter it reads on the engine by index, with one by layout: either way
+    Grain's get_shard_states/set_shard_states calls restore it, each row once (36 rows:
+    the index path, which drops a last short global batch as Grain's does, drops none)."""
+    paths = write_files(tmp_path, COUNTS)
+    want = sorted((f, r) for f, n in enumerate(COUNTS) for r in range(n) if not keep or r % 3 != 1)
+    assert sorted(_maxtext_rows(paths, keep, CHANGES[change])) == want
+
+
+def test_the_maxtext_composition_restores_on_worker_processes(tmp_path):
+    """The composition issue 33 found taking the index path silently, to fail there:
+    on 2 worker processes through every change at once, each row once."""
+    paths = write_files(tmp_path, COUNTS)
+    want = sorted((f, r) for f, n in enumerate(COUNTS) for r in range(n))
+    assert sorted(_maxtext_rows(paths, False, CHANGES["1->2->3->1"], workers=2)) == want
 
 
 def test_grains_interleave_of_datasets_without_sharding():
@@ -128,10 +137,9 @@ def test_the_interleaves_state_restores_at_every_step_and_after_close():
         assert [b.tolist() for b in it] == outputs[i + 1:]
 
 
-@pytest.mark.parametrize("phases", [[(1, 3), (2, None)], [(2, 3), (3, None)], [(3, 2), (1, None)],
-                                    [(1, 2), (2, 2), (3, 1), (1, None)]], ids=["1->2", "2->3", "3->1", "1->2->3->1"])
-def test_grains_interleave_restores_on_other_counts_with_every_element_once(phases):
-    used = run_on_shard_counts(lambda h, c: _interleave(h, c, 2 * c), lambda b: np.asarray(b).tolist(), phases)
+@pytest.mark.parametrize("change", ISSUE_CHANGES)
+def test_grains_interleave_restores_on_other_counts_with_every_element_once(change):
+    used = run_on_shard_counts(lambda h, c: _interleave(h, c, 2 * c), lambda b: np.asarray(b).tolist(), CHANGES[change])
     assert sorted(used) == list(range(1, 101))
 
 

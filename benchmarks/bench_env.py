@@ -4,11 +4,13 @@ fresh interpreter."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -48,6 +50,30 @@ def run_row(script: str, request: dict, timeout: float, env: dict[str, str] | No
                 break
     tail = [line for line in stderr.strip().splitlines() if line.strip()] or ["no output"]
     return {"ok": False, "reason": f"exit {process.returncode}: {tail[-1][:200]}"}
+
+
+def add_tree_option(parser: argparse.ArgumentParser) -> None:
+    """``--tree NAME=PATH`` (repeat it): the checkouts a side-by-side run measures."""
+    parser.add_argument("--tree", action="append", default=[], help="NAME=PATH of a checkout to measure")
+
+
+def side_by_side(parser: argparse.ArgumentParser, child: Callable[[argparse.Namespace], dict],
+                 child_type: type = str) -> tuple[argparse.Namespace, list[list[str]]] | None:
+    """Parses a side-by-side benchmark's arguments, with ``--tree`` and the hidden
+    ``--child ROW`` of :func:`run_in_tree`. In a child, prints the JSON of ``child(args)``
+    (one row) and returns None; else returns the arguments and the checkouts."""
+    add_tree_option(parser)
+    parser.add_argument("--child", type=child_type, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child is not None:
+        print(json.dumps(child(args)))
+        return None
+    return args, trees_of(args)
+
+
+def trees_of(args: argparse.Namespace) -> list[list[str]]:
+    """The ``--tree`` checkouts as ``[name, path]``, or this one (``this``) when none is given."""
+    return [t.split("=", 1) for t in args.tree] or [["this", str(HERE.parent)]]
 
 
 def run_in_tree(script: str, tree: str, arguments: list[str], timeout: float = 600) -> dict:

@@ -33,6 +33,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench_env import add_tree_option, trees_of
+
 ROW = 4096  # float64 values per record: 32 KiB
 
 
@@ -73,13 +75,13 @@ def main() -> None:
     parser.add_argument("--mb", type=int, default=400)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batches", type=int, default=150)
-    parser.add_argument("--tree", action="append", default=[], help="NAME=PATH of a checkout to measure")
+    add_tree_option(parser)
     parser.add_argument("--case", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.case:
         print(json.dumps(_case(args.case, args.mb, args.workers, args.batches)))
         return
-    trees = [t.split("=", 1) for t in args.tree] or [["this", str(Path(__file__).resolve().parent.parent)]]
+    trees = trees_of(args)
     here = str(Path(__file__).resolve().parent)
     print(f"InMemoryDataSource over {args.mb} MB, {args.workers} workers, {args.batches} batches "
           f"(tree PSS: trainer, fork server, workers)")

@@ -27,13 +27,11 @@ from it (links to ``../samplers`` etc. in an exported copy).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
-from pathlib import Path
 
 import numpy as np
-from bench_env import run_in_tree
+from bench_env import run_in_tree, side_by_side
 
 N = 10**7
 ROWS = ("loader", "loader + packer", "dataset window shuffle")
@@ -86,13 +84,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--tree", action="append", default=[], help="NAME=PATH of a checkout to measure")
-    parser.add_argument("--child", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child is not None:
-        print(json.dumps(measure(args.child, args.warmup, args.seconds)))
+    parsed = side_by_side(parser, lambda a: measure(a.child, a.warmup, a.seconds))
+    if parsed is None:
         return
-    trees = [t.split("=", 1) for t in args.tree] or [["this", str(Path(__file__).resolve().parent.parent)]]
+    args, trees = parsed
     rows = [r for r in args.rows.split(",") if r]
     results: dict[tuple[str, str], list[dict]] = {}
     started = time.perf_counter()

@@ -22,13 +22,11 @@ sh -c 'mount -t tmpfs -o size=64m tmpfs /dev/shm && python3 benchmarks/transport
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
-from pathlib import Path
 
 import numpy as np
-from bench_env import run_in_tree
+from bench_env import run_in_tree, side_by_side
 
 RECORDS_PER_BATCH = 8
 
@@ -75,13 +73,10 @@ def main() -> None:
     parser.add_argument("--sizes", default="1048576,8192", help="bytes per record (8 per batch): 8 MB and 64 KB batches")
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--repeat", type=int, default=1)
-    parser.add_argument("--tree", action="append", default=[], help="NAME=PATH of a checkout to measure")
-    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child is not None:
-        print(json.dumps(measure(args.child, args.seconds)))
+    parsed = side_by_side(parser, lambda a: measure(a.child, a.seconds), child_type=int)
+    if parsed is None:
         return
-    trees = [t.split("=", 1) for t in args.tree] or [["this", str(Path(__file__).resolve().parent.parent)]]
+    args, trees = parsed
     sizes = [int(s) for s in args.sizes.split(",")]
     results: dict[tuple[str, int], list[dict]] = {}
     for _ in range(args.repeat):

@@ -50,7 +50,7 @@ from typing import Any
 
 from dataloader.dataset.arguments import check_size
 from dataloader.dataset.base import DatasetIterator, IterDataset
-from dataloader.dataset.experimental.elastic_path import (
+from dataloader.dataset.elastic_path import (
     INDEX,
     INTERLEAVE,
     SHARDS,

@@ -13,7 +13,15 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from dataloader.operations.transforms import ELEMENT, GROUP, KEEP, MANY, STREAM, refuse_class, runs_of
+from dataloader.operations.transforms import (
+    ELEMENT,
+    GROUP,
+    KEEP,
+    MANY,
+    STREAM,
+    refuse_class,
+    runs_of,
+)
 
 
 def _element_call(ds: Any, op: Any) -> Any:

@@ -13,6 +13,10 @@ the resume equals the reference's (which counts where the loader promises an ord
     python3 benchmarks/resume_matrix.py --json matrix.json --markdown matrix.md
     python benchmarks/resume_matrix.py --here --loaders granary   # in this interpreter
 
+A column whose loader cannot be installed beside granary (mosaic-streaming) runs its
+processes, and writes its data, in an environment of its own (``Column.environment``,
+made by benchmarks/setup_env.sh); ``--here`` runs every column in this interpreter.
+
 The scenarios, the columns and what a cell means: docs/resume-matrix.md.
 """
 
@@ -61,6 +65,45 @@ def column(name: str) -> Any:
     return getattr(importlib.import_module(module), cls)()
 
 
+def interpreter(col: Any, here: bool) -> str:
+    """The Python a column's processes run in: its own environment's (unless ``--here``)."""
+    if here or not col.environment:
+        return sys.executable
+    return str(HERE / col.environment / "bin" / "python")
+
+
+def in_interpreter(python: str, mode: str, payload: dict, timeout: float) -> dict:
+    """Runs ``resume_matrix.py --MODE PAYLOAD`` in ``python``; its last line of output, JSON."""
+    if not os.path.exists(python):
+        return {"error": f"{python} does not exist (benchmarks/setup_env.sh makes it; see its install.log)"}
+    run = subprocess.run([python, str(Path(__file__).resolve()), f"--{mode}", json.dumps(payload)],
+                         capture_output=True, text=True, timeout=timeout, env=child_env())
+    lines = run.stdout.strip().splitlines()
+    if run.returncode != 0 or not lines:
+        tail = [ln for ln in run.stderr.splitlines() if ln.strip()] or ["no output"]
+        return {"error": f"exit status {run.returncode}: {tail[-1][:300]}"}
+    return json.loads(lines[-1])
+
+
+def probe(name: str, python: str, timeout: float) -> dict:
+    """What the column says in ``python``: why it cannot run there (or None), its versions."""
+    if python == sys.executable:
+        col = column(name)
+        return {"missing": col.missing(), "versions": versions(col.packages)}
+    answer = in_interpreter(python, "probe", {"loader": name}, timeout)
+    if "error" in answer:
+        col = column(name)
+        return {"missing": f"{col.packages[0]} cannot run in {python}: {answer['error']}",
+                "versions": dict.fromkeys(col.packages, "not installed")}
+    return answer
+
+
+def child_env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
+
+
 # ------------------------------------------------------------------ one cell
 
 
@@ -76,18 +119,17 @@ class Phase:
     harness_error: str | None = None
 
 
-def run_child(request: dict, timeout: float) -> Phase:
+def run_child(request: dict, timeout: float, python: str = sys.executable) -> Phase:
     out = request["out"]
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env = child_env()
     env["RESUME_MATRIX_PIDS"] = request["pids"]
     env.setdefault("HF_DATASETS_OFFLINE", "1")
     env.setdefault("HF_HUB_OFFLINE", "1")
     env["HF_HOME"] = os.path.join(request["root"], "hf-home")
     env["TOKENIZERS_PARALLELISM"] = "false"
-    command = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(request)]
+    command = [python, str(Path(__file__).resolve()), "--child", json.dumps(request)]
     with open(os.path.join(out, "stderr.txt"), "w") as stderr:
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr,
                                    start_new_session=True, env=env)
@@ -155,20 +197,37 @@ def judge(scenario: str, order_promised: bool, reference: Phase, first: Phase, s
 
 
 class Matrix:
-    def __init__(self, root: str, sizes: common.Sizes, timeout: float) -> None:
-        self.root, self.sizes, self.timeout = root, sizes, timeout
+    def __init__(self, root: str, sizes: common.Sizes, timeout: float, here: bool = False) -> None:
+        self.root, self.sizes, self.timeout, self.here = root, sizes, timeout, here
         self._data: dict[tuple[str, str], str] = {}
         self._references: dict[tuple[str, str], Phase] = {}
+        self._probes: dict[str, dict] = {}
 
-    def data(self, fmt: str, which: str) -> str:
+    def probe(self, name: str, col: Any) -> dict:
+        if name not in self._probes:
+            self._probes[name] = probe(name, interpreter(col, self.here), self.timeout)
+        return self._probes[name]
+
+    def write(self, python: str, fmt: str, directory: str, order: list[int]) -> str:
+        """``data.write`` in the interpreter of the column that reads the format."""
+        if python == sys.executable:
+            return data.write(fmt, directory, order)
+        answer = in_interpreter(python, "write-data", {"fmt": fmt, "directory": directory, "order": order},
+                                self.timeout)
+        if "error" in answer:
+            raise RuntimeError(f"writing the {fmt} data in {python} failed: {answer['error']}")
+        return answer["path"]
+
+    def data(self, python: str, fmt: str, which: str) -> str:
         key = (fmt, which)
         if key not in self._data:
             n = self.sizes.records if which == "a" else self.sizes.records // 2
-            self._data[key] = data.write(fmt, os.path.join(self.root, "data", f"{fmt}-{which}"), list(range(n)))
+            self._data[key] = self.write(python, fmt, os.path.join(self.root, "data", f"{fmt}-{which}"),
+                                         list(range(n)))
         return self._data[key]
 
     def cell(self, name: str, col: Any, scenario: str) -> dict:
-        missing = col.missing()
+        missing = self.probe(name, col)["missing"]
         if missing:
             return {"ok": False, "lost": 0, "repeated": 0, "order": None, "supported": False,
                     "note": f"not installed: {missing}"}
@@ -178,14 +237,15 @@ class Matrix:
             return {"ok": False, "lost": 0, "repeated": 0, "order": None, "supported": False,
                     "note": f"{what}: {reason.removeprefix('not measured here: ')}"}
         fmt = col.fmt(scenario)
+        python = interpreter(col, self.here)
         cell_dir = os.path.join(self.root, "cells", name, scenario)
         shutil.rmtree(cell_dir, ignore_errors=True)
         os.makedirs(os.path.join(cell_dir, "pids"))
-        sources = {"a": self.data(fmt, "a")}
+        sources = {"a": self.data(python, fmt, "a")}
         if scenario == "mixture":
-            sources["b"] = self.data(fmt, "b")
+            sources["b"] = self.data(python, fmt, "b")
         if scenario == "source_changed":  # this cell's own copy, rewritten before the resume
-            sources = {"a": data.write(fmt, os.path.join(cell_dir, "data"), list(range(self.sizes.records)))}
+            sources = {"a": self.write(python, fmt, os.path.join(cell_dir, "data"), list(range(self.sizes.records)))}
         base = {"loader": name, "scenario": scenario, "sizes": dataclasses.asdict(self.sizes),
                 "data": sources, "workdir": cell_dir, "pids": os.path.join(cell_dir, "pids"),
                 "root": self.root, "epochs": 2 if scenario == "epoch_boundary" else 1,
@@ -193,11 +253,11 @@ class Matrix:
         key = (name, "base" if scenario in BASE else scenario)
         if key not in self._references:
             self._references[key] = run_child({**base, "role": "reference", "out": os.path.join(cell_dir, "reference")},
-                                              self.timeout)
+                                              self.timeout, python)
         reference = self._references[key]
         if reference.error:
             return self._failed("the uninterrupted run failed", reference.error)
-        first = run_child({**base, "role": "first", "out": os.path.join(cell_dir, "first")}, self.timeout)
+        first = run_child({**base, "role": "first", "out": os.path.join(cell_dir, "first")}, self.timeout, python)
         if first.harness_error:
             return {"ok": False, "lost": 0, "repeated": 0, "order": None, "supported": None,
                     "note": f"not measured here: {first.harness_error}"}
@@ -211,16 +271,16 @@ class Matrix:
         if scenario == "source_changed":
             # A refusal counts as noticing the change only if the same resume on the
             # unchanged files goes through: run it first, in a process of its own.
-            control = run_child({**resume, "out": os.path.join(cell_dir, "control")}, self.timeout)
+            control = run_child({**resume, "out": os.path.join(cell_dir, "control")}, self.timeout, python)
             if control.error:
                 return {"ok": False, "lost": 0, "repeated": 0, "order": None, "supported": True,
                         "note": f"not measured: the resume raises on the unchanged files too: {control.error}"}
-            data.write(fmt, os.path.join(cell_dir, "data"), common.order_for_change(self.sizes.records))
+            self.write(python, fmt, os.path.join(cell_dir, "data"), common.order_for_change(self.sizes.records))
         if scenario == "worker_count":
             resume["workers"] = 1
         if scenario == "elastic":
             resume["hosts"] = 3
-        second = run_child(resume, self.timeout)
+        second = run_child(resume, self.timeout, python)
         return judge(scenario, col.promises_order(scenario), reference, first, second, notes)
 
     @staticmethod
@@ -289,12 +349,22 @@ def main() -> None:
     parser.add_argument("--workdir", help="keep the runs' files here (default: a temporary folder)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds one process may take")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--probe", help=argparse.SUPPRESS)
+    parser.add_argument("--write-data", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         from resume import child
 
         request = json.loads(args.child)
         child.run(request, column(request["loader"]))
+        return
+    if args.probe:  # in a column's own environment: what it says there
+        col = column(json.loads(args.probe)["loader"])
+        print(json.dumps({"missing": col.missing(), "versions": versions(col.packages)}))
+        return
+    if args.write_data:  # in a column's own environment: its format's data
+        request = json.loads(args.write_data)
+        print(json.dumps({"path": data.write(request["fmt"], request["directory"], request["order"])}))
         return
     if not args.here:
         from bench_env import ensure_venv
@@ -310,13 +380,13 @@ def main() -> None:
             parser.error(f"unknown scenario {s!r}; choose from {', '.join(common.SCENARIOS)}")
     sizes = common.QUICK if args.quick else common.FULL
     root = args.workdir or tempfile.mkdtemp(prefix="resume-matrix-")
-    matrix = Matrix(root, sizes, args.timeout)
+    matrix = Matrix(root, sizes, args.timeout, here=args.here)
     started = time.monotonic()
     result: dict = {"scenarios": scenarios, "loaders": collections.OrderedDict(), "versions": {},
                     "machine": machine(), "sizes": dataclasses.asdict(sizes)}
     for n in names:
         col = column(n)
-        result["versions"][n] = versions(col.packages)
+        result["versions"][n] = matrix.probe(n, col)["versions"]
         result["loaders"][n] = {}
         for sc in scenarios:
             t = time.monotonic()

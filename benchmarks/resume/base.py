@@ -3,6 +3,9 @@
 A column answers, without importing its loader (the parent process may not have it):
 
 * ``name``, ``packages`` (the distributions whose versions the table lists);
+* ``environment``: the virtual environment under ``benchmarks/`` its processes (and the
+  writing of its data) run in, where its loader cannot be installed beside granary's
+  (``""``: the matrix's own interpreter);
 * ``missing()``: why it cannot run here (not installed, and the installer's reason), or None;
 * ``unsupported(scenario)``: the loader's documented reason it has no way to do that
   scenario (quoted, with where it says so), or None;
@@ -35,6 +38,7 @@ class Run(Protocol):
 class Column:
     name = ""
     packages: tuple[str, ...] = ()
+    environment = ""
 
     def missing(self) -> str | None:
         for package in self.packages:

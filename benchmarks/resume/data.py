@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from resume import common
 
 SHARDS = 4
-FORMATS = ("array_record", "parquet", "litdata", "litdata_tokens", "litdata_filter", "litdata_flat_map")
+FORMATS = ("array_record", "parquet", "litdata", "litdata_tokens", "litdata_filter", "litdata_flat_map",
+           "mds", "mds_packed", "mds_filter", "mds_flat_map")
 
 
 def _split(order: Sequence[int]) -> list[Sequence[int]]:
@@ -58,7 +59,35 @@ def write(fmt: str, directory: str, order: Sequence[int]) -> str:
             mode=None, verbose=False,
         )
         return directory
+    if fmt.startswith("mds"):
+        _write_mds(fmt, directory, order)
+        return directory
     raise ValueError(f"unknown format {fmt!r}; expected one of {FORMATS}")
+
+
+def _write_mds(fmt: str, directory: str, order: Sequence[int]) -> None:
+    """MosaicML's MDS shards, written with ``streaming.MDSWriter`` (in benchmarks/.venv-mosaic).
+    As for LitData, what MosaicML does at conversion time happens here: the filter and the
+    flat map decide which samples are written, and packing writes rows of ``common.ROW``
+    tokens (packed in the given order, as a conversion script packs a corpus)."""
+    from resume.mosaic_cols import streaming
+    from resume.torch_cols import pack_rows
+
+    examples = [{"id": i, "tokens": common.record(i)} for i in order]
+    if fmt == "mds_filter":
+        samples = [{"id": e["id"]} for e in examples if common.keep(e)]
+    elif fmt == "mds_flat_map":
+        samples = [{"id": out["id"]} for e in examples for out in common.fan_out(e)]
+    elif fmt == "mds_packed":
+        samples = [{"tokens": row["tokens"]} for row in pack_rows(examples)]
+    else:
+        samples = [{"tokens": e["tokens"]} for e in examples]
+    columns = {"tokens": "ndarray:int32"} if "tokens" in samples[0] else {"id": "int64"}
+    # Shards of about a quarter of the samples each, as the other formats have.
+    size = sum(len(s.get("tokens", ())) * 4 + 16 for s in samples)
+    with streaming().MDSWriter(out=directory, columns=columns, size_limit=max(1 << 10, size // SHARDS)) as writer:
+        for sample in samples:
+            writer.write(sample)
 
 
 def _litdata_item(i: int) -> dict:

@@ -15,13 +15,13 @@ first-run shuffler assignment").
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
 
 from resume import common
 from resume.base import Column
+from resume.hosts import OnHost
 from resume.torch_cols import EpochRun
 
 
@@ -44,47 +44,6 @@ def _ids(scenario: str, batch: Any) -> list[int]:
     return [int(x) for x in batch["id"]]
 
 
-class _OnHost:
-    """One host of several in this process: LitData reads the world size and rank from
-    the environment (``WORLD_SIZE``, ``GLOBAL_RANK``, as a launcher sets them) when it
-    builds, iterates (its workers fork then) and saves; each call runs with this host's."""
-
-    def __init__(self, host: int, hosts: int) -> None:
-        self.env = {"WORLD_SIZE": str(hosts), "GLOBAL_RANK": str(host)}
-
-    def __enter__(self) -> _OnHost:
-        os.environ.update(self.env)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        pass
-
-    def wrap(self, run: EpochRun) -> _HostRun:
-        return _HostRun(self, run)
-
-
-class _HostRun:
-    def __init__(self, host: _OnHost, run: EpochRun) -> None:
-        self.host, self.run = host, run
-
-    def __iter__(self):
-        it = iter(self.run)
-        while True:
-            with self.host:
-                try:
-                    ids = next(it)
-                except StopIteration:
-                    return
-            yield ids
-
-    def save(self) -> bytes:
-        with self.host:
-            return self.run.save()
-
-    def close(self) -> None:
-        self.run.close()
-
-
 class LitData(Column):
     name = "litdata"
     packages = ("litdata",)
@@ -96,7 +55,8 @@ class LitData(Column):
     def open(self, ctx: Any, state: Any) -> Any:
         if ctx.hosts == 1:
             return self._open(ctx, state)
-        host = _OnHost(ctx.host, ctx.hosts)
+        # LitData reads the world size and rank from WORLD_SIZE and GLOBAL_RANK.
+        host = OnHost({"WORLD_SIZE": str(ctx.hosts), "GLOBAL_RANK": str(ctx.host)})
         with host:
             # Every rank's state counts the samples of all ranks (num_samples_yielded x
             # world_size); LitData restripes what is left over the new world size.

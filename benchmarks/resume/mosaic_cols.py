@@ -12,11 +12,10 @@ sample's id comes from ``__getitem__`` of a ``StreamingDataset`` subclass, the w
 MosaicML's own datasets transform a sample. Its stream has no filter, flat map or packer:
 as for LitData, those run where MosaicML's tooling puts them, at conversion (the samples
 written are already filtered, flattened or packed into rows). The mixture is two
-``Stream``\\s with ``proportion`` 0.3 / 0.7. Hosts are nodes as a launcher makes them
-(``WORLD_SIZE``, ``RANK``, ``LOCAL_WORLD_SIZE``); on three nodes each loads the state
-that rank 0 saved (the state is global: ``sample_in_epoch`` counts every rank's
-samples) and ``streaming`` repartitions the rest ("Elastic Determinism", with the global
-batch kept). Each process reads the shards through a cache folder of its own, as a new
+``Stream``\\s with ``proportion`` 0.3 / 0.7. Several hosts would be nodes as a launcher
+makes them (``WORLD_SIZE``, ``RANK``, ``LOCAL_WORLD_SIZE``), each loading the state rank
+0 saved (it counts every rank's samples); the elastic row is not measured (see
+:data:`ELASTIC`). Each process reads the shards through a cache folder of its own, as a new
 job on a new machine does (``remote`` is the data folder, ``local`` a fresh cache).
 """
 
@@ -41,6 +40,15 @@ from resume.hosts import OnHost
 from resume.torch_cols import EpochRun
 
 ENVIRONMENT = ".venv-mosaic"
+ELASTIC = (
+    "not measured here: with WORLD_SIZE > 1, StreamingDataset's constructor joins a "
+    "torch.distributed process group (maybe_init_dist: init_process_group over the env:// "
+    "rendezvous, MASTER_ADDR and MASTER_PORT, then barriers across ranks), so each rank needs "
+    "a process of its own, and this harness runs a job's hosts in one process (tried: "
+    "'ValueError: Error initializing torch.distributed using env:// rendezvous: environment "
+    "variable MASTER_ADDR expected, but not set'); streaming documents elastic resumption "
+    "(its 'Elastic Determinism' page: the global batch kept and divisible by every world size)"
+)
 HERE_WHY = (
     "mosaicml-streaming is not installed in this interpreter: every release up to 0.13.0 "
     "requires numpy<2.2.0 and transformers<5, which JAX and granary's numpy 2.4 exclude, so "
@@ -132,6 +140,9 @@ class MosaicStreaming(Column):
         except importlib.metadata.PackageNotFoundError:
             return HERE_WHY
         return None
+
+    def unsupported(self, scenario: str) -> str | None:
+        return ELASTIC if scenario == "elastic" else None
 
     def fmt(self, scenario: str) -> str:
         return {"packing": "mds_packed", "filter": "mds_filter", "flat_map": "mds_flat_map"}.get(scenario, "mds")

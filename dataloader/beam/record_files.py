@@ -20,7 +20,8 @@ input         one record is                                decode with
 ``.tfrecord`` the record's bytes as they are               (``tf.train.Example`` etc.)
 ============  ===========================================  ==================================
 
-TFRecord is read through Apache Beam's TFRecord codec, so its reader lives in
+TFRecord is read by granary's one TFRecord frame codec
+(``dataloader.sources.tfrecord.frames``, needing ``google-crc32c``), so its reader lives in
 ``dataloader.beam.tfrecord``; every other format is here (numpy, pyarrow, the
 standard library). CSV files are UTF-8, with a header row and the ``excel`` dialect of
 Python's ``csv`` module (quoted cells may hold commas and newlines).

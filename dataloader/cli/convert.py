@@ -12,7 +12,7 @@ random access wants; see :func:`sources.write_array_record`).
 Shards are written under temporary names and renamed only when all are complete, so a
 failure leaves no shard behind; an existing output (``<prefix>-*.array_record``) is
 refused unless ``overwrite``, and then replaced whole. TFRecord inputs are read with
-Beam's TFRecord codec, so they need the ``beam`` extra even here.
+granary's TFRecord frame codec, which needs the ``tfrecord`` extra (google-crc32c).
 
 Example:
     >>> convert(["rows.parquet"], "out/rows", num_shards=2)  # doctest: +SKIP
@@ -44,13 +44,8 @@ def _record_format(path: str, fmt: str | None) -> RecordFormat:
     name = input_format(path, fmt)
     if name != "tfrecord":
         return for_file(RECORD_FORMATS[name], path)
-    try:
-        from dataloader.beam.tfrecord import TFRECORD
-    except ImportError:
-        raise ValueError(
-            f"{path}: TFRecord files are read with Apache Beam's TFRecord codec; "
-            "install it with pip install 'granary[beam]'"
-        ) from None
+    from dataloader.beam.tfrecord import TFRECORD  # imports no Beam: only the frame codec
+
     return for_file(TFRECORD, path)
 
 

@@ -65,7 +65,7 @@ def _readers(storage_options: Mapping[str, Any] | None) -> dict[str, Callable[[l
     return {
         "array_record": lambda stats: array_record.read_metadata(stats, remote=options),
         "parquet": lambda stats: parquet.read_metadata(stats, storage_options),
-        "tfrecord": tfrecord.read_metadata,
+        "tfrecord": tfrecord.index.read_metadata,
         "jsonl": lambda stats: jsonl.read_metadata(stats, storage_options),
     }
 

@@ -7,25 +7,21 @@ file object of their own (a GCS ``BlobReader``), then rely on ``next()``, ``tell
 ``seek()`` and the state ``{"reader_offset": n}``. These classes keep that contract:
 the reader reads the records of whatever file object ``self._reader`` holds.
 
-Unlike Grain's, both CRC32C checksums of every record are checked (with granary's
-:func:`~dataloader.sources.tfrecord.masked_crc`, as ``TFRecordIterDataset`` does), so a
-corrupt or truncated file fails with its byte offset instead of yielding garbage, and a
-record's data is read in bounded chunks
-(:func:`~dataloader.sources.tfrecord.read_bounded`): a damaged length field costs the
-bytes the file really holds, not the gigabytes it claims.
+Unlike Grain's, both CRC32C checksums of every record are checked: frames are read by
+granary's one frame codec (:mod:`dataloader.sources.tfrecord.frames`), as every other
+TFRecord reader of granary reads them, so a corrupt or truncated file fails with the
+same error, naming its byte offset, instead of yielding garbage, and a record's data is
+read in bounded chunks: a damaged length field costs the bytes the file really holds,
+not the gigabytes it claims.
 """
 
 from __future__ import annotations
 
 import contextlib
-import struct
 from typing import Any
 
 from dataloader.dataset import DatasetIterator
-from dataloader.sources.tfrecord import masked_crc, read_bounded
-
-_LENGTH = struct.Struct("<Q")
-_CRC = struct.Struct("<I")
+from dataloader.sources.tfrecord.frames import crc32c, read_frame
 
 
 class _TFRecordReader:
@@ -44,29 +40,11 @@ class _TFRecordReader:
         return self
 
     def __next__(self) -> bytes:
-        start = self._reader.tell()
-        head = self._reader.read(_LENGTH.size + _CRC.size)
-        if not head:
+        name = getattr(self._reader, "name", self._reader)  # a GCS reader may have none
+        data = read_frame(self._reader, str(name), self._reader.tell(), crc32c())
+        if data is None:
             raise StopIteration
-        if len(head) < _LENGTH.size + _CRC.size:
-            raise self._corrupt(start, "ends inside a record's length")
-        if masked_crc(head[: _LENGTH.size]) != _CRC.unpack_from(head, _LENGTH.size)[0]:
-            raise self._corrupt(start, "has a record length that fails its CRC check")
-        (length,) = _LENGTH.unpack_from(head)
-        body = read_bounded(self._reader, length + _CRC.size)
-        if len(body) < length + _CRC.size:
-            raise self._corrupt(start, f"ends inside a record of {length} bytes",
-                                f"; {len(body):,} bytes are left of the {length + _CRC.size:,} its length "
-                                f"field asks for (data and checksum)")
-        data = body[:length]
-        if masked_crc(data) != _CRC.unpack_from(body, length)[0]:
-            raise self._corrupt(start, f"has a record of {length} bytes that fails its CRC check")
         return data
-
-    def _corrupt(self, start: int, what: str, detail: str = "") -> ValueError:
-        name = getattr(self._reader, "name", self._reader)
-        return ValueError(f"TFRecord file {name!r} {what} (byte offset {start}){detail}; "
-                          f"the file is corrupt or not a TFRecord file")
 
     def seek(self, offset: int) -> None:
         self._reader.seek(offset)

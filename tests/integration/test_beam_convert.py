@@ -53,12 +53,14 @@ def test_match_shards_with_two_workers_and_a_refusal_to_overwrite(tmp_path):
 
 def test_a_bad_crc_in_a_worker_process_fails_cleanly(tmp_path):
     files = beam_tfrecords(str(tmp_path), num_records=90, num_files=2)
-    offset = 16 + len(parse_tfrecord(files[0])[0])  # record 1
+    first = parse_tfrecord(files[0])
+    offset = 16 + len(first[0])  # record 1
     bad = corrupt(files[0], offset + 13, str(tmp_path / "bad.tfrecord"))
     out = cli(files[1], "bad.tfrecord", "--output=out/x", "--num_shards=2", *TWO_WORKERS, cwd=str(tmp_path))
     assert out.returncode == 2
     assert out.stderr.strip().splitlines()[-1] == (
-        f"convert: {os.path.basename(bad)}: record 1 at byte offset {offset}: its data fails the CRC check")
+        f"convert: TFRecord file {os.path.basename(bad)!r}: the data of the record at byte offset "
+        f"{offset} ({len(first[1])} bytes) fails its CRC check; the file is corrupt")
     assert os.listdir(tmp_path / "out") == []  # neither a shard nor the staging folder
 
 

@@ -7,8 +7,9 @@ computes from the record counts).
 
 A TFRecord file has no index, but every frame starts with its length, so
 :func:`record_offsets` finds where each record starts by reading the 12-byte headers
-alone (each length checked against its CRC, the data skipped with a seek). The index is
-built once, in the process that builds the pipeline (it needs the record counts anyway
+alone (:func:`~dataloader.sources.tfrecord.index.scan_record_starts`, with the one frame
+codec: each length checked against its CRC, the data skipped with a seek), or takes them
+from the metadata index. The index is built once, in the process that builds the pipeline (it needs the record counts anyway
 to know the stream's length and order), kept per file in that process, and travels to
 the workers with the source: 8 bytes a record, which unpickles far faster than a worker
 could read the headers again. Past :data:`SHIPPED_RECORDS` records (64 MB of offsets a
@@ -17,7 +18,8 @@ first time it reads from it (checking that it finds the records the order counte
 
 A work unit is a run of consecutive positions; ``__getitems__`` reads, for each file
 the run touches, the contiguous bytes of its records with one ``pread`` and checks both
-CRCs of every record, as the stream does. A damaged frame (a header whose CRC fails, a
+CRCs of every record with the stream's frame codec
+(:func:`~dataloader.sources.tfrecord.frames.unpack_frame`). A damaged frame (a header whose CRC fails, a
 length past the end of the file, a data CRC that fails) fails at the position where the
 stream fails, with the stream's own error: the indexing stops at a damaged header and
 counts it as one more record, whose read is the stream's reader at that offset.
@@ -39,13 +41,11 @@ from dataloader.errors import StateMismatchError
 from dataloader.sources import TFRecordReader
 from dataloader.sources.files.handles import OPEN_FILES, open_raw, read_range
 from dataloader.sources.files.paths import PerProcessHandles
-from dataloader.sources.tfrecord import _crc32c, masked_crc, record_starts
+from dataloader.sources.tfrecord.frames import crc32c, unpack_frame
+from dataloader.sources.tfrecord.index import record_starts
 
 SHIPPED_RECORDS = 1 << 23
 """The most records whose offsets travel with the source to each worker."""
-
-_HEADER_BYTES = 12  # uint64 length, uint32 masked CRC of the length
-_FOOTER_BYTES = 4  # uint32 masked CRC of the data
 
 
 class FileIndex:
@@ -167,19 +167,17 @@ class TFRecordStreamSource(PerProcessHandles):
         good = min(high, len(index.starts) - 1)
         out: list[bytes] = []
         if low < good:
-            crc32c = _crc32c()
+            crc, path, base = crc32c(), self._paths[file], int(index.starts[low])
             data = memoryview(self._read(file, low, good))
-            ends = (index.starts[low:good + 1] - index.starts[low]).tolist()
+            ends = (index.starts[low:good + 1] - base).tolist()
             for row, at, end in zip(range(low, good), ends, ends[1:]):
-                length = end - at - _HEADER_BYTES - _FOOTER_BYTES
-                header = bytes(data[at:at + _HEADER_BYTES])
-                record = bytes(data[at + _HEADER_BYTES:end - _FOOTER_BYTES])
-                footer = bytes(data[end - _FOOTER_BYTES:end])
-                # The length is checked against the index too: a file rewritten since it
-                # was indexed fails here, never yields a record cut at the wrong place.
-                if (len(footer) < _FOOTER_BYTES or int.from_bytes(header[:8], "little") != length
-                        or masked_crc(header[:8], crc32c) != int.from_bytes(header[8:], "little")
-                        or masked_crc(record, crc32c) != int.from_bytes(footer, "little")):
+                # The frame's end is checked against the index too: a file rewritten since
+                # it was indexed fails here, never yields a record cut at the wrong place.
+                try:
+                    record, found = unpack_frame(data, at, path, base + at, crc)
+                except ValueError:
+                    found = -1
+                if found != end:
                     raise self._fail(file, row)
                 out.append(record)
         if high > good:  # the damaged frame that ends the file

@@ -125,8 +125,8 @@ def bad_inputs(tfrecords, folder) -> dict[str, tuple[str, str]]:
     junk = os.path.join(folder, "junk.parquet")
     pathlib.Path(junk).write_bytes(b"PAR1" + b"\0" * 64 + b"PAR1")
     return {
-        "bad_crc": (crc, rf"crc\.tfrecord: record 7 at byte offset {offset}: its data fails the CRC check"),
-        "truncated": (cut, rf"cut\.tfrecord: (record 7 at byte offset {offset}: truncated|truncated at byte offset {offset})"),
+        "bad_crc": (crc, rf"crc\.tfrecord': the data of the record at byte offset {offset} .* fails its CRC check"),
+        "truncated": (cut, rf"cut\.tfrecord' is truncated: the record at byte offset {offset} "),
         "unreadable_parquet": (junk, r"junk\.parquet is not a readable Parquet file"),
     }
 

@@ -82,7 +82,7 @@ def test_a_corrupt_record_fails_naming_the_file_and_offset(path):
     reader = _TFRecordReader(path)
     reader._reader = io.BytesIO(bytes(content))
     assert next(reader) == b"a"
-    with pytest.raises(ValueError, match=r"has a record of 2 bytes that fails its CRC check \(byte offset 17\)"):
+    with pytest.raises(ValueError, match=r"the data of the record at byte offset 17 \(2 bytes\) fails its CRC check"):
         next(reader)
 
 
@@ -91,7 +91,7 @@ def test_a_truncated_file_fails_naming_the_file_and_offset(tmp_path, path):
         content = f.read()
     cut = tmp_path / "cut.tfrecord"
     cut.write_bytes(content[:-3])
-    with pytest.raises(ValueError, match=r"cut\.tfrecord' ends inside a record of 400 bytes \(byte offset 51\)"):
+    with pytest.raises(ValueError, match=r"cut\.tfrecord' is truncated: the record at byte offset 51 says its data has 400 bytes"):
         list(_TFRecordReader(str(cut)))
 
 
@@ -104,8 +104,8 @@ def test_a_length_field_past_the_end_is_refused_without_allocating_it(tmp_path, 
     reader = _TFRecordReader(str(tmp_path / "forged.tfrecord"))
     tracemalloc.start()
     try:
-        with pytest.raises(ValueError, match=rf"forged\.tfrecord' ends inside a record of {length} bytes "
-                                             rf"\(byte offset 0\); 32 bytes are left of the {length + 4:,}"):
+        with pytest.raises(ValueError, match=rf"forged\.tfrecord' is truncated: the record at byte offset 0 says its data "
+                                             rf"has {length:,} bytes .* the file has 32 bytes after its header"):
             next(reader)
         peak = tracemalloc.get_traced_memory()[1]
     finally:

@@ -9,7 +9,7 @@ share of a step) in several ways:
   would hang at the end);
 * ``lookahead=L``: ``end=dl.PadEnd(lookahead=L)``, the step count agreed through JAX's
   key-value store every ``L`` steps (1: at every step);
-* ``allgather``: ``EvalBatches``' way, one ``multihost_utils.process_allgather`` of a
+* ``allgather``: the way ``EvalBatches`` agreed before it became ``end="pad"``, one ``multihost_utils.process_allgather`` of a
   flag at every step (a device collective).
 
 Process 0 prints one row per way: steps, steps/s (the slowest process's) and the
@@ -51,7 +51,7 @@ def loader(records: int, batch: int, end):
 
 
 class AllGatherEveryStep:
-    """EvalBatches' agreement: one device all-gather of a 'still has a batch' flag a step."""
+    """EvalBatches' former agreement: one device all-gather of a 'still has a batch' flag a step."""
 
     def __init__(self, it) -> None:
         self._it, self._done = it, False

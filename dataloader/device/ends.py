@@ -118,7 +118,8 @@ def end_together(iterator: Any, *, batch_size: int, end: Any = "pad",
     For any iterator of dict batches (a dataset's, a mixture's); a ``DataLoader`` does
     this itself with ``end="pad"``. With ``sampler`` (a plain batch of ``batch_size``
     over it, no filter or flat map) the step count is computed; otherwise the processes
-    agree on it through JAX's runtime (:class:`KeyValueExchange`).
+    agree on it through ``end.exchange`` when the :class:`~dataloader.PadEnd` gives one,
+    else through JAX's runtime (:class:`KeyValueExchange`) when there are several.
 
     Args:
         iterator: this process's batches.
@@ -127,12 +128,16 @@ def end_together(iterator: Any, *, batch_size: int, end: Any = "pad",
         sampler: the sampler of a plain batch, to compute the step count.
         drop_remainder: that batch's ``drop_remainder``.
     """
-    import jax
-
     settings = resolve_end(end)
     if settings is None:
         raise ValueError('end_together needs end="pad" or a dl.PadEnd(...), got None')
     steps = static_steps(sampler, batch_size, drop_remainder) if sampler is not None else None
-    exchange = KeyValueExchange() if steps is None and jax.process_count() > 1 else None
+    exchange = None
+    if steps is None and settings.exchange is not None:
+        exchange = settings.exchange()
+    elif steps is None:
+        import jax
+
+        exchange = KeyValueExchange() if jax.process_count() > 1 else None
     return EndTogether(iterator, batch_size=batch_size, end=settings, steps=steps, exchange=exchange)
 

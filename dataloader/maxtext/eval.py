@@ -1,12 +1,19 @@
-"""Eval across hosts: every host steps until the last host's last batch.
+"""Eval across hosts: every host steps until the last host's last batch, by ``end="pad"``.
 
 An eval pass keeps every sequence, so with several hosts one host may run out of
 batches a step or two before another (its shard packed into fewer rows). A global
-``jax.Array`` needs a batch from every process at every step, so :class:`EvalBatches`
-asks all processes, each step, whether any still has a batch (one small all-gather);
-a host that has none gives an all-padding batch (``mask`` all false, segmentation 0:
-no loss, no metric), and all stop together when none has. With one process nothing is
-exchanged.
+``jax.Array`` needs a batch from every process at every step. granary has one mechanism
+for that, ``end="pad"`` (:func:`dataloader.end_together`): hosts agree through JAX's
+key-value store every ``lookahead`` steps, with no device computation, so it is safe
+behind the device feed's reader thread (see :mod:`dataloader.device.ends`).
+
+:class:`EvalBatches` is that mechanism under the name MaxText users know (it was an
+all-gather at every step before, which a device feed's thread cannot do safely). It only
+adapts MaxText's layout: ``eval_dataset``'s batches already carry a ``mask`` of real rows
+(the last batch is padded by the pipeline), so ``end="pad"``'s mask is folded into it: a
+host that has run out gives an all-padding batch (every field zero, ``mask`` all false:
+no loss, no metric), and all stop together when none has a batch. With one process
+nothing is exchanged.
 """
 
 from __future__ import annotations
@@ -16,7 +23,11 @@ from typing import Any
 
 import numpy as np
 
+from dataloader.engine.stages.finite import PADDED, Exchange, PadEnd
 from dataloader.maxtext.format import KEYS
+
+# end="pad"'s own mask while it passes through, folded into the batch's "mask".
+_HOST_ROWS = "granary_end_rows"
 
 
 def padding_batch(batch_size: int, length: int, mask_key: str = "mask") -> dict[str, np.ndarray]:
@@ -26,61 +37,49 @@ def padding_batch(batch_size: int, length: int, mask_key: str = "mask") -> dict[
     return out
 
 
-def _any_process(has_batch: bool) -> bool:
-    """Whether any JAX process has a batch (an all-gather of one flag per process)."""
-    from jax.experimental import multihost_utils
-
-    flags = multihost_utils.process_allgather(np.asarray([int(has_batch)], np.int32))
-    return bool(np.asarray(flags).any())
-
-
 class EvalBatches(Iterator[dict[str, np.ndarray]]):
-    """Steps every host's eval stream together (see the module docstring).
+    """``end="pad"`` over MaxText's eval batches (see the module docstring).
+
+    The same steps and padding as ``dl.end_together(batches, batch_size=batch_size,
+    end=dl.PadEnd(example=padding_batch(...)))``, with its mask folded into the
+    batches' own ``mask`` rather than added beside it.
 
     Args:
         batches: this host's padded eval batches (an ``eval_dataset`` iterator).
         batch_size: rows per host batch; length: ``max_target_length``.
-        process_count: JAX processes (default: ``jax.process_count()``).
-        any_process: how to ask whether any process has a batch (default: an
-            all-gather over JAX processes).
+        lookahead: steps between two exchanges (:class:`~dataloader.PadEnd`).
+        exchange: makes the function hosts agree through (``PadEnd.exchange``); None:
+            JAX's key-value store when there are several JAX processes.
+
+    Example:
+        >>> rows = [dict(padding_batch(2, 4), mask=np.ones(2, bool))]
+        >>> [b["mask"].tolist() for b in EvalBatches(iter(rows), batch_size=2, length=4)]
+        [[True, True]]
     """
 
-    def __init__(self, batches: Iterator[Any], *, batch_size: int, length: int,
-                 process_count: int | None = None,
-                 any_process: Callable[[bool], bool] | None = None) -> None:
-        if process_count is None:
-            import jax
+    def __init__(self, batches: Iterator[Any], *, batch_size: int, length: int, lookahead: int = 8,
+                 exchange: Callable[[], Exchange] | None = None) -> None:
+        from dataloader.device.ends import end_together
 
-            process_count = jax.process_count()
-        self._batches = batches
-        self._padding = padding_batch(batch_size, length)
-        self._alone = process_count == 1 and any_process is None
-        self._any = any_process or _any_process
-        self._done = False
-        self.padding_batches = 0  # how many this host filled in
+        end = PadEnd(lookahead=lookahead, mask_key=_HOST_ROWS, example=padding_batch(batch_size, length),
+                     exchange=exchange)
+        self._steps = end_together(batches, batch_size=batch_size, end=end)
 
     def __iter__(self) -> EvalBatches:
         return self
 
     def __next__(self) -> dict[str, np.ndarray]:
-        batch = None
-        if not self._done:
-            try:
-                batch = next(self._batches)
-            except StopIteration:
-                self._done = True
-        if self._alone:
-            if batch is None:
-                raise StopIteration
-            return batch
-        if not self._any(batch is not None):
-            raise StopIteration
-        if batch is None:
-            self.padding_batches += 1
-            return {k: v.copy() for k, v in self._padding.items()}
+        batch = next(self._steps)
+        real = batch.pop(_HOST_ROWS)
+        if not real.all():  # a padding batch (zeros, mask false) or padded rows
+            batch["mask"] = np.asarray(batch["mask"], bool) & real
         return batch
 
+    @property
+    def padding_batches(self) -> int:
+        """How many all-padding batches this host gave."""
+        return int(self._steps.get_state()[PADDED])
+
     def close(self) -> None:
-        close = getattr(self._batches, "close", None)
-        if close is not None:
-            close()
+        """Closes the batches' iterator and ends a wait for the other hosts; idempotent."""
+        self._steps.close()

@@ -56,7 +56,7 @@ from dataloader.options import (
     ReadOptions,
     check_worker_count,
 )
-from dataloader.samplers import ShardOptions
+from dataloader.samplers.view import ElementOrder
 
 # Elements of the iterated stage per unit: a fixed grid, whatever the worker count.
 UNIT_SIZE = 64
@@ -70,32 +70,6 @@ _HEAD = 16  # two int64: number of buffers, length of the pickle header
 
 def _round_up(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
-
-
-class ElementOrder:
-    """The sampler of a shipped stream: position ``p`` is the stream's element ``p``.
-
-    It follows the :class:`~dataloader.samplers.Sampler` protocol with an endless
-    stream (the upstream ends it) and no shuffle: the positions are the keys of the
-    random generators, as for the same operations run element by element.
-    """
-
-    num_records = 0
-    shuffle = False
-    seed = None
-    num_epochs = None
-    shard_options = ShardOptions(0, 1)
-    index_map_signature = "elements of an iterated stream"
-    num_positions = None
-
-    def record_keys(self, positions: Any) -> np.ndarray:
-        return np.asarray(positions, dtype=np.int64)
-
-    def global_positions(self, positions: Any) -> np.ndarray:
-        return np.asarray(positions, dtype=np.int64)
-
-    def with_shard_options(self, shard_options: ShardOptions) -> ElementOrder:
-        return self
 
 
 def write_elements(elements: list[Any]) -> tuple[int, int]:

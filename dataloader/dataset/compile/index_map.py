@@ -28,6 +28,7 @@ from dataloader.dataset.compile.schedule import ScheduledMix
 from dataloader.samplers import IndexSampler, NoSharding, ShardOptions
 from dataloader.samplers.key_blocks import KeyBlocks
 from dataloader.samplers.permutation import MAX_N
+from dataloader.samplers.view import SamplerView
 
 
 class Leaf:
@@ -315,7 +316,7 @@ def exhausted_length(lengths: list[int | None], schedule: MixSchedule) -> int | 
     return min(ends) if ends else None
 
 
-class IndexMapSampler:
+class IndexMapSampler(SamplerView):
     """The sampler interface the engine reads (as ``IndexSampler``'s) over an index tree.
 
     Local position ``p`` of shard ``h`` of ``H`` is global position ``p * H + h`` (the
@@ -379,6 +380,8 @@ class IndexMapSampler:
         return self._stream.global_positions(positions)
 
     def record_keys(self, positions: Any) -> np.ndarray:
+        """The view's :meth:`~dataloader.samplers.view.SamplerView.record_keys`, through
+        the key blocks where they hold the positions (a run of local positions)."""
         if self._blocks is not None:
             flat = np.asarray(positions)
             if flat.size and flat.dtype.kind in "iu":
@@ -389,8 +392,10 @@ class IndexMapSampler:
                     keys = self._blocks.keys(flat, low, high)
                     if keys is not None:
                         return keys.reshape(np.shape(positions))
-        glob = self._stream.global_positions(positions)
-        return self.index.keys(glob.reshape(-1)).reshape(glob.shape)
+        return super().record_keys(positions)
+
+    def keys_at(self, global_positions: np.ndarray) -> np.ndarray:
+        return self.index.keys(global_positions)
 
     def with_shard_options(self, shard_options: ShardOptions) -> IndexMapSampler:
         return IndexMapSampler(self.index, self.num_records, self.seed, shard_options)

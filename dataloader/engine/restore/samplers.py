@@ -22,10 +22,12 @@ import numpy as np
 
 from dataloader.engine.restore.layout import Layout
 from dataloader.samplers import ShardOptions
+from dataloader.samplers.view import SamplerView
 
 
-class Reselection:
-    """A sampler that reads a selection of ``base``'s global order (read unsharded).
+class Reselection(SamplerView):
+    """A sampler view (:class:`~dataloader.samplers.view.SamplerView`) that reads a
+    selection of ``base``'s global order (read unsharded).
 
     Attributes:
         base: the sampler of the global order.
@@ -39,19 +41,12 @@ class Reselection:
     def __init__(self, base: Any, shard_options: ShardOptions) -> None:
         self.base = base.with_shard_options(ShardOptions(0, 1))
         self.shard_options = shard_options
-        self.num_records = self.base.num_records
-        self.shuffle = self.base.shuffle
-        self.seed = self.base.seed
-        self.num_epochs = self.base.num_epochs
-        self.index_map_signature = self.base.index_map_signature
+        self.take_order_of(self.base)
         self.local_skips: dict[tuple[int, int], Any] = {}
 
-    def global_positions(self, positions: Any) -> np.ndarray:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def record_keys(self, positions: Any) -> np.ndarray:
-        """The record index at each local position."""
-        return np.asarray(self.base.record_keys(self.global_positions(positions)), dtype=np.int64)
+    def keys_at(self, global_positions: np.ndarray) -> np.ndarray:
+        """The record index at each global position: the base order's."""
+        return self.base.record_keys(global_positions)
 
 
 class ElasticSampler(Reselection):

@@ -35,8 +35,7 @@ from typing import Any
 import numpy as np
 
 from resume import common
-from resume.base import Column
-from resume.hosts import OnHost
+from resume.base import Column, OnHost
 from resume.torch_cols import EpochRun
 
 ENVIRONMENT = ".venv-mosaic"

@@ -225,7 +225,7 @@ class DataLoaderIterator(DatasetIterator[Any]):
         return collect.engine_totals(self, self._stats, bool(self.stats_batches))
 
     def stats_pipeline(self) -> dict[str, Any]:
-        return collect.engine_pipeline(self._engine.pipeline, self._stats)
+        return collect.engine_pipeline(self._engine.pipeline, self._stats, self._executor)
 
     @property
     def unit_stats(self) -> Stats:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -29,10 +30,13 @@ from dataloader.options import (
     check_int,
     check_seconds,
     check_worker_count,
+    check_worker_kind,
     fingerprint_default,
 )
 from dataloader.samplers import Sampler, ShardOptions
 from dataloader.samplers.protocol import missing_members
+
+logger = logging.getLogger("dataloader")
 
 
 def _resolve_sampler(sampler: Any, shard_options: ShardOptions | None) -> Sampler:
@@ -77,6 +81,14 @@ class DataLoader:
             waits and how many workers sit idle, within the memory of the machine and
             the container. The output is the same for every worker count, changing or not.
         worker_buffer_size: work units in flight per worker.
+        worker_kind: what the workers are: ``"processes"`` (child processes, the
+            default), ``"threads"`` (threads of this process: no pickling, no copy, no
+            interpreter per worker; for work that releases the GIL), or ``"auto"``
+            (threads, handed over to processes when a short trial on the first units
+            measures that they hold the GIL; threads on a free-threaded interpreter).
+            None: the ``GRANARY_WORKER_KIND`` environment variable, else processes.
+            The output and the states are the same for every kind (see
+            :mod:`dataloader.engine.pool.thread_set` for what threads change).
         shard_options: sharding, if the sampler does not carry it already (giving
             different non-trivial options in both places is an error).
         read_options: read-ahead of the in-process path; see :class:`ReadOptions`.
@@ -150,6 +162,7 @@ class DataLoader:
         *,
         worker_count: int | str | AutoWorkers = 0,
         worker_buffer_size: int = 2,
+        worker_kind: str | None = None,
         shard_options: ShardOptions | None = None,
         read_options: ReadOptions | None = None,
         worker_init_fn: Callable[[int, int], Any] | None = None,
@@ -189,6 +202,7 @@ class DataLoader:
         if worker_init_fn is not None and not callable(worker_init_fn):
             raise TypeError(f"worker_init_fn must be callable, got {worker_init_fn!r}")
         self.worker_count = check_worker_count("worker_count", worker_count)
+        self.worker_kind = check_worker_kind("worker_kind", worker_kind)
         if executor is not None and not isinstance(executor, ExecutorKind):
             raise TypeError(
                 f"executor must have make_executor(plan, plan_bytes, position, init_fn), such as "
@@ -239,15 +253,12 @@ class DataLoader:
                 executor.make_executor, self.plan, self._plan_bytes, {"init_fn": self.worker_init_fn}
             )
         elif in_workers:
-            # Pickled once, here, so an operation that cannot reach the workers fails now.
-            self._plan_bytes = pickle_plan(self.plan)
-            # The fork server starts now, in the background, and imports what the plan
-            # needs while the training script goes on: iter() then only forks.
-            fork_server.prestart(self._plan_bytes)
+            self._plan_bytes = self._pickled_for_processes()
             make_executor = ExecutorMaker(PoolExecutor, self.plan, self._plan_bytes, {
                 "worker_count": self.worker_count,
                 "buffer_size": self.worker_buffer_size,
                 "init_fn": self.worker_init_fn,
+                "worker_kind": self.worker_kind,
                 "warm_start": self.warm_start,
                 "stall_warning_s": self.stall_warning_s,
                 "unit_timeout_s": self.unit_timeout_s,
@@ -272,6 +283,25 @@ class DataLoader:
             verify_on_restore=check_bool("verify_on_restore", verify_on_restore),
             audit_log=audit_log,
         )
+
+    def _pickled_for_processes(self) -> bytes:
+        """The plan pickled for worker processes (b"" for threads, which share it).
+
+        Pickled once, here, so an operation that cannot reach the workers fails now; with
+        ``worker_kind="auto"`` such a plan runs on threads. The fork server starts now,
+        in the background, and imports what the plan needs: iter() then only forks."""
+        if self.worker_kind == "threads":
+            return b""
+        try:
+            plan_bytes = pickle_plan(self.plan)
+        except TypeError as exc:
+            if self.worker_kind != "auto":
+                raise
+            logger.info("granary: worker_kind auto: threads, the pipeline cannot be pickled (%s)", exc)
+            self.worker_kind = "threads"
+            return b""
+        fork_server.prestart(plan_bytes)
+        return plan_bytes
 
     @property
     def engine(self) -> LoaderEngine:

@@ -207,6 +207,24 @@ def check_worker_count(name: str, value: Any) -> int | AutoWorkers:
     return check_int(name, value, 0)
 
 
+WORKER_KINDS = ("processes", "threads", "auto")
+
+
+def check_worker_kind(name: str, value: Any) -> str:
+    """One of :data:`WORKER_KINDS`; None: ``GRANARY_WORKER_KIND`` from the environment
+    (so unchanged code can try threads), else ``"processes"``."""
+    if value is None:
+        value = os.environ.get("GRANARY_WORKER_KIND") or "processes"
+        name = f"{name} (from GRANARY_WORKER_KIND)"
+    if value not in WORKER_KINDS:
+        raise ValueError(
+            f'{name} must be "processes", "threads" or "auto", got {value!r}; "threads" '
+            f'suits work that releases the GIL (decoders, numpy, zlib, Rust tokenizers), '
+            f'"auto" measures it'
+        )
+    return str(value)
+
+
 def most_workers(value: int | str | AutoWorkers) -> int:
     """The most workers a ``worker_count`` may run at once (for sizing buffers)."""
     count = check_worker_count("worker_count", value)
@@ -224,18 +242,23 @@ class MultiprocessingOptions:
             :class:`AutoWorkers`): the pool picks and changes it as it runs. The output
             is the same for every value.
         per_worker_buffer_size: work units (a batch each, usually) in flight per worker.
+        worker_kind: ``"processes"``, ``"threads"`` or ``"auto"`` (as the loader's
+            ``worker_kind``; None: ``GRANARY_WORKER_KIND``, else processes).
 
     Example:
         >>> MultiprocessingOptions(num_workers=2)
-        MultiprocessingOptions(num_workers=2, per_worker_buffer_size=2)
+        MultiprocessingOptions(num_workers=2, per_worker_buffer_size=2, worker_kind=None)
     """
 
     num_workers: int | str | AutoWorkers = 0
     per_worker_buffer_size: int = 2
+    worker_kind: str | None = None
 
     def __post_init__(self) -> None:
         check_worker_count("MultiprocessingOptions.num_workers", self.num_workers)
         check_int("MultiprocessingOptions.per_worker_buffer_size", self.per_worker_buffer_size, 1)
+        if self.worker_kind is not None:
+            check_worker_kind("MultiprocessingOptions.worker_kind", self.worker_kind)
 
 
 class ExecutionTrackingMode(enum.Enum):

@@ -200,7 +200,8 @@ class LoaderIterDataset(IterDataset):
         worker_init_fn: Callable[[int, int], Any] | None = None,
         sequential_slice: bool = False,
     ) -> LoaderIterDataset:
-        """Computes the stream in ``options.num_workers`` processes (default: one per CPU).
+        """Computes the stream in ``options.num_workers`` processes (default: one per CPU),
+        or threads (``options.worker_kind``).
 
         The output is the same for every number of workers, and so is every state.
         """
@@ -232,6 +233,7 @@ class LoaderIterDataset(IterDataset):
             [*operations, *self._operations],
             worker_count=mp.num_workers,
             worker_buffer_size=mp.per_worker_buffer_size,
+            worker_kind=mp.worker_kind,
             shard_options=self._shard_options,
             read_options=self._read_options,
             worker_init_fn=init_fn,

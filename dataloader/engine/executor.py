@@ -39,6 +39,10 @@ class Executor(Protocol):
     def reset(self, position: int) -> None:
         """Starts the stream again at local ``position``; work in flight is dropped."""
 
+    def describe(self) -> dict[str, Any]:
+        """What computes the units, for ``stats()["pipeline"]["workers"]`` (plain JSON
+        values; a pool: ``{"worker_kind": "processes" | "threads" | "auto", ...}``)."""
+
     def close(self) -> None:
         """Stops all background work and frees its resources; idempotent.
 
@@ -164,6 +168,9 @@ class InProcessExecutor:
 
     def __iter__(self) -> Iterator[UnitResult]:
         return self
+
+    def describe(self) -> dict[str, Any]:
+        return {"worker_kind": "in_process", "read_threads": self._threads}
 
     def start_prefetch(self) -> None:
         """Starts reading records ahead now (one thread at least), before the first ``next()``."""

@@ -92,7 +92,7 @@ _TRAINER = """
     while not all(maps_blocks(p) for p in it._executor.pids):
         next(it)
     print(" ".join(map(str, it._executor.pids)), flush=True)
-    print(len(it._executor._transport.blocks), flush=True)
+    print(len(it._executor._workers.transport.blocks), flush=True)
     import time; time.sleep(600)
     """
 

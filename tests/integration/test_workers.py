@@ -115,7 +115,7 @@ def test_batches_arrive_through_shared_memory_and_free_their_blocks():
     # known, in small blocks that their workers grew): the base chain ends in the block
     # pool's ctypes holder, not in pipe-borne bytes.
     assert all(_views_a_shared_block(b["x"]) for b in batches)
-    pool = it._executor._transport.blocks
+    pool = it._executor._workers.transport.blocks
     assert pool.target_size > 0 and len(pool) >= 1
     held = len(pool)
     del batches

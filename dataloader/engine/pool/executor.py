@@ -1,15 +1,16 @@
-"""The worker pool as an executor: unit results in unit order, computed by child processes.
+"""The worker pool as an executor: unit results in unit order, computed by a worker set.
 
-This is the scheduling loop, run with a lock held (the threads: :mod:`~.guard`), over
-three parts: the :class:`~.window.Window` (which unit goes to which worker, what the
+This is the one scheduling loop, run with a lock held (the threads: :mod:`~.guard`),
+over two parts: the :class:`~.window.Window` (which unit goes to which worker, what the
 consumer gets next, never more than ``worker_count * buffer_size`` units ahead of it,
-which bounds memory), the :class:`~.transport.Transport` (results back through shared
-memory) and the worker set (:class:`~.workers.Workers`, the processes; the loop's
-tests pass a fake).
+which bounds memory) and the worker set (:class:`~.workers.Workers`: child processes,
+:mod:`~.process_set`, with results in shared memory; threads of this process,
+:mod:`~.thread_set`, with results handed over as objects; a fake in the loop's tests).
+Order, balancing, retries and timeouts are the loop's, whatever the kind of worker.
 
 User code runs in the workers only. The first batch comes fast because workers fork
 from the training process's fork server in milliseconds
-(:mod:`~dataloader.engine.pool.zygote`). ``warm_start=True`` is the opt-in to compute
+(:mod:`~dataloader.engine.pool.zygote`), or are threads. ``warm_start=True`` is the opt-in to compute
 the units the consumer asks for in this process until a worker is ready: then a record
 that crashes its process crashes the training process, ``worker_init_fn`` does not
 apply to those units, and a result that does not pickle is not named.
@@ -32,23 +33,14 @@ from typing import Any
 
 from dataloader.engine.compute import UnitResult, compute_unit
 from dataloader.engine.plan import Plan
+from dataloader.engine.pool.autoscale.kind import worker_sets
 from dataloader.engine.pool.autoscale.measure import Scaling
 from dataloader.engine.pool.autoscale.oom import OomWatch
 from dataloader.engine.pool.guard import Guarded
-from dataloader.engine.pool.messages import (
-    Done,
-    Failed,
-    Fatal,
-    Ready,
-    Task,
-    pickle_for_workers,
-    remote_error,
-)
-from dataloader.engine.pool.process import WorkerProcess
-from dataloader.engine.pool.transport import Transport
+from dataloader.engine.pool.messages import Done, Failed, Fatal, Ready
 from dataloader.engine.pool.watch.stalls import StallWatch, Stuck, crash_error
 from dataloader.engine.pool.window import Outcome, Window
-from dataloader.engine.pool.workers import MAX_CRASHES, Workers, WorkerSet
+from dataloader.engine.pool.workers import MAX_CRASHES, Workers
 from dataloader.errors import PipelineError, WorkerError
 from dataloader.options import AutoWorkers
 
@@ -56,18 +48,20 @@ logger = logging.getLogger("dataloader")
 
 
 class PoolExecutor(Guarded):
-    """Unit results in order, computed by a pool of worker processes.
+    """Unit results in order, computed by a pool of workers.
 
     Implements :class:`~dataloader.engine.executor.Executor`.
 
     Args:
-        plan: the pipeline's plan; ``plan_bytes`` its pickled form (made once, at
-            loader construction, so an unpicklable operation fails early).
+        plan: the pipeline's plan; ``plan_bytes`` its pickled form for processes (made
+            once, at loader construction, so an unpicklable operation fails early).
         position: the local position to start from.
-        worker_count, buffer_size: processes, and units in flight per process. An
+        worker_count, buffer_size: workers, and units in flight per worker. An
             :class:`~dataloader.options.AutoWorkers`: the count changes as the pool
             runs (:mod:`~dataloader.engine.pool.autoscale`).
-        init_fn: ``f(worker_index, worker_count)`` run in each child before work.
+        init_fn: ``f(worker_index, worker_count)`` run in each worker before work.
+        worker_kind: ``"processes"``, ``"threads"`` or ``"auto"`` (threads measured,
+            processes where the units hold the GIL: :mod:`~.autoscale.kind`).
         warm_start: compute the units asked for in this process while no worker is ready
             (an opt-in that runs user code in the training process; not with
             ``unit_timeout_s``: a unit computed here cannot be timed out).
@@ -75,8 +69,8 @@ class PoolExecutor(Guarded):
             never).
         unit_timeout_s: make a unit computed for this long an error and replace its
             worker (None: never).
-        make_workers: ``f(slots, plan_bytes, init_fn bytes)`` -> the
-            :class:`Workers` (tests pass a fake that starts no process).
+        make_workers: ``f(slots)`` -> the :class:`Workers` (tests pass a fake that
+            starts nothing); None: the kind's (:func:`~.autoscale.kind.worker_sets`).
     """
 
     def __init__(
@@ -88,13 +82,13 @@ class PoolExecutor(Guarded):
         worker_count: int | AutoWorkers,
         buffer_size: int,
         init_fn: Any = None,
+        worker_kind: str = "processes",
         warm_start: bool = False,
         stall_warning_s: float | None = None,
         unit_timeout_s: float | None = None,
-        make_workers: Callable[[int, bytes, bytes], Workers] = WorkerSet,
+        make_workers: Callable[[int], Workers] | None = None,
     ) -> None:
-        self._plan, self._plan_bytes, self._make_workers = plan, plan_bytes, make_workers
-        self._init_fn = pickle_for_workers(init_fn)
+        self._plan = plan
         self._warm_start = warm_start and unit_timeout_s is None
         self._scaling: Scaling | None = None
         if isinstance(worker_count, AutoWorkers):
@@ -103,6 +97,7 @@ class PoolExecutor(Guarded):
             self._worker_count, self._initial = self._scaling.high, self._scaling.initial
         else:
             self._worker_count = self._initial = worker_count
+        self._make_workers = make_workers or worker_sets(worker_kind, plan, plan_bytes, init_fn, self._initial)
         self._buffer = buffer_size
         self.worker_counts: list[tuple[float, int]] = []  # (time.monotonic(), count) at each change
         self._window = Window(self._initial * buffer_size, buffer_size)
@@ -115,15 +110,15 @@ class PoolExecutor(Guarded):
 
     def _start(self) -> None:
         self._closing = False
+        self._handing_over = 0  # workers to start once the threads are done (auto kind)
         self._next_check = 0.0  # when to look for stuck workers next (time.monotonic)
-        transport = Transport()
-        self._own(self._make_workers(self._worker_count, self._plan_bytes, self._init_fn), transport)
+        self._own(self._make_workers(self._worker_count))
         self._window.clear_workers()
         self._ever_ready = False
         self._joined(self._workers.start(self._initial, spare_a_core=self._warm_start))
         self.worker_counts.append((time.monotonic(), self._initial))
 
-    def _joined(self, started: Iterable[WorkerProcess]) -> None:
+    def _joined(self, started: Iterable[Any]) -> None:
         """Gives each worker just started room in the window, and fits the window to
         ``buffer_size`` units per worker that takes units (deferred ones too)."""
         for w in started:
@@ -155,6 +150,8 @@ class PoolExecutor(Guarded):
                 self._check_stalls()
             if self._scaling is not None:
                 self._autoscale(self._scaling, now)
+            if self._workers.handover is not None:
+                self._hand_over()
             outcome = window.take_head()
             if outcome is not None:
                 if outcome.error is not None:
@@ -195,15 +192,15 @@ class PoolExecutor(Guarded):
                 self._window.finish(unit, Outcome(None, exc))
                 return
             self._window.finish(unit, Outcome(result))
-            self._transport.note_local_result(result, self._blocks_needed())
+            self._workers.note_local_result(result, self._blocks_needed())
         finally:
             self._joined(self._workers.start_deferred())
 
     # -- dispatching and receiving --------------------------------------------------------
 
     def _dispatch(self) -> None:
-        window, transport = self._window, self._transport
-        ready = {w.key: w for w in self._workers.workers if w.ready and not w.retiring}
+        window, workers = self._window, self._workers
+        ready = {w.key: w for w in workers.workers if w.ready and not w.retiring}
         while ready:
             key = window.pick_worker(ready)
             if key is None:
@@ -211,17 +208,13 @@ class PoolExecutor(Guarded):
             unit = window.next_unit()
             if unit is None:
                 return
-            block, forget, fds = transport.lend(key)
             start, stop = window.range(unit)
-            ident = block.ident if block is not None else None
-            task = Task(window.generation, unit, start, stop, ident, forget)
             try:
-                ready[key].send(task, fds)
+                token = workers.send(ready[key], window.generation, unit, start, stop, self._blocks_needed())
             except OSError:
-                transport.give_back(block)
                 window.give_back(unit)
                 return  # the worker is dying; _wait will notice and replace it
-            window.sent(key, unit, block)
+            window.sent(key, unit, token)
 
     def _wait(self, timeout: float) -> None:
         """Handles every message that arrives within ``timeout`` seconds (0: only ready ones)."""
@@ -231,7 +224,7 @@ class PoolExecutor(Guarded):
             else:
                 self._receive(w, message, nbytes)
 
-    def _receive(self, w: WorkerProcess, message: Any, nbytes: int) -> None:
+    def _receive(self, w: Any, message: Any, nbytes: int) -> None:
         if isinstance(message, Ready):
             w.ready = self._ever_ready = True
             self._joined(self._workers.start_deferred())
@@ -240,33 +233,32 @@ class PoolExecutor(Guarded):
             self._finalizer()  # lock held: not close()
             raise WorkerError(f"worker {w.index} could not start:\n{message.traceback}")
         assert isinstance(message, (Done, Failed)), message
-        window, transport = self._window, self._transport
+        window, workers = self._window, self._workers
         entry = window.answered(w.key, message.generation, message.unit)
         if entry.generation != window.generation:
-            transport.give_back(entry.token)
+            workers.give_back(entry.token)
             return
         if isinstance(message, Failed):
-            transport.give_back(entry.token)
-            window.finish(entry.unit, Outcome(None, remote_error(message.error, w.index)))
+            workers.give_back(entry.token)
+            window.finish(entry.unit, Outcome(None, workers.error(w, message.error)))
             return
-        value = transport.take(entry.token, message, nbytes, w.index, self._blocks_needed())
-        if value.error is not None:  # cut at a failing record (compute_unit)
-            value.error = remote_error(value.error, w.index)
-        window.finish(entry.unit, Outcome(value))
+        window.finish(entry.unit, Outcome(workers.result(w, entry.token, message, nbytes, self._blocks_needed())))
+        if workers.deferred:  # threads that start once a trial's first thread is done
+            self._joined(workers.start_deferred())
         if w.retiring and not window.held(w.key):
             self._stop_retired(w)
 
     # -- deaths, stalls and worker_count="auto" ---------------------------------------------
 
     def _check_stalls(self) -> None:
-        board = self._workers.board
-        if board is not None:
+        workers = self._workers
+        if workers.board is not None:
             self._wait(0)  # answers already in the pipes first: their units are not stuck
-            for stuck in self._watch.check(self._workers.workers, self._window, board):
-                stuck.worker.proc.kill()
+            for stuck in self._watch.check(workers, self._window):
+                workers.kill(stuck.worker)
                 self._replace(stuck.worker, stuck)
 
-    def _replace(self, w: WorkerProcess, stuck: Stuck | None = None) -> None:
+    def _replace(self, w: Any, stuck: Stuck | None = None) -> None:
         """A worker died, or was killed for taking too long (``stuck``): forget it, start
         another, and compute its units again (all but the one it was stuck on, which
         becomes ``stuck.error``)."""
@@ -286,7 +278,7 @@ class PoolExecutor(Guarded):
             oom = self._oom.report(w.index, w.pid, code, len(self._workers.live()), self._workers.worker_bytes())
             errors = [(u, crash_error(self._plan, self._window.range(u), code, MAX_CRASHES, oom)) for u in poisoned]
         for token in tokens:
-            self._transport.give_back(token)
+            self._workers.give_back(token)
         for unit, error in errors:
             self._window.finish(unit, Outcome(None, error))
         self._joined(self._workers.replace(w))  # none if it was leaving anyway
@@ -296,7 +288,7 @@ class PoolExecutor(Guarded):
         each once it has answered what it holds)."""
         workers, window = self._workers, self._window
         live = len(workers.live())
-        change = scaling.decide(now, workers, window, self._transport)
+        change = scaling.decide(now, workers, window)
         if change > 0:
             try:
                 self._joined(workers.add(change))
@@ -320,6 +312,31 @@ class PoolExecutor(Guarded):
             logger.info("granary: worker_count auto: %d -> %d workers", live, live + change)
         workers.reap_retired()
 
-    def _stop_retired(self, w: WorkerProcess) -> None:
+    def _hand_over(self) -> None:
+        """``worker_kind="auto"`` chose processes: the threads answer what they hold,
+        then as many processes take over (the units are the same whoever computes them)."""
+        workers, window = self._workers, self._window
+        if not self._handing_over:
+            self._handing_over = max(1, len(workers.live()) + len(workers.deferred))
+        for w in workers.retire(len(workers.live())):
+            if not window.held(w.key):
+                self._stop_retired(w)
+        workers.deferred.clear()
+        self._joined([])
+        if workers.workers:
+            return  # they answer first; no unit goes out meanwhile (the window is 0)
+        self._finalizer.detach()
+        workers.close()
+        self._own(workers.handover(self._worker_count))
+        self._window.clear_workers()
+        count, self._handing_over = self._handing_over, 0
+        self._joined(self._workers.start(count, spare_a_core=False))
+        self.worker_counts.append((time.monotonic(), count))
+
+    def describe(self) -> dict[str, Any]:
+        """What ``stats()["pipeline"]["workers"]`` says: the kind and how it was chosen."""
+        return self._workers.describe()
+
+    def _stop_retired(self, w: Any) -> None:
         self._window.remove_worker(w.key)
         self._workers.stop(w)

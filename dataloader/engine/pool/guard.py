@@ -22,7 +22,6 @@ import threading
 import weakref
 from typing import Any
 
-from dataloader.engine.pool.transport import Transport
 from dataloader.engine.pool.window import Window
 from dataloader.engine.pool.workers import Closing, Workers
 from dataloader.errors import LoaderClosedError
@@ -30,15 +29,14 @@ from dataloader.errors import LoaderClosedError
 CLOSE_WAIT_S = 1.0  # how long close() waits for a next() in progress to give way
 
 
-def _release(workers: Workers, transport: Transport) -> None:
-    """Stops every child within a bounded time and lets go of every result block."""
+def _release(workers: Workers) -> None:
+    """Stops every worker within a bounded time and lets go of every result block."""
     workers.close()
-    transport.close()
 
 
 class Guarded:
-    """Thread safety for the loop of a subclass, which hands its worker set and
-    transport to :meth:`_own`, keeps its ``_window``, and provides ``_next_locked()``,
+    """Thread safety for the loop of a subclass, which hands its worker set to
+    :meth:`_own`, keeps its ``_window``, and provides ``_next_locked()``,
     ``_wait(timeout)`` and ``_dispatch()`` (run with the lock held).
     """
 
@@ -50,11 +48,11 @@ class Guarded:
         self._consumer_started = False
         self._prestart_error: Exception | None = None
 
-    def _own(self, workers: Workers, transport: Transport) -> None:
-        """Takes the processes and blocks of a (re)started pool: released by ``close()``,
-        by an error that ends the stream, or when the executor is collected."""
-        self._workers, self._transport = workers, transport
-        self._finalizer = weakref.finalize(self, _release, workers, transport)
+    def _own(self, workers: Workers) -> None:
+        """Takes the workers (and their blocks) of a (re)started pool: released by
+        ``close()``, by an error that ends the stream, or when the executor is collected."""
+        self._workers = workers
+        self._finalizer = weakref.finalize(self, _release, workers)
 
     def _start_early(self) -> None:
         # No thread left (a pids limit): no early start; the first next() starts the work.
@@ -140,6 +138,11 @@ class Guarded:
     @property
     def pids(self) -> list[int]:
         return [w.pid for w in self._workers.workers]
+
+    @property
+    def worker_kind(self) -> str:
+        """``"processes"`` or ``"threads"``: what computes the units."""
+        return self._workers.kind
 
     # -- what the loop provides -------------------------------------------------------------
 

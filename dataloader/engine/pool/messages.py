@@ -95,11 +95,11 @@ class Done(NamedTuple):
 
 class Failed(NamedTuple):
     """The unit raised; ``error`` is the exception, its cause and the child's traceback,
-    pickled with cloudpickle."""
+    pickled with cloudpickle (from a process), or the exception itself (from a thread)."""
 
     generation: int
     unit: int
-    error: bytes
+    error: bytes | BaseException
 
 
 class Fatal(NamedTuple):

@@ -162,6 +162,10 @@ class WorkerProcess:
     def pid(self) -> int:
         return self.proc.pid
 
+    @property
+    def where(self) -> str:
+        return f"pid {self.proc.pid}"
+
     def _send_quietly(self, data: bytes) -> None:
         with contextlib.suppress(OSError):
             self.tasks.send_bytes(data)

@@ -1,46 +1,42 @@
-"""The worker processes of one pool: start, replace, retire and reap them.
+"""The worker-set protocol: what the one scheduling loop asks of any kind of worker.
 
-A :class:`WorkerSet` owns what must be released whatever happens to the pool: the
-processes, its registration with the fork server and the progress board. Workers are
-forked by the training process's fork server (:mod:`~dataloader.engine.pool.zygote`),
-which outlives the pool (every pool of the process shares it) and has imported what
-they need already; where it cannot start, or once it refuses, dies or is found stopped,
-each worker starts as a fresh interpreter (:mod:`~dataloader.engine.pool.process`),
-which is slower but not wrong. A worker that cannot start because the container's
-pids limit is reached is a :class:`~dataloader.errors.WorkerError` naming the limit.
+The loop (:mod:`~dataloader.engine.pool.executor`) decides which unit goes where, keeps
+the order, retries lost units and times stuck ones; it knows nothing of how a unit
+reaches a worker or how its result comes back. That is the worker set's: child
+processes (:class:`~dataloader.engine.pool.process_set.ProcessSet`: a pickled task, the
+result in shared memory), threads of this process
+(:class:`~dataloader.engine.pool.thread_set.ThreadSet`: the task and the result handed
+over as objects), or a fake in the loop's tests. The output never depends on which.
 
-It keeps the poll map: which result pipe belongs to which worker, in one
-``select.poll`` object for the life of the pool (building a selector per wait, as
-``multiprocessing.connection.wait`` does, cost ~70 us of parent CPU per batch).
+Obligations of an implementation:
 
-It knows nothing of units. The scheduling loop (:mod:`~dataloader.engine.pool.executor`)
-says when to start, replace, retire or stop a worker, and learns which workers started
-(to give each room in its window) and which died (to compute their units again).
+* workers are told apart by ``key`` (unique for the set's life) and own a slot
+  ``index`` (kept by a replacement); the loop reads ``ready`` and ``retiring``;
+* :meth:`Workers.send` hands a unit to a ready worker and returns a token (what was
+  lent for its result), raising ``OSError`` when the worker is dying; a worker computes
+  its units in the order sent and answers each once, through :meth:`Workers.events`
+  (``Ready`` once started, ``Fatal`` if it cannot start, then ``Done``/``Failed``; None
+  for a worker that died);
+* the ``board`` says, per slot, which unit the worker *started* and when (units are
+  timed from their start, never from when they were sent: a consumer that pauses while
+  the window is full does not make a unit look stuck);
+* :meth:`Workers.kill` stops a stuck worker, or abandons it where it cannot be stopped
+  (``stop_words`` says which, for the error message);
+* everything it holds is released by :meth:`Workers.close`, from any thread.
+
+:class:`Slots` is the bookkeeping both real sets share: which slots are taken, started,
+deferred, retiring or retired.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import logging
-import os
-import pickle
-import select
-import subprocess
 from collections.abc import Iterator
-from multiprocessing.connection import wait
 from typing import Any, Protocol
 
-from dataloader.engine.pool import zygote as fork_server
-from dataloader.engine.pool.autoscale import private_bytes, usable_cpus
-from dataloader.engine.pool.messages import Init, WorkerConfig
-from dataloader.engine.pool.process import WorkerProcess, pids_limit, start_failure, stop_all
-from dataloader.engine.pool.watch.progress import Board
-from dataloader.errors import LoaderClosedError, WorkerError
+from dataloader.engine.compute import UnitResult
+from dataloader.errors import LoaderClosedError
 
 MAX_CRASHES = 3  # deaths of a unit's worker, or of starting workers, that make an error
-
-logger = logging.getLogger("dataloader")
 
 
 class Closing(LoaderClosedError):
@@ -48,200 +44,116 @@ class Closing(LoaderClosedError):
     the unit its consumer waited for)."""
 
 
-class Workers(Protocol):
-    """What the scheduling loop (:mod:`~dataloader.engine.pool.executor`) asks of its
-    worker processes: :class:`WorkerSet` here, a fake in the loop's tests. Workers are
-    told apart by ``key``; the loop reads ``index``, ``ready``, ``retiring`` and calls
-    ``send(task)`` (OSError: it is dying)."""
+class Worker(Protocol):
+    """One worker as the loop sees it."""
 
-    workers: list[WorkerProcess]  # every worker that takes units or is retiring
+    index: int
+    key: int
+    ready: bool
+    retiring: bool
+
+    @property
+    def where(self) -> str:
+        """Where it runs, for messages (``"pid 123"``, ``"thread granary-worker-0"``)."""
+
+
+class Footprint(Protocol):
+    """What a worker set costs in memory, for ``worker_count="auto"``."""
+
+    def footprint(self) -> tuple[int, int, int, int | None]:
+        """``(cost, growth, block_size, block_room)``: the private bytes one more worker
+        will cost, what the live ones will still grow by, the size of one result block
+        (0: none) and the memory left for blocks (None: not bounded)."""
+
+
+class Workers(Footprint, Protocol):
+    """What the scheduling loop asks of its workers (see the module docstring)."""
+
+    kind: str  # "processes" or "threads", as stats() and messages say it
+    stop_words: str  # what happens to a worker stopped for a stuck unit (the error)
+    stop_verb: str  # the same, as the log says it ("killing it")
+    workers: list[Any]  # every worker that takes units or is retiring
     deferred: list[int]  # slots still to start
-    board: Board | None  # progress of each slot; None: no stall checks
-    stopping: bool  # close() was called: start no process
+    board: Any  # .read(index) -> progress.Position; None: no stall checks
+    stopping: bool  # close() was called: start no worker
+    # f(slots): the worker set to hand the stream over to (worker_kind="auto" measured
+    # that processes fit); None: keep this one
+    handover: Any
 
-    def start(self, count: int, spare_a_core: bool) -> Iterator[WorkerProcess]: ...
-    def start_deferred(self) -> Iterator[WorkerProcess]: ...
-    def add(self, count: int) -> Iterator[WorkerProcess]: ...
-    def events(self, timeout: float) -> Iterator[tuple[WorkerProcess, Any, int]]: ...
+    def describe(self) -> dict[str, Any]:
+        """``stats()["pipeline"]["workers"]``: the kind, and how it was chosen."""
+
+    def start(self, count: int, spare_a_core: bool) -> Iterator[Any]: ...
+    def start_deferred(self) -> Iterator[Any]: ...
+    def add(self, count: int) -> Iterator[Any]: ...
+    def send(self, w: Any, generation: int, unit: int, start: int, stop: int, blocks_needed: int) -> Any: ...
+    def give_back(self, token: Any) -> None: ...
+    def events(self, timeout: float) -> Iterator[tuple[Any, Any, int]]: ...
+    def result(self, w: Any, token: Any, message: Any, nbytes: int, blocks_needed: int) -> UnitResult: ...
+    def error(self, w: Any, payload: Any) -> Exception: ...
+    def note_local_result(self, result: UnitResult, blocks_needed: int) -> None: ...
     def wait_readable(self, timeout: float) -> None: ...
-    def bury(self, w: WorkerProcess, timed_out: bool) -> int: ...
-    def replace(self, w: WorkerProcess) -> Iterator[WorkerProcess]: ...
-    def retire(self, count: int) -> list[WorkerProcess]: ...
-    def stop(self, w: WorkerProcess) -> None: ...
+    def kill(self, w: Any) -> None: ...
+    def bury(self, w: Any, timed_out: bool) -> int: ...
+    def replace(self, w: Any) -> Iterator[Any]: ...
+    def retire(self, count: int) -> list[Any]: ...
+    def stop(self, w: Any) -> None: ...
     def reap_retired(self) -> None: ...
-    def live(self) -> list[WorkerProcess]: ...
+    def live(self) -> list[Any]: ...
     def worker_bytes(self) -> int: ...
     def close(self) -> None: ...
 
 
-class WorkerSet:
-    """The worker processes of one pool (see the module docstring).
+class Slots:
+    """Slot bookkeeping shared by the worker sets: a subclass provides ``_spawn(index)``
+    (a started worker in that slot) and ``_forget(w)`` (stop listening to it).
 
     Args:
-        slots: the most workers there may be (their indices, and the board's slots).
-        plan_bytes: the pickled plan every worker runs (the fork server preloads the
-            modules it names).
-        init_fn: the pickled ``init_fn(worker_index, worker_count)``.
+        slots: the most workers there may be (their indices).
     """
 
-    def __init__(self, slots: int, plan_bytes: bytes, init_fn: bytes) -> None:
+    def __init__(self, slots: int) -> None:
         self.slots = slots
-        self._plan_bytes = plan_bytes
-        self._init_fn = init_fn
-        self.workers: list[WorkerProcess] = []  # in slot order at start; retiring ones too
-        self.retired: list[WorkerProcess] = []  # stopped by the autoscaler, not yet reaped
+        self.workers: list[Any] = []  # in slot order at start; retiring ones too
+        self.retired: list[Any] = []  # stopped by the autoscaler, not yet reaped
         self.deferred: list[int] = []  # slots to start once a worker is ready
-        self.stopping = False  # set by close() from any thread: no process starts after it
-        self._startup_deaths = 0
-        self._worker_bytes = 0  # private memory of one worker, measured once one is ready
-        # The process's fork server (started now if the loader did not start it), told
-        # what this pool's plan imports; None: every worker starts an interpreter.
-        self.zygote = fork_server.shared()
-        self._pool = 0
-        if self.zygote is not None:
-            try:
-                self._pool = self.zygote.open_pool(fork_server.preload_modules(plan_bytes))
-            except OSError:  # it died just now: interpreters
-                self.zygote = None
-        try:
-            self.board: Board | None = Board(slots)
-        except OSError as exc:  # no memfd (not Linux, or an old kernel): no stall checks
-            logger.warning("granary: no progress board (%s); stuck workers go unnoticed", exc)
-            self.board = None
-        self._poller = select.poll()
-        self._by_fd: dict[int, WorkerProcess] = {}
+        self.stopping = False  # set by close() from any thread: nothing starts after it
 
-    # -- starting -------------------------------------------------------------------------
+    def _spawn(self, index: int) -> Any:
+        raise NotImplementedError
 
-    def start(self, count: int, spare_a_core: bool) -> Iterator[WorkerProcess]:
-        """Starts workers ``0 .. count-1``, yielding each as it starts.
+    def _forget(self, w: Any) -> None:
+        raise NotImplementedError
 
-        Start-up must not slow the first batch. Forked workers cost next to nothing: all
-        are asked for at once. Without a fork server, while the parent computes
-        warm-start units (``spare_a_core``), only as many start as leave it a core of its
-        own (their imports take ~0.3 s of CPU each); the rest are deferred until
-        :meth:`start_deferred` (the first warm unit is done, or a worker is ready).
-        """
-        now = count
-        if spare_a_core and self.zygote is None:
-            now = max(1, min(now, usable_cpus() - 1))
+    def _first(self, count: int, spare_a_core: bool) -> int:
+        """How many of ``count`` workers start at once (the rest are deferred)."""
+        return count
+
+    def start(self, count: int, spare_a_core: bool) -> Iterator[Any]:
+        """Starts workers ``0 .. count-1`` (some deferred, see ``_first``), yielding
+        each as it starts."""
+        now = self._first(count, spare_a_core)
         self.deferred = list(range(now, count))
         for index in range(now):
             yield self._join(self._spawn(index))
 
-    def start_deferred(self) -> Iterator[WorkerProcess]:
+    def start_deferred(self) -> Iterator[Any]:
         """Starts the deferred workers (none once ``close()`` was called)."""
         while self.deferred and not self.stopping:
             yield self._join(self._spawn(self.deferred.pop(0)))
 
-    def add(self, count: int) -> Iterator[WorkerProcess]:
+    def add(self, count: int) -> Iterator[Any]:
         """Starts ``count`` more workers in the free slots, lowest first."""
         used = {w.index for w in self.workers}
         free = [i for i in range(self.slots) if i not in used]
         for index in free[:count]:
             yield self._join(self._spawn(index))
 
-    def _join(self, worker: WorkerProcess) -> WorkerProcess:
+    def _join(self, worker: Any) -> Any:
         self.workers.append(worker)
         return worker
 
-    def _spawn(self, index: int) -> WorkerProcess:
-        if self.stopping:  # close() released the pool while this thread was busy
-            raise Closing("the loader was closed while a worker was starting")
-        board = self.board
-        if board is not None:
-            board.clear(index)  # what the slot's previous worker wrote is not the new one's
-        config = WorkerConfig(
-            parent_pid=os.getpid(),
-            plan=self._plan_bytes,
-            init_fn=self._init_fn,
-            worker_index=index,
-            worker_count=self.slots,
-            cpus=tuple(sorted(os.sched_getaffinity(0))),
-            progress_fd=board.fd if board is not None else -1,
-        )
-        shared = (board.fd,) if board is not None else ()
-        init = pickle.dumps(Init(config))
-        zygote = self.zygote
-        worker = None
-        if zygote is not None:
-            fork = functools.partial(zygote.fork, pool=self._pool, cpus=config.cpus)
-            with contextlib.suppress(OSError):  # the fork server is gone: start one as before
-                worker = WorkerProcess(index, init, shared, fork)
-            if worker is None:
-                self._drop_zygote()
-        if worker is None:
-            worker = WorkerProcess(index, init, shared)
-        fd = worker.results.fileno()
-        self._by_fd[fd] = worker
-        self._poller.register(fd, select.POLLIN)
-        return worker
-
-    # -- listening ------------------------------------------------------------------------
-
-    def events(self, timeout: float) -> Iterator[tuple[WorkerProcess, Any, int]]:
-        """``(worker, message, size in bytes)`` for every message that arrives within
-        ``timeout`` seconds (0: only those there now); ``message`` is None for a worker
-        whose pipe closed (it died: :meth:`bury` it). Read one at a time, so a worker
-        replaced while an earlier event was handled is skipped.
-
-        While a forked worker is not ready, the fork server is looked at (a stopped one
-        is killed: the pipes of the workers it was asked for close, and they start as
-        interpreters)."""
-        zygote = self.zygote
-        if zygote is not None and not all(w.ready for w in self.workers):
-            zygote.check()
-        for fd, _ in self._poller.poll(int(timeout * 1000)):
-            w = self._by_fd.get(fd)
-            if w is None:
-                continue  # replaced while this batch of events was handled
-            try:
-                message, nbytes = w.receive()
-            except (EOFError, OSError):
-                yield w, None, 0
-                continue
-            yield w, message, nbytes
-
-    def wait_readable(self, timeout: float) -> None:
-        """Waits until some worker has something to say, or ``timeout`` seconds (for a
-        thread that holds no lock: the pipes may be closed under it)."""
-        conns = [w.results for w in self.workers]
-        # multiprocessing's wait() polls where poll exists (never select(), which cannot
-        # wait on a descriptor beyond 1024: a trainer with many open files has those).
-        with contextlib.suppress(OSError, ValueError):  # a pipe closed under us
-            wait(conns, timeout)
-
-    # -- ending ---------------------------------------------------------------------------
-
-    def bury(self, w: WorkerProcess, timed_out: bool) -> int:
-        """A worker died, or was killed (``timed_out``): reaps it and forgets it; returns
-        its exit code.
-
-        A fork server that refused or died is dropped (not the pipeline's fault):
-        interpreters start from now on. Raises WorkerError when the fork server could
-        not fork (``EAGAIN``: a pids limit), or when workers keep dying before they are
-        ready.
-        """
-        code = w.reap()
-        self._forget(w)
-        w.close_pipes()
-        if isinstance(w.proc, fork_server.ForkedChild):
-            error = w.proc.error
-            if error is not None:  # an interpreter would not start either
-                raise start_failure(w.index, error)
-            if w.proc.lost or code == fork_server.LOST:
-                self._drop_zygote()
-                return code
-        if not timed_out and not w.ready:
-            self._startup_deaths += 1
-            if self._startup_deaths >= MAX_CRASHES:
-                raise WorkerError(
-                    f"worker processes keep dying before they start (exit code {code}); "
-                    f"{_pids_hint()}run with worker_count=0 to see the error in this process"
-                )
-        return code
-
-    def replace(self, w: WorkerProcess) -> Iterator[WorkerProcess]:
+    def replace(self, w: Any) -> Iterator[Any]:
         """Starts a buried worker's successor in its slot, yielding it (none if it was
         retiring: it leaves the set)."""
         i = self.workers.index(w)
@@ -251,75 +163,14 @@ class WorkerSet:
         self.workers[i] = self._spawn(w.index)
         yield self.workers[i]
 
-    def retire(self, count: int) -> list[WorkerProcess]:
+    def retire(self, count: int) -> list[Any]:
         """Marks ``count`` live workers (the highest indices) as retiring: they get no
-        more units, and are stopped (:meth:`stop`) once they hold none."""
+        more units, and are stopped (``stop``) once they hold none."""
         chosen = sorted(self.live(), key=lambda w: -w.index)[:count]
         for w in chosen:
             w.retiring = True
         return chosen
 
-    def stop(self, w: WorkerProcess) -> None:
-        """A retiring worker holds no unit: close its task pipe (it exits) and forget it;
-        it is reaped later (:meth:`reap_retired`) so that this call does not wait."""
-        self._forget(w)
-        self.workers.remove(w)
-        with contextlib.suppress(OSError):
-            w.tasks.close()
-        self.retired.append(w)
-
-    def reap_retired(self) -> None:
-        for w in list(self.retired):
-            try:
-                w.proc.wait(0)
-            except subprocess.TimeoutExpired:  # still exiting: next time
-                continue
-            w.close_pipes()
-            self.retired.remove(w)
-
-    def _forget(self, w: WorkerProcess) -> None:
-        fd = w.results.fileno()
-        self._poller.unregister(fd)
-        del self._by_fd[fd]
-
-    def _drop_zygote(self) -> None:
-        """This pool forks no more (the server lives on for other pools, if it can)."""
-        if self.zygote is not None:
-            self.zygote.close_pool(self._pool)
-            self.zygote = None
-
-    def close(self) -> None:
-        """Stops every child within a bounded time, the fork server and the board."""
-        stop_all([*self.workers, *self.retired])
-        self.workers.clear()
-        self.retired.clear()
-        self._drop_zygote()
-        if self.board is not None:
-            self.board.close()
-
-    # -- looking --------------------------------------------------------------------------
-
-    def live(self) -> list[WorkerProcess]:
+    def live(self) -> list[Any]:
         """The workers that take units (not retiring)."""
         return [w for w in self.workers if not w.retiring]
-
-    def worker_bytes(self) -> int:
-        """Private memory of one worker, measured once the first is ready (0 before)."""
-        live = self.live()
-        if not self._worker_bytes and live and live[0].ready:
-            self._worker_bytes = private_bytes(live[0].pid)
-        return self._worker_bytes
-
-
-def _pids_hint() -> str:
-    """Under a pids limit, the likeliest cause of workers that die at once (a worker that
-    cannot start its threads exits with code 1), for the error's message."""
-    limit = pids_limit()
-    if limit is None:
-        return ""
-    most, used, path = limit
-    return (
-        f"this container limits processes and threads to pids.max={most} ({path}; {used} "
-        f"in use now), and a worker that cannot start a thread dies like this: lower "
-        f"worker_count or raise the limit; or "
-    )

@@ -149,6 +149,9 @@ class RayUnits:
     def __iter__(self) -> Iterator[UnitResult]:
         return self
 
+    def describe(self) -> dict[str, Any]:
+        return {"worker_kind": "ray_actors", "actors": len(self.actors)}
+
     def reset(self, position: int) -> None:
         """Starts again at ``position``; the actors stay, answers about the old stream
         are dropped when they come."""

@@ -153,10 +153,13 @@ def engine_totals(it: StatsParticipant, stats: Any, batches: bool) -> dict[str, 
     return totals
 
 
-def engine_pipeline(pipeline: Any, stats: Any) -> dict[str, Any]:
-    """An engine's ``stats()["pipeline"]``: its description, and when results come through
-    shared memory, how much room the result blocks have left (what the advice reads)."""
+def engine_pipeline(pipeline: Any, stats: Any, executor: Any = None) -> dict[str, Any]:
+    """An engine's ``stats()["pipeline"]``: its description, what its executor says of its
+    workers (their kind, and why), and when results come through shared memory, how much
+    room the result blocks have left (what the advice reads)."""
     out = dict(pipeline)
+    if executor is not None:
+        out["workers"] = executor.describe()
     if stats.pipe_units:
         from dataloader.engine.pool.shm import block_room
 

@@ -18,10 +18,8 @@ from typing import TYPE_CHECKING
 
 from dataloader.engine.pool.autoscale import Scaler, private_bytes, room, usable_cpus
 from dataloader.engine.pool.autoscale.limits import oom_kills
-from dataloader.engine.pool.shm import block_room
 
 if TYPE_CHECKING:
-    from dataloader.engine.pool.transport import Transport
     from dataloader.engine.pool.window import Window
     from dataloader.engine.pool.workers import Workers
     from dataloader.options import AutoWorkers
@@ -57,7 +55,7 @@ class Scaling:
     def waited(self, seconds: float) -> None:
         self.scaler.waited(seconds)
 
-    def decide(self, now: float, workers: Workers, window: Window, transport: Transport) -> int:
+    def decide(self, now: float, workers: Workers, window: Window) -> int:
         """Samples the idle workers; returns the workers to add (> 0) or retire (< 0) now."""
         live = workers.live()
         if now - self._looked >= self.options.interval_s:
@@ -69,16 +67,8 @@ class Scaling:
             self.scaler.sample(sum(1 for w in live if w.ready and not window.held(w.key)))
 
         def fits() -> int:
-            use_shm = transport.use_shm
-            cost, growth = worker_memory(workers)
-            return room(
-                self.options,
-                cost,
-                self._buffer + 1,
-                transport.blocks.target_size if use_shm else 0,
-                block_room() if use_shm else None,
-                reserved=growth,
-            )
+            cost, growth, block_size, blocks_room = workers.footprint()
+            return room(self.options, cost, self._buffer + 1, block_size, blocks_room, reserved=growth)
 
         return self.scaler.decide(now, len(live), starting, fits)
 

@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from dataloader.engine.compute import stage_names, unit_record_keys
 from dataloader.engine.plan import Plan
-from dataloader.engine.pool.process import WorkerProcess
-from dataloader.engine.pool.watch.progress import IDLE, SENDING, Board
+from dataloader.engine.pool.watch.progress import IDLE, SENDING
 from dataloader.engine.pool.window import Window
+from dataloader.engine.pool.workers import Workers
 from dataloader.errors import WorkerCrashError, WorkerTimeoutError
 
 logger = logging.getLogger("dataloader")
@@ -43,7 +42,7 @@ class Stuck(NamedTuple):
     """A worker past ``unit_timeout_s``; ``error`` is None for a unit of an old stream
     (nobody waits for it, but the units queued behind it do)."""
 
-    worker: WorkerProcess
+    worker: Any
     error: WorkerTimeoutError | None
 
 
@@ -77,11 +76,16 @@ class StallWatch:
             listed += f", ... ({len(keys)} records)"
         return f"unit {unit} (positions [{start}, {stop}), record indices [{listed}])", keys, start
 
-    def check(self, workers: Iterable[WorkerProcess], window: Window, board: Board) -> list[Stuck]:
-        """Logs the new stalls; returns the workers past ``unit_timeout_s``."""
+    def check(self, workers: Workers, window: Window) -> list[Stuck]:
+        """Logs the new stalls; returns the workers past ``unit_timeout_s``.
+
+        A unit's time counts from when its worker started it (its slot on the board),
+        never from when it was sent: a unit waiting behind another, or an answer not
+        taken in while the consumer is away, is not stuck."""
         now = time.monotonic_ns()
         stuck = []
-        for w in workers:
+        board = workers.board
+        for w in workers.workers:
             entry = window.current(w.key) if w.ready else None
             if entry is None:
                 continue
@@ -98,7 +102,7 @@ class StallWatch:
                 continue
             what, keys, start = self._unit_text(window, entry.generation, entry.unit)
             operation = self._operation(slot.stage)
-            where = f"worker {w.index} (pid {w.pid}) has been computing {what} for {seconds:.1f} s; it is in {operation}"
+            where = f"worker {w.index} ({w.where}) has been computing {what} for {seconds:.1f} s; it is in {operation}"
             if not timed_out:
                 self._warned.add((entry.generation, entry.unit))
                 then = (
@@ -118,15 +122,15 @@ class StallWatch:
             error = None
             if start >= 0:
                 error = WorkerTimeoutError(
-                    f"{where}, past unit_timeout_s={self.timeout_s:g}; the worker was killed "
-                    f"and replaced, and the unit is not computed again. Find what blocks "
+                    f"{where}, past unit_timeout_s={self.timeout_s:g}; {workers.stop_words}, "
+                    f"and the unit is not computed again. Find what blocks "
                     f"(run these records with worker_count=0), or raise unit_timeout_s",
                     operation=operation,
                     record_indices=keys,
                     position=start,
                     worker=w.index,
                 )
-            logger.warning("%s; killing it (unit_timeout_s=%g s)", where, self.timeout_s)
+            logger.warning("%s; %s (unit_timeout_s=%g s)", where, workers.stop_verb, self.timeout_s)
             stuck.append(Stuck(w, error))
         return stuck
 

@@ -1,6 +1,6 @@
 """The pool's scheduling loop, driven with a fake worker set: no process is started.
 
-The fake implements :class:`~dataloader.engine.pool.executor.Workers`. Its workers
+The fake implements the worker-set protocol (:class:`~dataloader.engine.pool.workers.Workers`). Its workers
 compute their units in this process (with the real ``compute_unit``) but answer only
 when the test lets them, in the order the test chooses; a worker dies when the test
 says so. Nothing waits on a clock: a loop that would wait with nothing to come fails
@@ -19,7 +19,7 @@ import dataloader as dl
 from dataloader.engine.compute import compute_unit
 from dataloader.engine.plan import make_plan
 from dataloader.engine.pool.executor import PoolExecutor
-from dataloader.engine.pool.messages import Done, Failed, Ready, error_payload
+from dataloader.engine.pool.messages import Done, Failed, Ready, Task, error_payload, remote_error
 from dataloader.engine.pool.workers import MAX_CRASHES
 from dataloader.errors import WorkerCrashError, WorkerError
 from dataloader.options import AutoWorkers
@@ -53,8 +53,9 @@ class FakeWorkers:
     lowest slot first)."""
 
     made: list[FakeWorkers] = []
+    kind, stop_words, stop_verb, handover = "fake", "the fake worker was dropped", "dropping it", None
 
-    def __init__(self, slots: int, plan_bytes: bytes, init_fn: bytes) -> None:
+    def __init__(self, slots: int) -> None:
         self.slots, self.plan = slots, None
         self.workers: list[FakeWorker] = []
         self.deferred: list[int] = []
@@ -74,6 +75,28 @@ class FakeWorkers:
         w = FakeWorker(index, next(self._keys))
         self.inbox.append((w, Ready(w.pid), 0))  # ready at the loop's next look
         return w
+
+    def send(self, w: FakeWorker, generation: int, unit: int, start: int, stop: int, blocks_needed: int) -> None:
+        w.send(Task(generation, unit, start, stop, None, ()))
+
+    def give_back(self, token: Any) -> None:
+        assert token is None
+
+    def result(self, w: FakeWorker, token: Any, message: Any, nbytes: int, blocks_needed: int) -> Any:
+        message.result.worker = w.index
+        return message.result
+
+    def error(self, w: FakeWorker, payload: Any) -> Exception:
+        return remote_error(payload, w.index)
+
+    def note_local_result(self, result: Any, blocks_needed: int) -> None:
+        pass
+
+    def footprint(self) -> tuple[int, int, int, int | None]:
+        return 0, 0, 0, None
+
+    def describe(self) -> dict[str, Any]:
+        return {"worker_kind": self.kind}
 
     def start(self, count: int, spare_a_core: bool) -> Iterator[FakeWorker]:
         for index in range(count):

@@ -1,0 +1,148 @@
+"""Which kind of worker computes the units: processes, threads, or chosen by measurement.
+
+``worker_kind="threads"`` pays no pickling, no result copy and no interpreter per
+worker; it scales only where the units release the GIL (decoders, zlib, numpy, Rust
+tokenizers, Arrow). ``"processes"`` scales whatever the units do. ``"auto"`` measures:
+
+* on an interpreter without a GIL (free-threaded CPython, ``sys._is_gil_enabled()``
+  false) threads are chosen at once;
+* with one worker, processes (a single worker thread would share the GIL with the
+  training loop itself, and there is no second thread to measure against);
+* else the pool starts with threads and runs a short trial on the stream's first units
+  (:class:`KindTrial`), which are kept: one thread computes two units alone, then every
+  thread computes; the wall time per record of a unit computed beside the others,
+  against alone (both less the time the thread waited for a CPU, from
+  ``/proc/thread-self/schedstat``, so a busy machine does not read as a held GIL),
+  estimates the share of a unit's time that holds the GIL: with ``n`` threads a share
+  ``h`` stretches a unit by about ``1 + h * (n - 1)``. Past :data:`GIL_LIMIT` the pool
+  hands over to processes (the threads first answer what they hold), else it keeps its
+  threads. The choice is logged and shown in ``stats()["pipeline"]["workers"]``; it
+  never changes the output (a unit is the same whoever computes it).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import statistics
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from dataloader.engine.plan import Plan
+
+logger = logging.getLogger("dataloader")
+
+KINDS = ("processes", "threads", "auto")
+# Past this share of a unit's time holding the GIL, 2 threads reach less than about 0.75x
+# of what 2 processes do (1 / (1 + h) of 2x): processes win despite their pickling.
+GIL_LIMIT = 0.35
+SOLO_UNITS = 2  # units the first thread computes alone (the first warms it up)
+PAIR_UNITS_PER_THREAD = 2  # units per thread measured while all compute
+
+
+def gil_enabled() -> bool:
+    """False on a free-threaded interpreter that runs without its GIL."""
+    if sys.version_info < (3, 13):
+        return True
+    return bool(sys._is_gil_enabled())
+
+
+def run_delay_s() -> float:
+    """Seconds this thread has waited for a CPU (runnable, not running); 0 where the
+    kernel does not say (no ``schedstat``)."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+class KindTrial:
+    """The measurement behind ``worker_kind="auto"`` (see the module docstring). Fed by
+    the worker threads (:meth:`record`), read by the pool; every field under one lock."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self._lock = threading.Lock()
+        self._counts = [0] * threads  # units each thread has recorded
+        self._solo: float | None = None  # seconds per record, alone
+        self._warm_at: float | None = None  # every thread has computed a unit since
+        self._first_ends: dict[int, float] = {}
+        self._pair: list[float] = []
+        self.gil_share: float | None = None
+        self.verdict: str | None = None  # "threads" or "processes" once decided
+
+    @property
+    def solo_done(self) -> bool:
+        with self._lock:
+            return self._solo is not None
+
+    def record(self, index: int, began: float, ended: float, waited: float, records: int) -> None:
+        """Thread ``index`` computed a unit of ``records`` records from ``began`` to
+        ``ended`` (``time.monotonic``), ``waited`` seconds of it for a CPU."""
+        per = max(ended - began - waited, 1e-9) / max(records, 1)
+        with self._lock:
+            if self.verdict is not None or index >= self.threads:
+                return
+            self._counts[index] += 1
+            if self._solo is None:
+                if index == 0 and self._counts[0] >= SOLO_UNITS:
+                    self._solo = per  # the second unit alone (the first warmed up)
+                return
+            self._first_ends.setdefault(index, ended)
+            if self._warm_at is None:
+                if len(self._first_ends) >= self.threads:
+                    self._warm_at = max(self._first_ends.values())
+                return
+            if began >= self._warm_at:
+                self._pair.append(per)
+            if len(self._pair) >= PAIR_UNITS_PER_THREAD * self.threads:
+                self._decide()
+
+    def _decide(self) -> None:
+        assert self._solo is not None
+        pair = statistics.median(self._pair)
+        share = (pair / self._solo - 1.0) / max(1, self.threads - 1)
+        self.gil_share = min(1.0, max(0.0, share))
+        self.verdict = "processes" if self.gil_share > GIL_LIMIT else "threads"
+        logger.info(
+            "granary: worker_kind auto: a unit holds the GIL about %.0f%% of its time "
+            "(%.3g ms per record alone, %.3g ms beside %d threads): %s",
+            100 * self.gil_share, 1e3 * self._solo, 1e3 * pair, self.threads - 1, self.verdict,
+        )
+
+    def describe(self) -> dict[str, Any]:
+        with self._lock:
+            return {"worker_kind": "auto", "chosen": self.verdict, "gil_share": self.gil_share}
+
+
+def choose_at_start(kind: str, workers: int, gil: bool) -> str | None:
+    """The kind ``kind`` resolves to before any unit runs, or None: measure (a trial)."""
+    if kind != "auto":
+        return kind
+    if not gil:
+        return "threads"
+    if workers <= 1:
+        return "processes"
+    return None
+
+
+def worker_sets(kind: str, plan: Plan, plan_bytes: bytes, init_fn: Any, workers: int) -> Callable[[int], Any]:
+    """``f(slots)`` making the worker set of ``kind`` (``"auto"``: see the module)."""
+    from dataloader.engine.pool.messages import pickle_for_workers
+    from dataloader.engine.pool.process_set import ProcessSet
+    from dataloader.engine.pool.thread_set import ThreadSet
+
+    processes = functools.partial(ProcessSet, plan_bytes=plan_bytes, init_fn=pickle_for_workers(init_fn))
+    chosen = choose_at_start(kind, workers, gil_enabled())
+    if chosen == "processes":
+        return processes
+    if chosen == "threads":
+        return functools.partial(ThreadSet, plan=plan, init_fn=init_fn)
+
+    def trial(slots: int) -> Any:
+        return ThreadSet(slots, plan, init_fn, trial=KindTrial(workers), then=processes)
+
+    return trial

@@ -20,6 +20,7 @@ the returned :class:`PipelineConfig` builds the loader::
     loader:
       worker_count: 2                # or auto; auto_workers: {max_workers: 8} tunes it
       worker_buffer_size: 2
+      worker_kind: processes         # threads (work that releases the GIL) | auto (measured)
       warm_start: false              # true: compute here until a worker is ready (runs user code here)
       stall_warning_s: 60            # log a unit stuck this long in a worker (null: never)
       unit_timeout_s: null           # a unit stuck this long is an error (null: never)
@@ -63,7 +64,7 @@ from dataloader.config.shipped import config_file
 from dataloader.engine.stages.finite import PadEnd
 from dataloader.errors import ConfigError
 from dataloader.loader import DataLoader
-from dataloader.options import DEFAULT_STALL_WARNING_S, AutoWorkers, ReadOptions
+from dataloader.options import DEFAULT_STALL_WARNING_S, WORKER_KINDS, AutoWorkers, ReadOptions
 from dataloader.samplers import IndexSampler, NoSharding, ShardByJaxProcess, ShardOptions
 from dataloader.sources import expand_paths
 
@@ -132,6 +133,8 @@ class LoaderConfig:
     audit_log: str | None = None
     # ``fingerprint:``: DataLoader(fingerprint=...); None: $GRANARY_FINGERPRINT, else on.
     fingerprint: bool | None = None
+    # ``worker_kind:``: processes, threads or auto (None: GRANARY_WORKER_KIND, else processes).
+    worker_kind: str | None = None
 
     def executor(self) -> Any:
         """The :class:`~dataloader.RayExecutor` that ``ray:`` asks for (joins the
@@ -198,6 +201,7 @@ class PipelineConfig:
             list(self.operations),
             worker_count=self.loader.worker_count,
             worker_buffer_size=self.loader.worker_buffer_size,
+            worker_kind=self.loader.worker_kind,
             read_options=self.loader.read_options,
             warm_start=self.loader.warm_start,
             stall_warning_s=self.loader.stall_warning_s,
@@ -312,9 +316,12 @@ def _loader(section: Any) -> LoaderConfig:
     check.known_keys(
         where,
         section,
-        ("worker_count", "auto_workers", "worker_buffer_size", "warm_start", "stall_warning_s",
-         "unit_timeout_s", "read_options", "end", "ray", "audit_log", "fingerprint"),
+        ("worker_count", "auto_workers", "worker_buffer_size", "worker_kind", "warm_start",
+         "stall_warning_s", "unit_timeout_s", "read_options", "end", "ray", "audit_log", "fingerprint"),
     )
+    kind = section.get("worker_kind")
+    if kind is not None and kind not in WORKER_KINDS:
+        raise check.fail(f"{where}.worker_kind", f"expected processes, threads or auto, got {kind!r}")
     workers = _worker_count(where, section)
     buffer = check.integer(f"{where}.worker_buffer_size", section.get("worker_buffer_size", 2), low=1)
     warm = check.boolean(f"{where}.warm_start", section.get("warm_start", False))
@@ -351,7 +358,7 @@ def _loader(section: Any) -> LoaderConfig:
         fingerprint = check.boolean(f"{where}.fingerprint", fingerprint)
     return LoaderConfig(
         workers, buffer, warm, read_options, stall, timeout, _end(f"{where}.end", section.get("end")), ray,
-        audit_log, fingerprint,
+        audit_log, fingerprint, kind,
     )
 
 

@@ -234,3 +234,28 @@ def test_close_from_another_thread_ends_a_next_waiting_on_a_read_ahead_thread(tm
     assert "closed while next() waited for a read-ahead thread" in str(seen[3])
     open(release, "w").close()  # the read-ahead thread finishes its read and ends
     assert wait_until(lambda: not any(t.name.startswith("granary-read") for t in threading.enumerate()))
+
+
+@pytest.mark.parametrize("kind", ["processes", "threads"])
+def test_a_consumer_pause_with_a_full_window_is_not_counted_as_compute(kind, tmp_path, caplog):
+    """Units are timed from when a worker starts them, not from when they were sent.
+
+    The pause is made observable: with the window full (2 workers x 1 unit ahead of the
+    consumer), no unit can start while the consumer is away; the test sees that through
+    the records marked, before and after a pause of three times unit_timeout_s. A clock
+    started at sending would warn and kill here (as Ray's did, issue 33)."""
+    loader = make(wp.mark_each(str(tmp_path)), n=80, worker_kind=kind, worker_buffer_size=1,
+                  unit_timeout_s=0.6, stall_warning_s=0.4)
+    it = iter(loader)
+    with caplog.at_level(logging.WARNING, logger="dataloader"):
+        got = [next(it).tolist() for _ in range(3)]
+        # Units 3 and 4 fill the window: 5 units of 4 records computed, and no more.
+        assert wait_until(lambda: len(os.listdir(tmp_path)) == 20)
+        pids = set(it._executor.pids)
+        time.sleep(1.8)  # the training step: three times unit_timeout_s
+        assert len(os.listdir(tmp_path)) == 20  # nothing started meanwhile: the window was full
+        got += [b.tolist() for b in it]
+    assert got == [list(range(i, i + 4)) for i in range(0, 80, 4)]
+    assert stall_messages(caplog) == []  # no warning, no timeout
+    assert set(it._executor.pids) == pids  # nobody was killed
+    it.close()

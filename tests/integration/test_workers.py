@@ -19,11 +19,15 @@ from tests.integration.conftest import wait_until
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(120)]
 
 
+KINDS = ["processes", "threads", "auto"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("name", ["batch", "random_map_batch", "filter_batch", "flat_map", "everything", "batch_then_flat_map"])
-def test_output_is_identical_for_worker_counts_0_1_2_3(name):
+def test_output_is_identical_for_worker_counts_0_1_2_3(name, kind):
     reference = list(make_loader(name, n=61, epochs=2))
     for workers, buffer in [(1, 1), (2, 2), (3, 4)]:
-        got = list(make_loader(name, n=61, epochs=2, worker_count=workers, worker_buffer_size=buffer))
+        got = list(make_loader(name, n=61, epochs=2, worker_count=workers, worker_buffer_size=buffer, worker_kind=kind))
         assert_streams_equal(got, reference)
 
 
@@ -62,25 +66,28 @@ def test_warm_start_computes_units_here_until_a_worker_is_ready_and_then_none(tm
     assert sum(w["units"] for key, w in workers.items() if key != "main") == 7
 
 
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("name", ["batch", "everything", "flat_map"])
-def test_restore_at_every_step_with_workers(name):
-    loader = make_loader(name, worker_count=2)
+def test_restore_at_every_step_with_workers(name, kind):
+    loader = make_loader(name, worker_count=2, worker_kind=kind)
     reference = list(make_loader(name))[:40]
     outputs = assert_restores_everywhere(lambda: iter(loader), limit=40, fresh_iterator_every=10)
     assert_streams_equal(outputs, reference)
 
 
+@pytest.mark.parametrize(("save_kind", "restore_kind"), [("processes", "processes"), ("threads", "processes"), ("processes", "threads"), ("auto", "threads")])
 @pytest.mark.parametrize(("save_workers", "restore_workers"), [(2, 0), (0, 3), (3, 1), (1, 2)])
-def test_state_saved_with_n_workers_restores_with_m(save_workers, restore_workers):
+def test_state_saved_with_n_workers_restores_with_m(save_workers, restore_workers, save_kind, restore_kind):
+    """A state moves between worker counts and between kinds of worker."""
     name = "everything"
     reference = list(make_loader(name, n=50, epochs=2))
-    saving = iter(make_loader(name, n=50, epochs=2, worker_count=save_workers))
+    saving = iter(make_loader(name, n=50, epochs=2, worker_count=save_workers, worker_kind=save_kind))
     states = []
     for _ in range(len(reference)):
         next(saving)
         states.append(json.dumps(saving.get_state()))
     saving.close()
-    restoring = iter(make_loader(name, n=50, epochs=2, worker_count=restore_workers))
+    restoring = iter(make_loader(name, n=50, epochs=2, worker_count=restore_workers, worker_kind=restore_kind))
     for k in range(0, len(reference), 3):
         restoring.set_state(json.loads(states[k]))
         assert_streams_equal(take(restoring, 4), reference[k + 1 : k + 5])

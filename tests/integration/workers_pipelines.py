@@ -155,3 +155,21 @@ def grow_at(record, nbytes):
 def numpy_draw(x):
     """The record and one draw of numpy's global generator in this process."""
     return {"x": x, "draw": int(np.random.randint(2**62)), "pid": os.getpid()}
+
+
+def mark_each(marker_dir):
+    """Leaves one file per record computed (to see which units have started)."""
+
+    def fn(x):
+        open(os.path.join(marker_dir, str(x)), "w").close()
+        return x
+
+    return fn
+
+
+SHARED = {"the": "same object"}
+
+
+def the_shared_object(x):
+    """The module's one dict, whatever the record: a thread hands it over as itself."""
+    return SHARED

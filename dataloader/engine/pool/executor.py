@@ -33,10 +33,10 @@ from typing import Any
 
 from dataloader.engine.compute import UnitResult, compute_unit
 from dataloader.engine.plan import Plan
+from dataloader.engine.pool.autoscale.changes import Changes
 from dataloader.engine.pool.autoscale.kind import worker_sets
 from dataloader.engine.pool.autoscale.measure import Scaling
 from dataloader.engine.pool.autoscale.oom import OomWatch
-from dataloader.engine.pool.guard import Guarded
 from dataloader.engine.pool.messages import Done, Failed, Fatal, Ready
 from dataloader.engine.pool.watch.stalls import StallWatch, Stuck, crash_error
 from dataloader.engine.pool.window import Outcome, Window
@@ -47,7 +47,7 @@ from dataloader.options import AutoWorkers
 logger = logging.getLogger("dataloader")
 
 
-class PoolExecutor(Guarded):
+class PoolExecutor(Changes):
     """Unit results in order, computed by a pool of workers.
 
     Implements :class:`~dataloader.engine.executor.Executor`.
@@ -283,60 +283,6 @@ class PoolExecutor(Guarded):
             self._window.finish(unit, Outcome(None, error))
         self._joined(self._workers.replace(w))  # none if it was leaving anyway
 
-    def _autoscale(self, scaling: Scaling, now: float) -> None:
-        """Adds or retires workers as the autoscaler decides (the highest indices retire,
-        each once it has answered what it holds)."""
-        workers, window = self._workers, self._window
-        live = len(workers.live())
-        change = scaling.decide(now, workers, window)
-        if change > 0:
-            try:
-                self._joined(workers.add(change))
-            except WorkerError as exc:
-                # A limit (pids, memory) refused a worker the pool only wished for: stay
-                # at what started, and wish no higher; the stream goes on.
-                self._joined([])
-                started = len(workers.live())
-                if not started:
-                    raise
-                scaling.scaler.high = max(scaling.scaler.low, started)
-                logger.warning("granary: worker_count auto stays at %d workers: %s", started, exc)
-                change = started - live
-        elif change < 0:
-            for w in workers.retire(-change):
-                if not window.held(w.key):
-                    self._stop_retired(w)
-            self._joined([])
-        if change:
-            self.worker_counts.append((now, live + change))
-            logger.info("granary: worker_count auto: %d -> %d workers", live, live + change)
-        workers.reap_retired()
-
-    def _hand_over(self) -> None:
-        """``worker_kind="auto"`` chose processes: the threads answer what they hold,
-        then as many processes take over (the units are the same whoever computes them)."""
-        workers, window = self._workers, self._window
-        if not self._handing_over:
-            self._handing_over = max(1, len(workers.live()) + len(workers.deferred))
-        for w in workers.retire(len(workers.live())):
-            if not window.held(w.key):
-                self._stop_retired(w)
-        workers.deferred.clear()
-        self._joined([])
-        if workers.workers:
-            return  # they answer first; no unit goes out meanwhile (the window is 0)
-        self._finalizer.detach()
-        workers.close()
-        self._own(workers.handover(self._worker_count))
-        self._window.clear_workers()
-        count, self._handing_over = self._handing_over, 0
-        self._joined(self._workers.start(count, spare_a_core=False))
-        self.worker_counts.append((time.monotonic(), count))
-
     def describe(self) -> dict[str, Any]:
         """What ``stats()["pipeline"]["workers"]`` says: the kind and how it was chosen."""
         return self._workers.describe()
-
-    def _stop_retired(self, w: Any) -> None:
-        self._window.remove_worker(w.key)
-        self._workers.stop(w)

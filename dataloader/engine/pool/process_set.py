@@ -57,6 +57,7 @@ class ProcessSet(Slots):
         plan_bytes: the pickled plan every worker runs (the fork server preloads the
             modules it names).
         init_fn: the pickled ``init_fn(worker_index, worker_count)``.
+        why: how the kind was chosen, for ``stats()``.
     """
 
     kind = "processes"
@@ -64,8 +65,9 @@ class ProcessSet(Slots):
     stop_words = "the worker was killed and replaced"
     stop_verb = "killing it"
 
-    def __init__(self, slots: int, plan_bytes: bytes, init_fn: bytes) -> None:
+    def __init__(self, slots: int, plan_bytes: bytes, init_fn: bytes, why: str = "asked for") -> None:
         super().__init__(slots)
+        self._why = why
         self._plan_bytes = plan_bytes
         self._init_fn = init_fn
         self.transport = Transport()
@@ -166,7 +168,7 @@ class ProcessSet(Slots):
         w.proc.kill()
 
     def describe(self) -> dict[str, Any]:
-        return {"worker_kind": "processes"}
+        return {"worker_kind": "processes", "why": self._why}
 
     def footprint(self) -> tuple[int, int, int, int | None]:
         cost, growth = worker_memory(self)

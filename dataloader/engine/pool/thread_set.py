@@ -26,6 +26,7 @@ interpreter too.
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import os
 import queue
@@ -119,6 +120,7 @@ class ThreadSet(Slots):
         trial: ``worker_kind="auto"``'s measurement (:mod:`~.autoscale.kind`): one
             thread starts, the others once it has computed its units alone.
         then: ``f(slots)``, the processes to hand over to if the trial says so.
+        why: how the kind was chosen, for ``stats()``.
     """
 
     kind = "threads"
@@ -129,9 +131,16 @@ class ThreadSet(Slots):
     stop_verb = "abandoning it (a thread cannot be killed) and starting another"
 
     def __init__(
-        self, slots: int, plan: Plan, init_fn: Any = None, trial: KindTrial | None = None, then: Any = None
+        self,
+        slots: int,
+        plan: Plan,
+        init_fn: Any = None,
+        trial: KindTrial | None = None,
+        then: Any = None,
+        why: str = "asked for",
     ) -> None:
         super().__init__(slots)
+        self._why = why
         self._plan, self._init_fn = plan, init_fn
         self.trial, self._then = trial, then
         self.board = ThreadBoard(slots)
@@ -152,12 +161,15 @@ class ThreadSet(Slots):
     def handover(self) -> Any:
         """``f(slots)`` of the processes the trial chose, or None (keep the threads)."""
         trial = self.trial
-        return self._then if trial is not None and trial.verdict == "processes" else None
+        if trial is None or trial.verdict != "processes":
+            return None
+        why = f"measured on the first units: a unit holds the GIL about {trial.gil_share:.0%} of its time"
+        return functools.partial(self._then, why=why)
 
     def describe(self) -> dict[str, Any]:
         if self.trial is not None:
             return self.trial.describe()
-        return {"worker_kind": "threads"}
+        return {"worker_kind": "threads", "why": self._why}
 
     def _spawn(self, index: int) -> ThreadWorker:
         if self.stopping:

@@ -329,3 +329,10 @@ def test_a_packer_in_a_config_names_its_bad_argument():
     with pytest.raises(ConfigError, match=r"^operations\.0\.best_fit_pack: best_fit_pack\(\*\*args\) failed: num_packing_bins must be a positive integer"):
         parse_config({"source": {"kind": "dataloader.sources.RangeDataSource", "options": {"start": 4}},
                       "operations": [{"best_fit_pack": {"length_struct": {"t": 4}, "num_packing_bins": -1}}]})
+
+
+def test_loader_worker_kind_reaches_the_loader_and_a_bad_one_names_the_key():
+    loader = parse_config(base(), ["loader.worker_count=2", "loader.worker_kind=threads"]).build_loader()
+    assert loader.worker_kind == "threads"
+    with pytest.raises(ConfigError, match=r"^loader\.worker_kind: expected processes, threads or auto, got 'fibers'"):
+        parse_config(base(), ["loader.worker_kind=fibers"])

@@ -115,18 +115,23 @@ class KindTrial:
 
     def describe(self) -> dict[str, Any]:
         with self._lock:
-            return {"worker_kind": "auto", "chosen": self.verdict, "gil_share": self.gil_share}
+            return {
+                "worker_kind": self.verdict or "threads",
+                "why": "measured on the first units" if self.verdict else "measuring (threads meanwhile)",
+                "gil_share": self.gil_share,
+            }
 
 
-def choose_at_start(kind: str, workers: int, gil: bool) -> str | None:
-    """The kind ``kind`` resolves to before any unit runs, or None: measure (a trial)."""
+def choose_at_start(kind: str, workers: int, gil: bool) -> tuple[str | None, str]:
+    """The kind ``kind`` resolves to before any unit runs (None: measure, a trial), and
+    why, in words for ``stats()``."""
     if kind != "auto":
-        return kind
+        return kind, "asked for"
     if not gil:
-        return "threads"
+        return "threads", "the interpreter runs without a GIL"
     if workers <= 1:
-        return "processes"
-    return None
+        return "processes", "one worker: a thread would share the GIL with the training loop"
+    return None, "measured on the first units"
 
 
 def worker_sets(kind: str, plan: Plan, plan_bytes: bytes, init_fn: Any, workers: int) -> Callable[[int], Any]:
@@ -136,11 +141,11 @@ def worker_sets(kind: str, plan: Plan, plan_bytes: bytes, init_fn: Any, workers:
     from dataloader.engine.pool.thread_set import ThreadSet
 
     processes = functools.partial(ProcessSet, plan_bytes=plan_bytes, init_fn=pickle_for_workers(init_fn))
-    chosen = choose_at_start(kind, workers, gil_enabled())
+    chosen, why = choose_at_start(kind, workers, gil_enabled())
     if chosen == "processes":
-        return processes
+        return functools.partial(processes, why=why)
     if chosen == "threads":
-        return functools.partial(ThreadSet, plan=plan, init_fn=init_fn)
+        return functools.partial(ThreadSet, plan=plan, init_fn=init_fn, why=why)
 
     def trial(slots: int) -> Any:
         return ThreadSet(slots, plan, init_fn, trial=KindTrial(workers), then=processes)

@@ -58,31 +58,46 @@ def assert_matches(pattern, text):
     assert re.search(pattern, text, re.S), f"{pattern!r} does not match {text!r}"
 
 
-def test_unit_timeout_raises_at_its_place_names_it_and_does_not_retry(tmp_path, caplog):
-    loader = make(wp.hang_on(13, marker_dir=str(tmp_path)), unit_timeout_s=1.0)
+STOPPED = {
+    # kind: (where the worker runs, what was done to it, the log's words)
+    "processes": (r"pid \d+", "the worker was killed and replaced", "killing it"),
+    "threads": (r"thread granary-worker-[01] of this process", r"a thread cannot be killed: it was abandoned "
+                r"\(it runs on until its code returns, its result is dropped\) and a new thread took its place",
+                "abandoning it"),
+}
+
+
+@pytest.mark.parametrize("kind", ["processes", "threads"])
+def test_unit_timeout_raises_at_its_place_names_it_and_does_not_retry(kind, tmp_path, caplog):
+    where, stopped, verb = STOPPED[kind]
+    release = str(tmp_path / "release")  # lets an abandoned thread return at the end
+    loader = make(wp.hang_on(13, marker_dir=str(tmp_path), release=release), unit_timeout_s=1.0, worker_kind=kind)
     it = iter(loader)
-    with caplog.at_level(logging.WARNING, logger="dataloader"):
-        assert [next(it).tolist() for _ in range(3)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
-        with pytest.raises(
-            dl.WorkerTimeoutError,
-            match=r"worker [01] \(pid \d+\) has been computing unit 3 \(positions \[12, 16\), record indices "
-            r"\[12, 13, 14, 15\]\) for \d+\.\d s; it is in MapTransform\(hang_on\.<locals>\.fn\), past "
-            r"unit_timeout_s=1; the worker was killed and replaced, and the unit is not computed again",
-        ) as info:
-            next(it)
-    error = info.value
-    assert isinstance(error, dl.WorkerError)
-    assert (error.record_indices, error.position, error.operation) == ([12, 13, 14, 15], 12, "MapTransform(hang_on.<locals>.fn)")
-    assert error.worker in (0, 1)
-    killed = [r.getMessage() for r in caplog.records if "killing it" in r.getMessage()]
-    assert len(killed) == 1 and "unit_timeout_s=1 s" in killed[0]
-    assert len(os.listdir(tmp_path)) == 1  # record 13 was started once: no silent retry
-    # The stream can go on past the unit, from a state, with a fresh pool.
-    state = it.get_state()
-    state["position"] = 16
-    it.set_state(state)
-    assert next(it).tolist() == [16, 17, 18, 19]
-    it.close()
+    try:
+        with caplog.at_level(logging.WARNING, logger="dataloader"):
+            assert [next(it).tolist() for _ in range(3)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+            with pytest.raises(
+                dl.WorkerTimeoutError,
+                match=rf"worker [01] \({where}\) has been computing unit 3 \(positions \[12, 16\), record indices "
+                r"\[12, 13, 14, 15\]\) for \d+\.\d s; it is in MapTransform\(hang_on\.<locals>\.fn\), past "
+                rf"unit_timeout_s=1; {stopped}, and the unit is not computed again",
+            ) as info:
+                next(it)
+        error = info.value
+        assert isinstance(error, dl.WorkerError)
+        assert (error.record_indices, error.position, error.operation) == ([12, 13, 14, 15], 12, "MapTransform(hang_on.<locals>.fn)")
+        assert error.worker in (0, 1)
+        stopping = [r.getMessage() for r in caplog.records if verb in r.getMessage()]
+        assert len(stopping) == 1 and "unit_timeout_s=1 s" in stopping[0]
+        assert len(os.listdir(tmp_path)) == 1  # record 13 was started once: no silent retry
+        # The stream can go on past the unit, from a state, with fresh workers.
+        state = it.get_state()
+        state["position"] = 16
+        it.set_state(state)
+        assert next(it).tolist() == [16, 17, 18, 19]
+    finally:
+        open(release, "w").close()
+        it.close()
 
 
 def test_a_unit_stuck_behind_the_head_is_found_while_the_training_step_runs(tmp_path):

@@ -1,7 +1,8 @@
 """Thread workers: what threads change (and what they must not), under the one loop.
 
 The batches and states equal to processes' and ``worker_count=0``'s are pinned by the
-worker-count tests in ``test_workers.py``, which run for every ``worker_kind``.
+worker-count tests in ``test_workers.py``, which run for every ``worker_kind``; a stuck
+unit on a thread, and a consumer pause, in ``test_stuck_workers.py`` beside processes.
 """
 
 from __future__ import annotations
@@ -102,30 +103,6 @@ def test_a_raising_unit_arrives_at_its_record_as_the_exception_raised():
     assert info.value.record_index == 17
     assert isinstance(info.value.__cause__, ZeroDivisionError)  # the object itself, with its traceback
     assert info.value.__cause__.__traceback__ is not None
-
-
-def test_a_stuck_unit_on_a_thread_is_named_and_its_thread_abandoned_and_replaced(tmp_path, caplog):
-    release = str(tmp_path / "release")
-    loader = make(wp.hang_on(13, marker_dir=str(tmp_path), release=release), unit_timeout_s=1.0)
-    it = iter(loader)
-    try:
-        with caplog.at_level(logging.WARNING, logger="dataloader"):
-            assert [next(it).tolist() for _ in range(3)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
-            with pytest.raises(
-                dl.WorkerTimeoutError,
-                match=r"worker [01] \(thread granary-worker-[01] of this process\) has been computing unit 3 "
-                r"\(positions \[12, 16\), record indices \[12, 13, 14, 15\]\) .* past unit_timeout_s=1; a thread "
-                r"cannot be killed: it was abandoned .* and a new thread took its place",
-            ):
-                next(it)
-        assert any("abandoning it" in r.getMessage() for r in caplog.records)
-        state = it.get_state()
-        state["position"] = 16
-        it.set_state(state)
-        assert next(it).tolist() == [16, 17, 18, 19]  # the stream goes on, on new threads
-    finally:
-        open(release, "w").close()  # the abandoned thread returns and exits
-        it.close()
 
 
 def test_auto_on_a_free_threaded_interpreter_chooses_threads_without_a_trial(monkeypatch):

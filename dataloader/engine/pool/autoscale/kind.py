@@ -9,15 +9,16 @@ tokenizers, Arrow). ``"processes"`` scales whatever the units do. ``"auto"`` mea
 * with one worker, processes (a single worker thread would share the GIL with the
   training loop itself, and there is no second thread to measure against);
 * else the pool starts with threads and runs a short trial on the stream's first units
-  (:class:`KindTrial`), which are kept: one thread computes two units alone, then every
-  thread computes; the wall time per record of a unit computed beside the others,
-  against alone (both less the time the thread waited for a CPU, from
-  ``/proc/thread-self/schedstat``, so a busy machine does not read as a held GIL),
-  estimates the share of a unit's time that holds the GIL: with ``n`` threads a share
-  ``h`` stretches a unit by about ``1 + h * (n - 1)``. Past :data:`GIL_LIMIT` the pool
-  hands over to processes (the threads first answer what they hold), else it keeps its
-  threads. The choice is logged and shown in ``stats()["pipeline"]["workers"]``; it
-  never changes the output (a unit is the same whoever computes it).
+  (:class:`KindTrial`), which are kept: one thread computes its first units alone, then
+  every thread computes. A unit's CPU share (its thread's CPU time over its wall time)
+  alone, against beside the others, estimates the share of a unit's time that holds the
+  GIL: a thread waiting for the GIL uses no CPU, so with ``n`` threads a share ``h``
+  lowers the CPU share by about ``1 + h * (n - 1)``. Waiting on I/O lowers both alike,
+  and so does a machine too busy to give the threads more CPU (then processes would get
+  no more either). Past :data:`GIL_LIMIT` the pool hands over to processes (the threads
+  first answer what they hold), else it keeps its threads. The choice is logged and shown
+  in ``stats()["pipeline"]["workers"]``; it never changes the output (a unit is the
+  same whoever computes it).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ KINDS = ("processes", "threads", "auto")
 # Past this share of a unit's time holding the GIL, 2 threads reach less than about 0.75x
 # of what 2 processes do (1 / (1 + h) of 2x): processes win despite their pickling.
 GIL_LIMIT = 0.35
-SOLO_UNITS = 2  # units the first thread computes alone (the first warms it up)
+SOLO_UNITS = 3  # units the first thread computes alone (the first warms it up)
 PAIR_UNITS_PER_THREAD = 2  # units per thread measured while all compute
 
 
@@ -49,16 +50,6 @@ def gil_enabled() -> bool:
     return bool(sys._is_gil_enabled())
 
 
-def run_delay_s() -> float:
-    """Seconds this thread has waited for a CPU (runnable, not running); 0 where the
-    kernel does not say (no ``schedstat``)."""
-    try:
-        with open("/proc/thread-self/schedstat", "rb") as f:
-            return int(f.read().split()[1]) / 1e9
-    except (OSError, ValueError, IndexError):
-        return 0.0
-
-
 class KindTrial:
     """The measurement behind ``worker_kind="auto"`` (see the module docstring). Fed by
     the worker threads (:meth:`record`), read by the pool; every field under one lock."""
@@ -67,7 +58,8 @@ class KindTrial:
         self.threads = threads
         self._lock = threading.Lock()
         self._counts = [0] * threads  # units each thread has recorded
-        self._solo: float | None = None  # seconds per record, alone
+        self._solo_rates: list[float] = []
+        self._solo: float | None = None  # a unit's CPU share, alone
         self._warm_at: float | None = None  # every thread has computed a unit since
         self._first_ends: dict[int, float] = {}
         self._pair: list[float] = []
@@ -79,17 +71,19 @@ class KindTrial:
         with self._lock:
             return self._solo is not None
 
-    def record(self, index: int, began: float, ended: float, waited: float, records: int) -> None:
-        """Thread ``index`` computed a unit of ``records`` records from ``began`` to
-        ``ended`` (``time.monotonic``), ``waited`` seconds of it for a CPU."""
-        per = max(ended - began - waited, 1e-9) / max(records, 1)
+    def record(self, index: int, began: float, ended: float, cpu: float) -> None:
+        """Thread ``index`` computed a unit from ``began`` to ``ended``
+        (``time.monotonic``), using ``cpu`` seconds of CPU."""
+        rate = min(1.0, cpu / max(ended - began, 1e-9))
         with self._lock:
             if self.verdict is not None or index >= self.threads:
                 return
             self._counts[index] += 1
             if self._solo is None:
-                if index == 0 and self._counts[0] >= SOLO_UNITS:
-                    self._solo = per  # the second unit alone (the first warmed up)
+                if index == 0 and self._counts[0] > 1:  # the first warmed up
+                    self._solo_rates.append(rate)
+                if len(self._solo_rates) >= SOLO_UNITS - 1:
+                    self._solo = max(statistics.median(self._solo_rates), 1e-6)
                 return
             self._first_ends.setdefault(index, ended)
             if self._warm_at is None:
@@ -97,20 +91,20 @@ class KindTrial:
                     self._warm_at = max(self._first_ends.values())
                 return
             if began >= self._warm_at:
-                self._pair.append(per)
+                self._pair.append(rate)
             if len(self._pair) >= PAIR_UNITS_PER_THREAD * self.threads:
                 self._decide()
 
     def _decide(self) -> None:
         assert self._solo is not None
-        pair = statistics.median(self._pair)
-        share = (pair / self._solo - 1.0) / max(1, self.threads - 1)
+        pair = max(statistics.median(self._pair), 1e-6)
+        share = (self._solo / pair - 1.0) / max(1, self.threads - 1)
         self.gil_share = min(1.0, max(0.0, share))
         self.verdict = "processes" if self.gil_share > GIL_LIMIT else "threads"
         logger.info(
             "granary: worker_kind auto: a unit holds the GIL about %.0f%% of its time "
-            "(%.3g ms per record alone, %.3g ms beside %d threads): %s",
-            100 * self.gil_share, 1e3 * self._solo, 1e3 * pair, self.threads - 1, self.verdict,
+            "(CPU %.0f%% of its wall time alone, %.0f%% beside %d threads): %s",
+            100 * self.gil_share, 100 * self._solo, 100 * pair, self.threads - 1, self.verdict,
         )
 
     def describe(self) -> dict[str, Any]:

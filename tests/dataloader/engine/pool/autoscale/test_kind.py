@@ -4,56 +4,57 @@ from __future__ import annotations
 
 import pytest
 
-from dataloader.engine.pool.autoscale.kind import GIL_LIMIT, KindTrial, choose_at_start
+from dataloader.engine.pool.autoscale.kind import GIL_LIMIT, SOLO_UNITS, KindTrial, choose_at_start
 
 
-def run_trial(threads: int, solo_s: float, beside_s: float, waited: float = 0.0) -> KindTrial:
-    """Thread 0 computes two units alone (10 records each, ``solo_s`` per record), then
-    every thread computes units of ``beside_s`` per record until the trial decides."""
+def run_trial(threads: int, solo: float, beside: float) -> KindTrial:
+    """Thread 0 computes its first units alone at a CPU share of ``solo`` (CPU seconds
+    per wall second), then every thread computes units at ``beside`` until the trial
+    decides. Units take 10 ms of wall time."""
     trial = KindTrial(threads)
     t = 0.0
-    for _ in range(2):
-        trial.record(0, t, t + 10 * solo_s + waited, waited, 10)
-        t += 10 * solo_s + waited
+    for _ in range(SOLO_UNITS):
+        trial.record(0, t, t + 0.01, 0.01 * solo)
+        t += 0.01
     assert trial.solo_done and trial.verdict is None
     for _ in range(20):
         for index in range(threads):
-            trial.record(index, t, t + 10 * beside_s + waited, waited, 10)
-        t += 10 * beside_s + waited
+            trial.record(index, t, t + 0.01, 0.01 * beside)
+        t += 0.01
         if trial.verdict is not None:
             break
     return trial
 
 
-def test_units_that_hold_the_gil_stretch_beside_each_other_and_choose_processes():
-    trial = run_trial(2, solo_s=0.001, beside_s=0.002)  # pure Python: twice as long beside another
+def test_units_that_hold_the_gil_wait_beside_each_other_and_choose_processes():
+    trial = run_trial(2, solo=1.0, beside=0.5)  # pure Python: each thread runs half the time
     assert trial.gil_share == pytest.approx(1.0)
     assert trial.verdict == "processes"
 
 
-def test_units_that_release_the_gil_keep_their_time_and_choose_threads():
-    trial = run_trial(2, solo_s=0.001, beside_s=0.00105)
-    assert trial.gil_share == pytest.approx(0.05)
+def test_units_that_release_the_gil_keep_their_cpu_share_and_choose_threads():
+    trial = run_trial(2, solo=1.0, beside=0.95)
+    assert trial.gil_share == pytest.approx(1 / 0.95 - 1)
     assert trial.verdict == "threads"
 
 
 def test_the_share_is_per_other_thread():
-    # With 4 threads a share h stretches a unit by 1 + 3h: 1.6x is h = 0.2.
-    trial = run_trial(4, solo_s=0.001, beside_s=0.0016)
+    # With 4 threads a share h lowers the CPU share by 1 + 3h: 1 / 1.6 is h = 0.2.
+    trial = run_trial(4, solo=1.0, beside=1 / 1.6)
     assert trial.gil_share == pytest.approx(0.2)
     assert trial.verdict == "threads"
 
 
-def test_time_spent_waiting_for_a_cpu_is_not_read_as_a_held_gil():
-    # A busy machine: every unit waited 30 ms for a CPU, which the trial takes off.
-    trial = run_trial(2, solo_s=0.001, beside_s=0.001, waited=0.03)
+def test_waiting_on_io_is_not_read_as_a_held_gil():
+    # Units that wait on reads 70% of their time, alone or not.
+    trial = run_trial(2, solo=0.3, beside=0.3)
     assert trial.gil_share == pytest.approx(0.0)
     assert trial.verdict == "threads"
 
 
 def test_the_limit_sits_between_the_two():
-    assert run_trial(2, 0.001, 0.001 * (1 + GIL_LIMIT + 0.05)).verdict == "processes"
-    assert run_trial(2, 0.001, 0.001 * (1 + GIL_LIMIT - 0.05)).verdict == "threads"
+    assert run_trial(2, 1.0, 1 / (1 + GIL_LIMIT + 0.05)).verdict == "processes"
+    assert run_trial(2, 1.0, 1 / (1 + GIL_LIMIT - 0.05)).verdict == "threads"
 
 
 def test_the_choice_before_any_unit():

@@ -567,3 +567,31 @@ def test_an_elastic_restore_with_ray_is_checked_on_the_actors(cluster, tmp_path)
     assert ran and os.getpid() not in ran
     assert run(it) == want
     ex.close()
+
+
+class Slow(dl.MapTransform):
+    """25 ms a record: the units sent as the consumer takes a batch are still running
+    when it goes away, and their answers are not in when it comes back."""
+
+    def map(self, x):
+        time.sleep(0.025)
+        return x
+
+
+def test_a_consumer_pause_is_not_counted_as_an_actors_compute(cluster, caplog):
+    """Issue 33's case: 3 batches, a training step of twice unit_timeout_s, the rest;
+    no stall warning, no actor killed or started, the same batches."""
+    ex = dl.RayExecutor(num_workers=2, unit_timeout_s=3, stall_warning_s=2)
+    ops = [Slow(), *PIPELINES["batch"]]
+    it = iter(loader(ops, executor=ex))
+    with caplog.at_level("WARNING", logger="dataloader"):
+        got = run(it, 3)
+        actors = ex.actors()
+        time.sleep(6)  # the units in flight finish meanwhile; their answers wait
+        got += run(it)
+    now = ex.actors()  # none killed, none started: the very handles
+    assert len(now) == len(actors) == 2 and all(any(h is g for g in actors) for h in now)
+    it.close()
+    ex.close()
+    assert [r.getMessage() for r in caplog.records if r.name == "dataloader"] == []
+    assert got == run(loader(ops))

@@ -8,7 +8,11 @@ each to answer ``ready()`` before it sends it units, and runs the pool's
 units in flight per actor, the next unit to the least loaded ready actor, results handed
 out in unit order. A result that raises ``RayActorError`` or ``ObjectLostError`` means
 the actor (or its node) is gone: its units go out again first and another actor starts.
-An actor on one unit for ``unit_timeout_s`` is killed and handled the same way.
+An actor on one unit for ``unit_timeout_s`` is killed and handled the same way. A unit's
+time counts from when its actor could start it (sent to an idle actor, or the answer
+before it taken in), never earlier, and the answers that have come in are taken in before
+any unit is judged: a consumer away for a long training step does not make the units
+finished meanwhile look stuck.
 
 When a stream is reset or closed, its actors are told (``UnitActor.drop``, beside the
 unit they compute) to skip the units of that stream they have not started, so a
@@ -189,6 +193,9 @@ class RayUnits:
                 return outcome.value
             if window.finished:
                 raise StopIteration
+            # Answers already in first: a unit whose answer waited while the consumer
+            # was away (a long training step) is done, not stuck.
+            self._wait(0)
             self._dispatch()
             self._check_start()
             self._check_stalls()

@@ -569,7 +569,7 @@ def test_an_elastic_restore_with_ray_is_checked_on_the_actors(cluster, tmp_path)
     ex.close()
 
 
-class Slow(dl.MapTransform):
+class SlowRecords(dl.MapTransform):
     """25 ms a record: the units sent as the consumer takes a batch are still running
     when it goes away, and their answers are not in when it comes back."""
 
@@ -582,7 +582,7 @@ def test_a_consumer_pause_is_not_counted_as_an_actors_compute(cluster, caplog):
     """Issue 33's case: 3 batches, a training step of twice unit_timeout_s, the rest;
     no stall warning, no actor killed or started, the same batches."""
     ex = dl.RayExecutor(num_workers=2, unit_timeout_s=3, stall_warning_s=2)
-    ops = [Slow(), *PIPELINES["batch"]]
+    ops = [SlowRecords(), *PIPELINES["batch"]]
     it = iter(loader(ops, executor=ex))
     with caplog.at_level("WARNING", logger="dataloader"):
         got = run(it, 3)

@@ -123,10 +123,12 @@ def test_auto_with_one_worker_chooses_processes():
 
 
 def test_auto_hands_over_to_processes_when_the_trial_says_so_and_the_stream_is_unchanged(monkeypatch, caplog):
-    """The hand-over itself, made certain: every measured share is past a limit of -1."""
+    """The hand-over itself, made certain: every measured share is past a limit of -1,
+    and no round is too busy to count."""
     monkeypatch.setattr(kind_module, "GIL_LIMIT", -1.0)
-    reference = list(make_loader("everything", n=600, epochs=1))
-    it = iter(make_loader("everything", n=600, epochs=1, worker_count=2, worker_kind="auto"))
+    monkeypatch.setattr(kind_module, "BUSY_LIMIT", 2.0)
+    reference = list(make_loader("everything", n=3000, epochs=1))
+    it = iter(make_loader("everything", n=3000, epochs=1, worker_count=2, worker_kind="auto"))
     with caplog.at_level(logging.INFO, logger="dataloader"):
         got = list(it)
     stats = it.stats()

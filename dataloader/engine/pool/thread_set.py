@@ -38,7 +38,7 @@ from typing import Any
 
 from dataloader.engine.compute import UnitResult, compute_unit, hint_unit
 from dataloader.engine.plan import Plan
-from dataloader.engine.pool.autoscale.kind import KindTrial
+from dataloader.engine.pool.autoscale.kind import KindTrial, run_delay_s
 from dataloader.engine.pool.messages import Done, Failed, Fatal, Ready
 from dataloader.engine.pool.watch.progress import IDLE, SENDING, Position
 from dataloader.engine.pool.workers import Closing, Slots
@@ -216,14 +216,16 @@ class ThreadSet(Slots):
                 generation, unit, start, stop = task
                 board.write(w.index, w.key, generation, unit, 0)
                 message: Any
+                trial = self.trial if self.trial is not None and self.trial.verdict is None else None
+                waited = run_delay_s() if trial is not None else 0.0
                 try:
                     # passthrough=(): Ctrl-C reaches the main thread only, so whatever
                     # is raised here comes from user code: the unit's error.
                     result = compute_unit(plan, start, stop, report, passthrough=())
                     board.write(w.index, w.key, None, None, SENDING)
                     message = Done(generation, unit, None, 0, result)
-                    if self.trial is not None:
-                        self.trial.record(w.index, result.began, result.ended, result.cpu_s)
+                    if trial is not None:
+                        trial.record(w.index, result.began, result.ended, result.cpu_s, run_delay_s() - waited)
                 except BaseException as exc:
                     message = Failed(generation, unit, exc)
                 board.write(w.index, w.key, None, None, IDLE)

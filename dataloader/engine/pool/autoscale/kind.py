@@ -10,12 +10,16 @@ tokenizers, Arrow). ``"processes"`` scales whatever the units do. ``"auto"`` mea
   training loop itself, and there is no second thread to measure against);
 * else the pool starts with threads and runs a short trial on the stream's first units
   (:class:`KindTrial`), which are kept: one thread computes its first units alone, then
-  every thread computes. A unit's CPU share (its thread's CPU time over its wall time)
-  alone, against beside the others, estimates the share of a unit's time that holds the
-  GIL: a thread waiting for the GIL uses no CPU, so with ``n`` threads a share ``h``
-  lowers the CPU share by about ``1 + h * (n - 1)``. Waiting on I/O lowers both alike,
-  and so does a machine too busy to give the threads more CPU (then processes would get
-  no more either). Past :data:`GIL_LIMIT` the pool hands over to processes (the threads
+  every thread computes. A unit's CPU share (its thread's CPU time over its wall time
+  less the time the thread waited, runnable, for a CPU: ``/proc/thread-self/schedstat``,
+  so a busy machine does not read as a held GIL) alone, against beside the others,
+  estimates the share of a unit's time that holds the GIL: a thread waiting for the GIL
+  sleeps, so with ``n`` threads a share ``h`` lowers the CPU share by about
+  ``1 + h * (n - 1)``. Waiting on I/O lowers both alike. On a machine so busy that the
+  threads wait for a CPU more than half the time (:data:`BUSY_LIMIT`), a thread waiting
+  for the GIL is mostly runnable too and the share cannot be read: the trial measures
+  again on later units, and after :data:`ATTEMPTS` such rounds keeps the threads (the
+  cheaper kind), saying so. Past :data:`GIL_LIMIT` the pool hands over to processes (the threads
   first answer what they hold), else it keeps its threads. The choice is logged and shown
   in ``stats()["pipeline"]["workers"]``; it never changes the output (a unit is the
   same whoever computes it).
@@ -39,8 +43,10 @@ KINDS = ("processes", "threads", "auto")
 # Past this share of a unit's time holding the GIL, 2 threads reach less than about 0.75x
 # of what 2 processes do (1 / (1 + h) of 2x): processes win despite their pickling.
 GIL_LIMIT = 0.35
-SOLO_UNITS = 3  # units the first thread computes alone (the first warms it up)
-PAIR_UNITS_PER_THREAD = 2  # units per thread measured while all compute
+SOLO_UNITS = 4  # units the first thread computes alone (the first warms it up)
+PAIR_UNITS_PER_THREAD = 3  # units per thread measured while all compute
+BUSY_LIMIT = 0.5  # past this share of wall time waiting for a CPU, a round tells nothing
+ATTEMPTS = 3  # rounds measured before a too busy machine keeps the threads
 
 
 def gil_enabled() -> bool:
@@ -48,6 +54,16 @@ def gil_enabled() -> bool:
     if sys.version_info < (3, 13):
         return True
     return bool(sys._is_gil_enabled())
+
+
+def run_delay_s() -> float:
+    """Seconds this thread has waited, runnable, for a CPU; 0 where the kernel does not
+    say (no ``schedstat``)."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 class KindTrial:
@@ -63,6 +79,9 @@ class KindTrial:
         self._warm_at: float | None = None  # every thread has computed a unit since
         self._first_ends: dict[int, float] = {}
         self._pair: list[float] = []
+        self._busy = [0.0, 0.0]  # this round's seconds waiting for a CPU, and of wall
+        self.rounds = 0  # rounds thrown away: the machine was too busy
+        self.why = "measuring (threads meanwhile)"
         self.gil_share: float | None = None
         self.verdict: str | None = None  # "threads" or "processes" once decided
 
@@ -71,10 +90,11 @@ class KindTrial:
         with self._lock:
             return self._solo is not None
 
-    def record(self, index: int, began: float, ended: float, cpu: float) -> None:
+    def record(self, index: int, began: float, ended: float, cpu: float, waited: float = 0.0) -> None:
         """Thread ``index`` computed a unit from ``began`` to ``ended``
-        (``time.monotonic``), using ``cpu`` seconds of CPU."""
-        rate = min(1.0, cpu / max(ended - began, 1e-9))
+        (``time.monotonic``), using ``cpu`` seconds of CPU, ``waited`` of it runnable
+        but waiting for a CPU."""
+        rate = min(1.0, cpu / max(ended - began - waited, cpu, 1e-9))
         with self._lock:
             if self.verdict is not None or index >= self.threads:
                 return
@@ -92,15 +112,31 @@ class KindTrial:
                 return
             if began >= self._warm_at:
                 self._pair.append(rate)
+                self._busy[0] += waited
+                self._busy[1] += ended - began
             if len(self._pair) >= PAIR_UNITS_PER_THREAD * self.threads:
-                self._decide()
+                self._decide(ended)
 
-    def _decide(self) -> None:
+    def _decide(self, now: float) -> None:
         assert self._solo is not None
+        busy = self._busy[0] / max(self._busy[1], 1e-9)
+        if busy > BUSY_LIMIT:
+            self.rounds += 1
+            if self.rounds < ATTEMPTS:  # measure again, on units that start from now
+                self._pair, self._busy, self._warm_at = [], [0.0, 0.0], now
+                return
+            self.verdict = "threads"
+            self.why = (
+                f"the machine was too busy to measure (the threads waited for a CPU "
+                f"{busy:.0%} of the time, {ATTEMPTS} rounds): threads kept"
+            )
+            logger.info("granary: worker_kind auto: %s", self.why)
+            return
         pair = max(statistics.median(self._pair), 1e-6)
         share = (self._solo / pair - 1.0) / max(1, self.threads - 1)
         self.gil_share = min(1.0, max(0.0, share))
         self.verdict = "processes" if self.gil_share > GIL_LIMIT else "threads"
+        self.why = "measured on the first units"
         logger.info(
             "granary: worker_kind auto: a unit holds the GIL about %.0f%% of its time "
             "(CPU %.0f%% of its wall time alone, %.0f%% beside %d threads): %s",
@@ -111,7 +147,7 @@ class KindTrial:
         with self._lock:
             return {
                 "worker_kind": self.verdict or "threads",
-                "why": "measured on the first units" if self.verdict else "measuring (threads meanwhile)",
+                "why": self.why,
                 "gil_share": self.gil_share,
             }
 

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from dataloader.engine.pool.autoscale.kind import GIL_LIMIT, SOLO_UNITS, KindTrial, choose_at_start
+from dataloader.engine.pool.autoscale.kind import (
+    GIL_LIMIT,
+    PAIR_UNITS_PER_THREAD,
+    SOLO_UNITS,
+    KindTrial,
+    choose_at_start,
+)
 
 
 def run_trial(threads: int, solo: float, beside: float) -> KindTrial:
@@ -63,3 +69,39 @@ def test_the_choice_before_any_unit():
     assert choose_at_start("auto", 4, gil=False) == ("threads", "the interpreter runs without a GIL")
     assert choose_at_start("auto", 1, gil=True)[0] == "processes"
     assert choose_at_start("auto", 2, gil=True)[0] is None  # measured
+
+
+def test_a_machine_too_busy_to_measure_measures_again_then_keeps_the_threads():
+    trial = KindTrial(2)
+    t = 0.0
+    for _ in range(SOLO_UNITS):
+        trial.record(0, t, t + 0.01, 0.01)
+        t += 0.01
+    rounds = 0
+    while trial.verdict is None and rounds < 100:
+        for index in range(2):  # 70% of each unit spent waiting for a CPU
+            trial.record(index, t, t + 0.01, 0.003, waited=0.007)
+        t += 0.01
+        rounds += 1
+    assert trial.verdict == "threads" and trial.gil_share is None
+    assert trial.why.startswith("the machine was too busy to measure (the threads waited for a CPU 70% of the time, 3 rounds)")
+    assert rounds > 3 * PAIR_UNITS_PER_THREAD  # three rounds were measured, not one
+
+
+def test_a_busy_round_is_measured_again_and_a_quiet_one_decides():
+    trial = KindTrial(2)
+    t = 0.0
+    for _ in range(SOLO_UNITS):
+        trial.record(0, t, t + 0.01, 0.01)
+        t += 0.01
+    for _ in range(20):
+        for index in range(2):
+            trial.record(index, t, t + 0.01, 0.003, waited=0.007)
+        t += 0.01
+        if trial.rounds:  # the first busy round was thrown away
+            break
+    while trial.verdict is None:
+        for index in range(2):
+            trial.record(index, t, t + 0.01, 0.005)  # quiet: half the time waiting for the GIL
+        t += 0.01
+    assert trial.verdict == "processes" and trial.why == "measured on the first units"

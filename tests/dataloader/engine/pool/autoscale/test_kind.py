@@ -13,16 +13,22 @@ from dataloader.engine.pool.autoscale.kind import (
 )
 
 
-def run_trial(threads: int, solo: float, beside: float) -> KindTrial:
-    """Thread 0 computes its first units alone at a CPU share of ``solo`` (CPU seconds
-    per wall second), then every thread computes units at ``beside`` until the trial
-    decides. Units take 10 ms of wall time."""
-    trial = KindTrial(threads)
+def alone(trial: KindTrial, solo: float) -> float:
+    """Thread 0's units alone at a CPU share of ``solo``; returns the time after them."""
     t = 0.0
     for _ in range(SOLO_UNITS):
         trial.record(0, t, t + 0.01, 0.01 * solo)
         t += 0.01
     assert trial.solo_done and trial.verdict is None
+    return t
+
+
+def run_trial(threads: int, solo: float, beside: float) -> KindTrial:
+    """Thread 0 computes its first units alone at a CPU share of ``solo`` (CPU seconds
+    per wall second), then every thread computes units at ``beside`` until the trial
+    decides. Units take 10 ms of wall time."""
+    trial = KindTrial(threads)
+    t = alone(trial, solo)
     for _ in range(20):
         for index in range(threads):
             trial.record(index, t, t + 0.01, 0.01 * beside)
@@ -73,10 +79,7 @@ def test_the_choice_before_any_unit():
 
 def test_a_machine_too_busy_to_measure_measures_again_then_keeps_the_threads():
     trial = KindTrial(2)
-    t = 0.0
-    for _ in range(SOLO_UNITS):
-        trial.record(0, t, t + 0.01, 0.01)
-        t += 0.01
+    t = alone(trial, 1.0)
     rounds = 0
     while trial.verdict is None and rounds < 100:
         for index in range(2):  # 70% of each unit spent waiting for a CPU
@@ -90,10 +93,7 @@ def test_a_machine_too_busy_to_measure_measures_again_then_keeps_the_threads():
 
 def test_a_busy_round_is_measured_again_and_a_quiet_one_decides():
     trial = KindTrial(2)
-    t = 0.0
-    for _ in range(SOLO_UNITS):
-        trial.record(0, t, t + 0.01, 0.01)
-        t += 0.01
+    t = alone(trial, 1.0)
     for _ in range(20):
         for index in range(2):
             trial.record(index, t, t + 0.01, 0.003, waited=0.007)

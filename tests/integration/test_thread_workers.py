@@ -7,6 +7,7 @@ unit on a thread, and a consumer pause, in ``test_stuck_workers.py`` beside proc
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -137,3 +138,21 @@ def test_auto_hands_over_to_processes_when_the_trial_says_so_and_the_stream_is_u
     assert stats["pipeline"]["workers"]["worker_kind"] == "processes"
     assert stats["pipeline"]["workers"]["why"].startswith("measured on the first units")
     assert any("worker_kind auto" in r.getMessage() and r.getMessage().endswith("processes") for r in caplog.records)
+
+
+def test_the_dataset_apis_mp_prefetch_takes_the_kind_and_gives_the_same_elements_and_states():
+    def chained(kind):
+        return (
+            dl.MapDataset.source(dl.RangeDataSource(23)).seed(7).shuffle().repeat(3)
+            .map(wp.to_array).to_iter_dataset().random_map(lambda e, rng: {**e, "n": rng.integers(9)})
+            .batch(4).mp_prefetch(dl.MultiprocessingOptions(num_workers=2, worker_kind=kind))
+        )
+
+    runs = {}
+    for kind in ("processes", "threads"):
+        it = iter(chained(kind))
+        runs[kind] = [(x, json.dumps(it.get_state())) for x in it]
+        assert it.stats()["pipeline"]["workers"]["worker_kind"] == kind
+        it.close()
+    assert_streams_equal([x for x, _ in runs["threads"]], [x for x, _ in runs["processes"]])
+    assert [s for _, s in runs["threads"]] == [s for _, s in runs["processes"]]

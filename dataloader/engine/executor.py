@@ -170,7 +170,7 @@ class InProcessExecutor:
         return self
 
     def describe(self) -> dict[str, Any]:
-        return {"worker_kind": "in_process", "read_threads": self._threads}
+        return {"worker_kind": "in_process", "read_threads": self._options.num_threads}
 
     def start_prefetch(self) -> None:
         """Starts reading records ahead now (one thread at least), before the first ``next()``."""

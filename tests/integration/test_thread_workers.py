@@ -129,7 +129,9 @@ def test_auto_hands_over_to_processes_when_the_trial_says_so_and_the_stream_is_u
     monkeypatch.setattr(kind_module, "GIL_LIMIT", -1.0)
     monkeypatch.setattr(kind_module, "BUSY_LIMIT", 2.0)
     reference = list(make_loader("everything", n=3000, epochs=1))
-    it = iter(make_loader("everything", n=3000, epochs=1, worker_count=2, worker_kind="auto"))
+    # Small units, many of them: the trial ends long before the stream does.
+    it = iter(make_loader("everything", n=3000, epochs=1, worker_count=2, worker_kind="auto",
+                          read_options=dl.ReadOptions(unit_size=16)))
     with caplog.at_level(logging.INFO, logger="dataloader"):
         got = list(it)
     stats = it.stats()

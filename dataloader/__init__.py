@@ -54,6 +54,7 @@ _EXPORTS: dict[str, str] = {
     "WorkerCrashError": "dataloader.errors",
     "WorkerError": "dataloader.errors",
     "WorkerTimeoutError": "dataloader.errors",
+    "register_reducer": "dataloader.engine.pool.pickling",  # how an object reaches workers
     # samplers
     "IndexSampler": "dataloader.samplers",
     "NoSharding": "dataloader.samplers",

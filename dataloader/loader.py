@@ -247,6 +247,7 @@ class DataLoader:
         if self.end is not None:
             self._end_batch = _end_batch(operations)
         make_executor: ExecutorMaker
+        self._plan_bytes: bytes
         if executor is not None:
             self._plan_bytes = pickle_plan(self.plan)  # as for local workers: fails here
             make_executor = ExecutorMaker(

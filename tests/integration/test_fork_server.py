@@ -194,15 +194,24 @@ def test_fork_server_can_be_switched_off():
     assert out.stdout.strip() == "ok"
 
 
-def test_preload_names_the_engine_and_the_plans_safe_modules_only():
-    ld = loader()
+def test_preload_names_the_engine_and_the_modules_the_plans_objects_come_from():
+    ld = loader(slow=True)
     modules = fork_server.preload_modules(ld._plan_bytes)
     assert modules[: len(fork_server.BASE_MODULES)] == list(fork_server.BASE_MODULES)
     assert "numpy" in modules
-    # The user's module is imported by each worker after the fork, never by the zygote.
-    assert "tests.integration.workers_pipelines" not in modules
-    assert all(m.split(".")[0] in fork_server.PRELOADABLE for m in modules)
+    assert "dataloader.operations.transforms" in modules  # MapTransform's module
+    # The user's module (its functions are the plan's): imported once, in the server.
+    assert "tests.integration.workers_pipelines" in modules
+    assert "__main__" not in modules
+    assert not any(m.split(".")[0] in fork_server.NEVER_PRELOAD for m in modules)
     assert len(modules) == len(set(modules))
+
+
+def test_a_module_that_started_a_thread_in_the_server_is_left_out_of_the_next_one(monkeypatch):
+    monkeypatch.setattr(fork_server, "THREADED", {"dataloader"})
+    modules = fork_server.preload_modules(loader()._plan_bytes)
+    assert not any(m.startswith("dataloader.operations") for m in modules)
+    assert "numpy" in modules
 
 
 def test_a_fork_server_reaps_what_it_forked_with_exit_codes():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -194,3 +195,48 @@ def test_grain_code_unchanged_runs_on_workers_with_torch_batches_and_no_jax(tmp_
         assert pid.isdigit()
     assert results[0] == results[1]
     assert results[0] == ("Tensor", "8x16", results[0][2], "False")
+
+
+class Unrebuildable:
+    """Pickles, but cannot be rebuilt in another process (its ``__setstate__`` refuses)."""
+
+    def __init__(self) -> None:
+        self.vocab = {"a": 1}
+
+    def __setstate__(self, state: dict) -> None:
+        raise RuntimeError("no vocabulary file in this process")
+
+
+def chat_packed(tokenizer: tt.ChatTemplateTokenizer) -> dl.IterDataset:
+    ds = tt.single(tt.rows(300), seed=42, processor=tt.ChatProcessor(tokenizer))
+    ds = tt.first_fit_packed(ds, seed=42, max_context_length=CONTEXT_LENGTH * 4, tokens_per_row=ROW_TOKENS * 4,
+                             read_options=READ)
+    return tt.loader_stream(ds, rows_per_batch=4, collator=collate, read_options=READ)
+
+
+def test_a_tokenizer_holding_a_compiled_chat_template_runs_on_workers(monkeypatch):
+    """torchtitan's tokenizers compile their chat template (a jinja2.Template, which
+    pickles but did not unpickle: 'Template.__new__() missing 1 required positional
+    argument'); its sample processor now runs on 2 workers, with the same batches."""
+    monkeypatch.setenv("GRANARY_WORKER_COUNT", "0")
+    alone = batches(chat_packed(tt.ChatTemplateTokenizer(tt.CHAT_TEMPLATE)), 8)
+    monkeypatch.setenv("GRANARY_WORKER_COUNT", "2")
+    with_workers = batches(chat_packed(tt.ChatTemplateTokenizer(tt.CHAT_TEMPLATE)), 8, workers=2)
+    assert_same(alone, with_workers)
+    first_row = alone[0]["input"][0].numpy()
+    assert first_row[0] == tt.BOS
+    assert bytes(int(t) - 3 for t in first_row[1:7]) == b"<user>"  # rendered by the template
+
+
+def test_an_object_that_cannot_be_unpickled_in_a_worker_is_named_by_its_path(monkeypatch):
+    tokenizer = tt.ChatTemplateTokenizer(tt.CHAT_TEMPLATE)
+    tokenizer.vocab = Unrebuildable()
+    monkeypatch.setenv("GRANARY_WORKER_COUNT", "2")
+    with pytest.raises(TypeError) as info:
+        batches(chat_packed(tokenizer), 1, workers=2)
+    message = str(info.value)
+    assert re.search(r"operations\[\d+\]\S*\._tokenizer\.vocab \(a tests\.integration\.test_torchtitan_shape"
+                     r"\.Unrebuildable: ", message), message
+    assert "pickles but cannot be unpickled" in message
+    assert "RuntimeError: no vocabulary file in this process" in message
+    assert "register_reducer(Unrebuildable" in message

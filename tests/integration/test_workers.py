@@ -248,7 +248,7 @@ def test_poison_record_that_always_kills_its_worker_is_named(warm_start, tmp_pat
 
 def test_unpicklable_operation_is_named_at_construction():
     lock = threading.Lock()
-    with pytest.raises(TypeError, match=r"operation MapTransform\(.*<lambda>\) .* cannot be sent to worker processes.*lock"):
+    with pytest.raises(TypeError, match=r"operations\[0\]\._fn\.__closure__\[.lock.\] \(a _thread.lock: .*\), in operation MapTransform\(.*<lambda>\), cannot be sent to worker processes.*lock"):
         dl.DataLoader(dl.RangeDataSource(10), dl.IndexSampler(10), [dl.MapTransform(lambda x: (lock, x))], worker_count=2)
 
 

@@ -66,6 +66,47 @@ class ByteTokenizerProcessor:
         return TextSequence(input_ids=tokens[:-1], labels=labels)
 
 
+class ChatTemplateTokenizer:
+    """torchtitan's tokenizer shape: it compiles its chat template with jinja2 when built
+    (``BaseTokenizer.set_chat_template``: a sandboxed environment whose globals hold
+    closures), so it holds a ``jinja2.Template``, which pickles but did not unpickle."""
+
+    def __init__(self, chat_template: str) -> None:
+        import jinja2.ext
+        import jinja2.sandbox
+
+        def raise_exception(msg: str) -> None:
+            raise jinja2.exceptions.TemplateError(msg)
+
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+        env.globals["raise_exception"] = raise_exception
+        self._chat_template = env.from_string(chat_template)
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+        return self._chat_template.render(messages=messages)
+
+    def encode(self, text: str, add_bos: bool = True, add_eos: bool = True) -> list[int]:
+        return [BOS] * add_bos + [b + 3 for b in text.encode()] + [EOS] * add_eos
+
+
+CHAT_TEMPLATE = "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}"
+
+
+class ChatProcessor:
+    """torchtitan's ``ChatProcessor`` shape: the row as a chat turn through the tokenizer's
+    compiled template, then tokens shifted into inputs and labels."""
+
+    def __init__(self, tokenizer: ChatTemplateTokenizer) -> None:
+        self._tokenizer = tokenizer
+
+    def __call__(self, sample: dict[str, Any], rng: np.random.Generator) -> TextSequence | None:
+        del rng
+        text = self._tokenizer.apply_chat_template([{"role": "user", "content": sample["text"]}])
+        tokens = np.asarray(self._tokenizer.encode(text), dtype=np.int64)
+        return TextSequence(input_ids=tokens[:-1], labels=tokens[1:])
+
+
 def shard_of(ds: grain.MapDataset, rank: int, world: int) -> grain.MapDataset:
     """torchtitan's contiguous per-rank slice (the first ``len % world`` ranks take one more)."""
     size, extra = divmod(len(ds), world)
@@ -74,11 +115,12 @@ def shard_of(ds: grain.MapDataset, rank: int, world: int) -> grain.MapDataset:
 
 
 def single(source_rows: list[dict[str, Any]], *, seed: int, rank: int = 0, world: int = 1,
-           pid_file: str | None = None) -> grain.MapDataset:
-    """torchtitan's ``SingleDatasetConfig`` on a map-style source."""
+           pid_file: str | None = None, processor: Any = None) -> grain.MapDataset:
+    """torchtitan's ``SingleDatasetConfig`` on a map-style source (its sample processor:
+    ``processor``, by default :class:`ByteTokenizerProcessor`)."""
     ds = grain.MapDataset.source(source_rows)
     ds = ds.filter(lambda row: bool(row["text"]))
-    ds = ds.random_map(ByteTokenizerProcessor(pid_file), seed=seed)
+    ds = ds.random_map(processor or ByteTokenizerProcessor(pid_file), seed=seed)
     ds = ds.filter(lambda sample: len(sample.input_ids) > 3)
     ds = ds.shuffle(seed=seed)
     return shard_of(ds, rank, world).repeat()

@@ -11,21 +11,18 @@ start-up fails.
 new one, and answers about the old one are dropped.
 
 The two payloads pickled with cloudpickle are made and read here too: the plan in
-:class:`WorkerConfig` (:func:`pickle_plan`, with :func:`pickle_for_workers`) and the
-error in :class:`Failed` (:func:`error_payload` in the worker, :func:`remote_error` in
-the parent).
+:class:`WorkerConfig` (:func:`pickle_plan`, checked by :mod:`.pickling`) and the error in
+:class:`Failed` (:func:`error_payload` in the worker, :func:`remote_error` in the parent).
 """
 
 from __future__ import annotations
 
-import collections
-import io
 import traceback
-import types
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import cloudpickle
 
+from dataloader.engine.pool.pickling import PickledPlan, dumps_checked
 from dataloader.errors import PipelineError, WorkerError
 
 if TYPE_CHECKING:
@@ -108,58 +105,15 @@ class Fatal(NamedTuple):
     traceback: str
 
 
-# cloudpickle writes "<dynamic-code>" as the file of every code object it sends by value
-# (the functions of a script's __main__, lambdas), so that its bytes do not depend on
-# where the code was written; a worker's traceback then names no file. What goes to the
-# workers keeps each code object's own file name, so the traceback the training process
-# gets names the user's file and line (and shows the line where the worker can read the
-# file). The name is a function of the code alone: the bytes stay the same from run to run.
-_CLOUDPICKLE_CODE = cloudpickle.CloudPickler.dispatch_table[types.CodeType]
-
-
-def _reduce_code(code: types.CodeType) -> tuple[Any, tuple[Any, ...]]:
-    make, args = _CLOUDPICKLE_CODE(code)  # cloudpickle's recipe, nested code included
-    return _code_in_file, (make, args, code.co_filename)
-
-
-def _code_in_file(make: Any, args: tuple[Any, ...], filename: str) -> types.CodeType:
-    code: types.CodeType = make(*args)
-    return code.replace(co_filename=filename)
-
-
-class _WorkerPickler(cloudpickle.CloudPickler):
-    dispatch_table = collections.ChainMap(
-        {types.CodeType: _reduce_code}, cloudpickle.CloudPickler.dispatch_table
-    )
-
-
-def pickle_for_workers(obj: Any) -> bytes:
-    """``cloudpickle.dumps(obj)``, but code keeps its file name (see above); read back with
-    ``cloudpickle.loads``."""
-    buffer = io.BytesIO()
-    _WorkerPickler(buffer, protocol=cloudpickle.DEFAULT_PROTOCOL).dump(obj)
-    return buffer.getvalue()
-
-
-def pickle_plan(plan: Plan) -> bytes:
-    """The plan as sent to workers; names the part that cannot be pickled."""
-    try:
-        return pickle_for_workers(plan)
-    except Exception as exc:
-        parts = [("data_source", plan.source), ("sampler", plan.sampler)]
-        parts += [(f"operation {s.op.name}", s.op) for s in (*plan.pre, *plan.post)]
-        if plan.batch is not None:
-            parts.append((plan.batch.name, plan.batch))
-        for label, obj in parts:
-            try:
-                pickle_for_workers(obj)
-            except Exception as part_exc:
-                raise TypeError(
-                    f"{label} ({obj!r}) cannot be sent to worker processes: "
-                    f"{type(part_exc).__name__}: {part_exc}; make it picklable (open files "
-                    f"and locks lazily) or use worker_count=0"
-                ) from part_exc
-        raise TypeError(f"the pipeline cannot be sent to worker processes: {exc}") from exc
+def pickle_plan(plan: Plan) -> PickledPlan:
+    """The plan as sent to workers, checked to unpickle (:mod:`.pickling`): an object that
+    cannot make the trip is named by its path (``operations[2].fn._tokenizer...``)."""
+    parts: list[tuple[str, Any, str]] = [("data_source", plan.source, ""), ("sampler", plan.sampler, "")]
+    parts += [(f"operations[{s.stream}]", s.op, f"operation {s.op.name}") for s in plan.pre]
+    if plan.batch is not None:
+        parts.append(("the batch", plan.batch, plan.batch.name))
+    parts += [(f"operations[{s.stream}]", s.op, f"operation {s.op.name}") for s in plan.post]
+    return dumps_checked(plan, "the pipeline", parts)
 
 
 def remote_error(data: bytes, worker: int) -> Exception:

@@ -38,7 +38,8 @@ import cloudpickle
 
 from dataloader.engine.compute import UnitResult, compute_unit, unit_record_keys
 from dataloader.engine.plan import Plan
-from dataloader.engine.pool.messages import error_payload, pickle_for_workers, remote_error
+from dataloader.engine.pool.messages import error_payload, remote_error
+from dataloader.engine.pool.pickling import dumps_checked
 from dataloader.engine.pool.window import Outcome, Window
 from dataloader.engine.pool.workers import MAX_CRASHES
 from dataloader.errors import LoaderClosedError, WorkerCrashError, WorkerError, WorkerTimeoutError
@@ -126,7 +127,7 @@ class RayUnits:
     ) -> None:
         self._spec, self._plan, self._ray = spec, plan, spec._ray
         self._plan_bytes, self._plan_ref = plan_bytes, None
-        self._init_fn = pickle_for_workers(init_fn)
+        self._init_fn = dumps_checked(init_fn, "worker_init_fn")
         # Parked actors serve a stream with the same plan and the same init_fn only.
         self._digest = hashlib.sha256(plan_bytes + self._init_fn).digest()
         self._window = Window(0, spec.units_per_worker)

@@ -75,21 +75,15 @@ def check_shippable(tail: Sequence[Any]) -> None:
     checked here, when the loader is made, not at ``iter()``.
 
     Raises:
-        TypeError: one cannot be pickled (named, with the way out).
+        TypeError: one cannot be pickled or unpickled (named by its path, with the way
+            out; see :mod:`dataloader.engine.pool.pickling`).
     """
-    import cloudpickle
+    from dataloader.engine.pool.pickling import dumps_checked
 
     for op in tail:
         if _runs(op) in (STREAM, GROUP) or op.needs_index:
             continue  # run in this process
-        try:
-            cloudpickle.dumps(op)
-        except Exception as exc:
-            raise TypeError(
-                f"operation {op.name} ({op!r}) after the packer runs in worker processes "
-                f"and cannot be sent to them: {type(exc).__name__}: {exc}; make it picklable "
-                f"(open files and locks lazily) or use worker_count=0"
-            ) from exc
+        dumps_checked(op, "operation", [("operation", op, f"{op.name}, after the packer (it runs in worker processes)")])
 
 
 def _name(op: Any) -> str:

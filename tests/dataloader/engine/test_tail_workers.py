@@ -163,6 +163,6 @@ def test_an_operation_after_the_packer_that_cannot_reach_the_workers_is_refused_
 
     lock = threading.Lock()
     ops = [dl.MapTransform(lambda row: (lock, row)[1])]
-    with pytest.raises(TypeError, match=r"MapTransform\(.*after the packer runs in worker processes.*worker_count=0"):
+    with pytest.raises(TypeError, match=r"in MapTransform\(.*<lambda>\), after the packer \(it runs in worker processes\), cannot be sent.*lock.*worker_count=0"):
         loader(2, ops)
     assert len(list(loader(0, ops))) > 50

@@ -166,12 +166,15 @@ def choose_at_start(kind: str, workers: int, gil: bool) -> tuple[str | None, str
 
 def worker_sets(kind: str, plan: Plan, plan_bytes: bytes, init_fn: Any, workers: int) -> Callable[[int], Any]:
     """``f(slots)`` making the worker set of ``kind`` (``"auto"``: see the module)."""
-    from dataloader.engine.pool.messages import pickle_for_workers
+    from dataloader.engine.pool.pickling import dumps_checked
     from dataloader.engine.pool.process_set import ProcessSet
     from dataloader.engine.pool.thread_set import ThreadSet
 
-    processes = functools.partial(ProcessSet, plan_bytes=plan_bytes, init_fn=pickle_for_workers(init_fn))
     chosen, why = choose_at_start(kind, workers, gil_enabled())
+    # Threads share worker_init_fn as it is; processes (and a trial that may hand over to
+    # them) get it pickled, checked here to unpickle (it fails now, naming the object).
+    init_bytes = b"" if chosen == "threads" else dumps_checked(init_fn, "worker_init_fn")
+    processes = functools.partial(ProcessSet, plan_bytes=plan_bytes, init_fn=init_bytes)
     if chosen == "processes":
         return functools.partial(processes, why=why)
     if chosen == "threads":

@@ -25,6 +25,7 @@ from dataloader.engine.pool.zygote import (
     LOOK_S,
     LOST,
     PACKET,
+    THREADED,
     process_state,
 )
 
@@ -126,6 +127,7 @@ class Zygote:
         self.alive = True
         self._closing = False  # close() was called: the server's end is expected
         self.key: Any = None  # the environment it was started for (see shared())
+        self.tainted: str | None = None  # a module whose import started a thread in it
         self._open_pools = 0
         self._retiring = False  # replaced as the shared server: closes after its last pool
         self._next_look = 0.0  # when check() next looks at the server's state
@@ -165,6 +167,14 @@ class Zygote:
                 self._reap()  # it is gone (its socket closed with it), or killed just now
                 return
             answer = pickle.loads(data)
+            if answer[0] == "threaded":  # a module the server imported started a thread
+                self.tainted = answer[1]
+                THREADED.add(answer[1].partition(".")[0])
+                logger.warning(
+                    "granary: importing %s started a thread in the fork server, which then "
+                    "cannot fork; this pool's workers start as interpreters, the next "
+                    "pools get a server without it", answer[1])
+                continue
             with self._cond:
                 if answer[0] == "forked":
                     _, ticket, pid, error = answer

@@ -92,12 +92,12 @@ class Server:
         if kind == "bye":
             return False
         if kind == "import":
-            _import(request[1])
+            self.load(request[1])
             if request[2]:
                 with contextlib.suppress(OSError):
                     os.sched_setaffinity(0, request[2])
         elif kind == "pool":
-            _import(request[2])
+            self.load(request[2])
             self.envs[request[1]] = request[3]
         elif kind == "fork":
             pid, error = self.fork(fds, request[2], request[3])
@@ -113,6 +113,13 @@ class Server:
                     del self.children[pid]
                     self.orphans.add(pid)
         return True
+
+    def load(self, modules: Iterable[str]) -> None:
+        """Imports what a pool needs; says which module started a thread, if one did (the
+        training process then leaves it out of its next server)."""
+        threaded = _import(modules)
+        if threaded is not None:
+            self.answer(("threaded", threaded))
 
     def fork(self, fds: list[int], pool: int, cpus: Sequence[int]) -> tuple[int | None, str | None]:
         """Forks a worker on ``fds``: ``(pid, None)``, ``(None, why fork() failed)``, or
@@ -166,12 +173,17 @@ class Server:
             time.sleep(0.002)
 
 
-def _import(modules: Iterable[str]) -> None:
+def _import(modules: Iterable[str]) -> str | None:
+    """Imports ``modules``; returns the first whose import started a thread (then the
+    server can no longer fork), or None."""
     import importlib
 
     for name in modules:
         with contextlib.suppress(BaseException):  # the worker reports it, at its import
             importlib.import_module(name)
+        if threading.active_count() != 1:
+            return name
+    return None
 
 
 def serve(sock_fd: int) -> None:

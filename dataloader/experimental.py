@@ -23,6 +23,7 @@ from dataloader.dataset.transformations.apply import (
     get_next_index,
     set_next_index,
 )
+from dataloader.dataset.transformations.flat_map import FlatMapIterDataset, FlatMapMapDataset
 from dataloader.dataset.transformations.interleave import InterleaveIterDataset
 from dataloader.dataset.transformations.packing import (
     BestFitPackIterDataset,
@@ -53,6 +54,8 @@ __all__ = [
     "ElasticIterator",
     "ExecutionTrackingMode",
     "FirstFitPackIterDataset",
+    "FlatMapIterDataset",
+    "FlatMapMapDataset",
     "FlatMapTransform",
     "InterleaveIterDataset",
     "LimitIterDataset",

@@ -43,12 +43,13 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from dataloader.compat.modules import MODULES, submodules
+from dataloader.compat.modules import DIFFERENCES, MODULES, submodules
 from dataloader.errors import GranaryError
 
 ENV_VAR = "GRANARY_GRAIN_ALIAS"
 _ENV_VALUES = {"": None, "0": None, "1": False, "force": True}  # value -> force (None: off)
 _GUIDE = "docs/migrating-from-grain.md (Migrating from Grain)"
+_DOCS = "docs/grain-differences.md (Differences from Grain)"
 
 
 class RealGrainError(GranaryError, ImportError):
@@ -56,7 +57,15 @@ class RealGrainError(GranaryError, ImportError):
 
 
 def missing_message(module: str, name: str) -> str:
-    """What a Grain name granary cannot give says: which name, why, and where to look."""
+    """What a Grain name granary cannot give says: which name, why, and where to look.
+
+    A name granary leaves out on purpose (:data:`~dataloader.compat.modules.DIFFERENCES`)
+    gets its reason and what to use instead.
+    """
+    if name in DIFFERENCES and (name in MODULES[module].names or module.startswith("grain._src")):
+        why, instead = DIFFERENCES[name]
+        return (f"granary does not provide Grain's {module}.{name}: {why}. Use {instead} "
+                f"(see {_DOCS})")
     if name in MODULES[module].names:
         return (f"granary does not provide Grain's {module}.{name}: the grain alias maps Grain's "
                 f"names to granary's where granary has them, and this one has no counterpart; "

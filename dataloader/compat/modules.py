@@ -178,6 +178,42 @@ MODULES: dict[str, GrainModule] = {
 }
 
 
+# Grain names granary deliberately does not provide: name -> (why, what to use instead).
+# The alias's refusal says both; the docs' Grain page lists them ("Differences from Grain").
+_LEGACY = (
+    "Grain's older operation API (a function over an iterator of Record(metadata, data), "
+    "which Grain itself replaced with transforms): such a function sees the whole stream "
+    "of one worker, so its output would depend on the worker count"
+)
+_LEGACY_INSTEAD = ("MapTransform, FilterTransform, Batch or RandomMapTransform (Grain's "
+                   "grain.transforms.Map, Filter, Batch, RandomMap), which run on any worker, in order")
+_RECORD_KEYS = ("a key of Grain's Record-based operations, which granary does not have",
+                "the element itself in a transform; RecordMetadata from a sampler's __getitem__")
+DIFFERENCES: dict[str, tuple[str, str]] = {
+    **dict.fromkeys(("Record", "MapOperation", "FilterOperation", "BatchOperation", "RandomMapOperation"),
+                    (_LEGACY, _LEGACY_INSTEAD)),
+    **dict.fromkeys(_CONSTANTS, _RECORD_KEYS),
+    "TfRandomMap": ("it hands a transform TensorFlow random ops and a TF seed; granary's "
+                    "pipelines are numpy and never import TensorFlow",
+                    "RandomMapTransform (grain.transforms.RandomMap), whose random_map(element, rng) "
+                    "gets a numpy Generator seeded per record"),
+    "config": ("Grain's absl-flags configuration object (debug modes, visualization, "
+               "thresholds) has no counterpart: granary reads no global flags",
+               "the options objects (ReadOptions, MultiprocessingOptions, DatasetOptions) and "
+               "stats() on every iterator"),
+    "monitoring": ("Grain's metric counters report to Google's monitoring", "stats() on every "
+                   "iterator, dl.flatten_stats for metrics, dl.log_stats for a log line"),
+    **dict.fromkeys(("SharedMemoryArray", "SharedMemoryArrayMetadata"),
+                    ("Grain's numpy subclass that a transform returns to send a batch through "
+                     "shared memory; every result of a granary worker travels through shared "
+                     "memory already", "nothing: return plain numpy arrays")),
+    "RngPool": ("a Grain internal (a cache of generators for random maps)",
+                "dl.record_rng(seed, position) for a record's generator"),
+    "ShapeDtypeStructProtocol": ("the typing protocol of Grain's element specs",
+                                 "dl.experimental.ShapeDtypeStruct, as get_element_spec(ds) returns it"),
+}
+
+
 def submodules(name: str) -> list[str]:
     """The table's modules directly under ``name`` (``grain`` -> ``python``, ...)."""
     prefix = name + "."

@@ -177,9 +177,19 @@ class MapDataset(Generic[T]):
         finite component runs out; ``repeat()`` the components for an endless mix.
 
         Raises:
-            ValueError: no datasets, a weight that is negative or not finite, all
-                weights zero, or a batched component that is infinite.
+            ValueError: no datasets, an empty dataset (it has no element to draw, as
+                Grain checks), a weight that is negative or not finite, all weights
+                zero, or a batched component that is infinite.
         """
+        datasets = _check_datasets(datasets, "mix")
+        empty = [f"{i} ({d!r})" for i, d in enumerate(datasets) if d._node.length == 0]
+        if empty:
+            raise ValueError(
+                f"MapDataset.mix: {'datasets' if len(empty) > 1 else 'dataset'} {', '.join(empty)} "
+                f"{'have' if len(empty) > 1 else 'has'} length 0; a mixture draws "
+                f"from every dataset in turn, so each needs at least one element. Leave "
+                f"the empty ones out of the mixture"
+            )
         return MapDataset._mix(datasets, weights, until_exhausted=False)
 
     @staticmethod
@@ -388,9 +398,11 @@ class MapDataset(Generic[T]):
         ``None`` where there is no such output, and iteration yields the outputs in
         order. Batch on the iterable stream (``to_iter_dataset()``), as after a filter.
 
+        On an endless dataset (after ``repeat()``) the result is endless too; index ``k``
+        past one pass reads element ``k // F`` of the parent's later epochs, as in Grain.
+
         Raises:
-            ValueError: no ``max_fan_out``, or the dataset is infinite (flat map before
-                ``repeat()``).
+            ValueError: no ``max_fan_out``.
         """
         op = as_operation(transform, FlatMapTransform, "flat_map")
         if op.max_fan_out is None:
@@ -398,8 +410,8 @@ class MapDataset(Generic[T]):
                 f"MapDataset.flat_map({op.name}) needs max_fan_out: random access lays out "
                 f"max_fan_out slots per element; pass FlatMapTransform(fn, max_fan_out=...)"
             )
-        length = self._finite("flat_map", "flat_map before repeat(): ds.flat_map(f).repeat()")
-        node = nd.FlatMapNode(self._node, op, length * op.max_fan_out)
+        length = self._node.length
+        node = nd.FlatMapNode(self._node, op, None if length is None else length * op.max_fan_out)
         return self._then(node, filtered=True)
 
     def map_with_index(self, transform: MapWithIndexTransform | Callable[[int, Any], Any]) -> MapDataset:
@@ -407,13 +419,18 @@ class MapDataset(Generic[T]):
         dataset (Grain's ``map_with_index``). Index-level calls after it (shuffle, slice)
         move the elements with the index they had here.
 
+        As in Grain, the index is the one this dataset is read at, whole: after
+        ``repeat()`` it counts on through the epochs (``range(3).repeat()
+        .map_with_index(f)`` gives ``f(4, 1)`` at index 4), and a read past one pass
+        (``ds[len(ds) + 1]``, a later epoch of a ``repeat`` or ``shuffle`` above it) gets
+        that index, not its remainder.
+
         Raises:
-            ValueError: the dataset is infinite (map with index before ``repeat()``).
+            ValueError: the dataset is batched (map the elements before the batch).
         """
         from dataloader.dataset.transformations.elementwise import with_index
 
         op = with_index(transform)
-        self._finite("map_with_index", "map_with_index before repeat()")
         if nd.is_batched(self._node):
             raise ValueError(
                 f"map_with_index after a batch is not available on a MapDataset ({self!r}); "

@@ -31,35 +31,58 @@ import numpy as np
 from dataloader.operations import FlatMapTransform, MapWithIndexTransform
 
 
-class FanOutSource:
-    """Key ``k`` -> output ``k % F`` of the flat map of the parent chain's item ``k // F``."""
+class _SubChainSource:
+    """A sub-chain read by key, its parent's items read by index as Grain reads them:
+    past the parent's length in its later epochs (a shuffle's next permutation), and
+    for ever when the parent is endless. The compiled parent is per process."""
 
-    def __init__(self, parent: Any, op: FlatMapTransform) -> None:
-        assert op.max_fan_out is not None
+    def __init__(self, parent: Any) -> None:
         self.parent = parent
-        self.op = op
-        self.fan_out = int(op.max_fan_out)
 
-    def _parent_items(self, indices: list[int]) -> list[Any]:
-        from dataloader.dataset.compile.lower import NodeSource
+    def _parent_items(self, indices: Sequence[int] | np.ndarray) -> list[Any]:
+        from dataloader.dataset.compile.lower import compile_node
 
-        source = self.__dict__.get("_source")
-        if source is None:
-            source = self.__dict__["_source"] = NodeSource(self.parent)
-        return source.__getitems__(indices)
+        compiled = self.__dict__.get("_source")
+        if compiled is None:
+            compiled = self.__dict__["_source"] = compile_node(self.parent, None)
+        return compiled.items(indices)  # runs of consecutive indices computed together
 
-    def __len__(self) -> int:
-        return self.parent.length * self.fan_out
+    @staticmethod
+    def _keys(keys: Sequence[int] | np.ndarray) -> np.ndarray:
+        keys = np.asarray(keys, dtype=np.int64).reshape(-1)
+        if keys.size and keys.min() < 0:
+            raise IndexError(f"index {int(keys.min())} is negative")
+        return keys
 
     def __getitem__(self, key: SupportsIndex) -> Any:
         return self.__getitems__([operator.index(key)])[0]
 
     def __getitems__(self, keys: Sequence[int] | np.ndarray) -> list[Any]:
-        keys = np.asarray(keys, dtype=np.int64).reshape(-1)
-        bad = keys[(keys < 0) | (keys >= len(self))]
-        if len(bad):
-            raise IndexError(f"index {int(bad[0])} is out of range for {len(self)} slots")
-        indices, slots = np.divmod(keys, self.fan_out)
+        raise NotImplementedError
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_source"}
+
+
+class FanOutSource(_SubChainSource):
+    """Key ``k`` -> output ``k % F`` of the flat map of the parent chain's item ``k // F``.
+
+    ``len()`` is one pass (``F`` per parent element; ``F`` for an endless parent): the
+    keys of one pass, as :class:`~dataloader.dataset.compile.index_map.IndexedLeaf` lays
+    them out; keys past it read the parent's later epochs, as in Grain.
+    """
+
+    def __init__(self, parent: Any, op: FlatMapTransform) -> None:
+        assert op.max_fan_out is not None
+        super().__init__(parent)
+        self.op = op
+        self.fan_out = int(op.max_fan_out)
+
+    def __len__(self) -> int:
+        return self.fan_out * (1 if self.parent.length is None else self.parent.length)
+
+    def __getitems__(self, keys: Sequence[int] | np.ndarray) -> list[Any]:
+        indices, slots = np.divmod(self._keys(keys), self.fan_out)
         # Each parent item read once (all in one call) and flat-mapped once.
         wanted = list(dict.fromkeys(indices.tolist()))
         outputs = {
@@ -72,39 +95,30 @@ class FanOutSource:
             out.append(items[slot] if slot < len(items) else None)
         return out
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "_source"}
-
     def __repr__(self) -> str:
         return f"{self.parent!r}.flat_map({self.op.name})"
 
 
-class WithIndexSource:
-    """Key ``k`` -> ``op(k, item k of the parent chain)`` (``None`` stays ``None``)."""
+class WithIndexSource(_SubChainSource):
+    """Key ``k`` -> ``op(k, item k of the parent chain)`` (``None`` stays ``None``).
+
+    ``k`` is the index as Grain gives it: past the parent's length it reads the parent's
+    later epochs and is passed unreduced, so over an endless parent (``repeat()``) it
+    counts on for ever. ``len()`` is one pass (1 for an endless parent).
+    """
 
     def __init__(self, parent: Any, op: MapWithIndexTransform) -> None:
-        self.parent = parent
+        super().__init__(parent)
         self.op = op
 
     def __len__(self) -> int:
-        return self.parent.length
-
-    def __getitem__(self, key: SupportsIndex) -> Any:
-        return self.__getitems__([operator.index(key)])[0]
+        return 1 if self.parent.length is None else self.parent.length
 
     def __getitems__(self, keys: Sequence[int] | np.ndarray) -> list[Any]:
-        from dataloader.dataset.compile.lower import NodeSource
-
-        source = self.__dict__.get("_source")
-        if source is None:
-            source = self.__dict__["_source"] = NodeSource(self.parent)
         fn = self.op.element_fn()
-        keys = np.asarray(keys, dtype=np.int64).reshape(-1)
-        elements = source.__getitems__(keys)  # one call: consecutive keys share a unit
+        keys = self._keys(keys)
+        elements = self._parent_items(keys)
         return [None if e is None else fn(key, e) for key, e in zip(keys.tolist(), elements)]
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "_source"}
 
     def __repr__(self) -> str:
         return f"{self.parent!r}.map_with_index({self.op.name})"

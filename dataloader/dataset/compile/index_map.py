@@ -45,6 +45,33 @@ class Leaf:
         return ["source", self.length]
 
 
+class IndexedLeaf:
+    """The source of a ``map_with_index``: its keys carry the whole position, epochs included.
+
+    Grain passes ``map_with_index`` the index that reaches it, which past one pass (a
+    ``repeat``, a shuffle's later epoch, random access past ``len``) is beyond its
+    parent's length, and on an endless parent is unbounded. The key of position ``pos``
+    is ``offset + pos % period + (pos // period) * total``: in ``[offset, offset + period)``
+    within the first pass (``period``: its length, 1 when it is infinite), and a multiple
+    of ``total`` (the key space of all sources, set once the tree is built) further for
+    each later pass, so ``key % total`` still names the source and
+    :class:`~dataloader.dataset.compile.concat_source.ConcatSource` recovers ``pos``.
+    """
+
+    def __init__(self, offset: int, length: int | None) -> None:
+        self.offset, self.length = offset, length
+        self.period = 1 if length is None else length
+        self.total = self.period  # the key space; set by the builder once it is known
+        self.shuffles = False
+
+    def keys(self, pos: np.ndarray) -> np.ndarray:
+        epoch, r = np.divmod(pos, self.period)
+        return self.offset + r + epoch * self.total
+
+    def describe(self) -> Any:
+        return ["indexed_source", self.length]
+
+
 class Shuffle:
     """A new permutation of the child's ``length`` positions in each epoch.
 

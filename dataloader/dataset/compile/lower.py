@@ -57,6 +57,7 @@ class _Builder:
     def __init__(self) -> None:
         self.sources: list[Any] = []
         self.num_records = 0  # of the sources so far: where the next one's keys start
+        self.indexed: dict[int, im.IndexedLeaf] = {}  # part -> its leaf, whose keys carry epochs
 
     def leaf(self, source: Any, length: int) -> _Lowered:
         part = len(self.sources)
@@ -64,6 +65,21 @@ class _Builder:
         leaf = im.Leaf(self.num_records, length)
         self.num_records += length
         return _Lowered(leaf, frozenset([part]), [])
+
+    def indexed_leaf(self, source: Any, length: int | None) -> _Lowered:
+        """A ``map_with_index`` or ``flat_map`` sub-chain, whose keys carry the whole
+        position (Grain reads its parent at that index)."""
+        part = len(self.sources)
+        self.sources.append(source)
+        leaf = self.indexed[part] = im.IndexedLeaf(self.num_records, length)
+        self.num_records += leaf.period
+        return _Lowered(leaf, frozenset([part]), [])
+
+    def finish(self) -> frozenset[int]:
+        """Tells the indexed leaves the size of the key space; returns their parts."""
+        for leaf in self.indexed.values():
+            leaf.total = self.num_records
+        return frozenset(self.indexed)
 
     def as_leaf(self, node: Any) -> _Lowered:
         """A batched sub-chain as one source of its batches."""
@@ -77,14 +93,13 @@ class _Builder:
         if isinstance(node, nd.SourceNode):
             return self.leaf(node.source, node.length)
         if isinstance(node, nd.WithIndexNode):
-            assert node.length is not None, "map_with_index refuses infinite datasets"
-            low = self.leaf(WithIndexSource(node.parent, node.op), node.length)
+            low = self.indexed_leaf(WithIndexSource(node.parent, node.op), node.length)
             if _may_yield_none(node.parent):
                 low.ops.append((DropNone(), low.parts))
             return low
         if isinstance(node, nd.FlatMapNode):
             # Grain's layout: max_fan_out slots per parent element, holes read as None.
-            low = self.leaf(FanOutSource(node.parent, node.op), node.length)
+            low = self.indexed_leaf(FanOutSource(node.parent, node.op), node.length)
             low.ops.append((DropNone(), low.parts))
             return low
         if isinstance(node, nd.OpNode):
@@ -221,6 +236,7 @@ def compile_node(node: Any, seed: int | None) -> Compiled:
     """Compiles a dataset tree; ``seed`` is the chain's seed (the sampler's, for states)."""
     builder = _Builder()
     low = builder.lower(node)
+    unbounded = builder.finish()
     everything = frozenset(range(len(builder.sources)))
     is_tagged = any(parts != everything for _, parts in low.ops)
     ops = low.ops
@@ -241,7 +257,7 @@ def compile_node(node: Any, seed: int | None) -> Compiled:
     if len(builder.sources) == 1 and not is_tagged:  # its keys start at 0: no wrapper needed
         source = builder.sources[0]
     else:
-        source = ConcatSource(builder.sources, tagged=is_tagged)
+        source = ConcatSource(builder.sources, tagged=is_tagged, unbounded=unbounded)
     batch_size = low.batch.batch_size if low.batch is not None else None
     drop = low.batch is not None and low.batch.drop_remainder
     return Compiled(source, sampler, tuple(operations), batch_size, endless, drop)

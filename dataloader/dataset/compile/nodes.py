@@ -166,7 +166,7 @@ class FlatMapNode:
 
     parent: Any
     op: Operation
-    length: int
+    length: int | None
 
     def __repr__(self) -> str:
         return f"{self.parent!r}.flat_map({self.op.name})"

@@ -30,7 +30,7 @@ from dataloader.dataset.context import default_worker_count, workers
 from dataloader.dataset.transformations.apply import get_next_index, set_next_index
 from dataloader.engine.restore.protocol import ElasticDefaults, StatePart
 from dataloader.engine.stages.base import SupportsClose
-from dataloader.options import MultiprocessingOptions, check_int, most_workers
+from dataloader.options import MultiprocessingOptions, check_bool, check_int, most_workers
 
 _POLL_S = 0.05
 
@@ -353,15 +353,19 @@ class MultiprocessPrefetchIterDataset(IterDataset):
         return f"{self._parent!r}.mp_prefetch({self.options})"
 
 
-def multithread_prefetch(ds: IterDataset, num_threads: int = 1, buffer_size: int = 2) -> IterDataset:
+def multithread_prefetch(
+    ds: IterDataset, num_threads: int = 1, buffer_size: int = 2, sequential_slice: bool = False
+) -> IterDataset:
     """Grain's ``multithread_prefetch``: ``ds`` computed ahead by background threads.
 
     The output and the states are those of ``ds`` whatever ``num_threads`` is (0: ``ds``
     itself, no thread). Grain cuts ``ds`` into ``num_threads`` slices, which changes the
-    output of a filter or a packer with the thread count; here an iterator-level stage
-    is computed whole, ahead, by one thread. Work that parallelises (reading, decoding)
+    output of a filter or a packer with the thread count (and with ``sequential_slice``,
+    accepted for Grain's signature: nothing here depends on how work is split); here an
+    iterator-level stage is computed whole, ahead, by one thread. Work that parallelises (reading, decoding)
     belongs before ``to_iter_dataset()`` and runs in worker processes (``mp_prefetch``).
     """
+    check_bool("sequential_slice", sequential_slice)
     if not check_int("num_threads", num_threads, 0):
         return ds
     return ThreadPrefetchIterDataset(ds, prefetch_buffer_size=check_int("buffer_size", buffer_size, 1))

@@ -39,3 +39,19 @@ def test_renamed_names_take_granarys_spelling():
 
     assert resolve("grain.python", "PyGrainDatasetIterator") is dl.DataLoaderIterator
     assert resolve("grain._src.core.transforms", "RandomMap") is dl.RandomMapTransform
+
+
+def test_names_left_out_on_purpose_say_why_and_what_to_use():
+    from dataloader.compat.modules import DIFFERENCES
+
+    seen = set()
+    for module, entry in MODULES.items():
+        for name in set(entry.names) & set(DIFFERENCES):
+            seen.add(name)
+            why, instead = DIFFERENCES[name]
+            with pytest.raises(AttributeError) as info:
+                resolve(module, name)
+            message = str(info.value)
+            assert message.startswith(f"granary does not provide Grain's {module}.{name}: {why}. Use {instead}")
+            assert message.endswith("(see the Grain page of the docs ('Differences from Grain'))")
+    assert seen == set(DIFFERENCES)  # each is a name of Grain's modules

@@ -88,11 +88,11 @@ def test_map_with_index_gets_the_index_at_its_place_in_the_chain():
     assert [i for i, _ in after] == list(range(5))
 
 
-def test_map_with_index_accepts_a_transform_and_refuses_an_infinite_dataset():
+def test_map_with_index_accepts_a_transform_and_refuses_a_batched_dataset():
     class Tag(dl.MapWithIndexTransform):
         def map_with_index(self, index, element):
             return f"{index}:{element}"
 
     assert list(dl.MapDataset.range(3).map_with_index(Tag())) == ["0:0", "1:1", "2:2"]
-    with pytest.raises(ValueError, match=r"cannot map_with_index an infinite dataset"):
-        dl.MapDataset.range(3).repeat().map_with_index(Tag())
+    with pytest.raises(ValueError, match=r"map_with_index after a batch .* map the elements before the batch"):
+        dl.MapDataset.range(4).batch(2).map_with_index(Tag())

@@ -247,11 +247,9 @@ def test_flat_map_then_index_level_calls_and_iteration_restore_at_every_step():
     assert_restores_everywhere(lambda: iter(ds), limit=20)
 
 
-def test_flat_map_refuses_a_transform_without_max_fan_out_and_an_infinite_dataset():
+def test_flat_map_refuses_a_transform_without_max_fan_out():
     with pytest.raises(ValueError, match=r"needs max_fan_out: random access lays out max_fan_out slots"):
         dl.MapDataset.range(3).flat_map(lambda x: [x])
-    with pytest.raises(ValueError, match=r"cannot flat_map an infinite dataset .* flat_map before repeat"):
-        dl.MapDataset.range(3).repeat().flat_map(dl.FlatMapTransform(_copies, max_fan_out=2))
 
 
 def test_flat_map_producing_more_than_max_fan_out_names_the_counts():

@@ -196,11 +196,16 @@ def test_mixture_sampler_refuses_float_positions_as_index_sampler_does():
             s.record_keys([1.9, 2.2])
 
 
-def test_mixture_with_an_empty_batched_component_is_empty_on_every_shard():
+def test_a_mixture_with_an_empty_batched_component_is_refused_and_an_empty_concatenation_is_empty_on_every_shard():
+    """Grain refuses to mix a dataset of length 0 (it has nothing to draw); a concatenation
+    of batched datasets that dropped their only, short, batch is an empty index-map stream,
+    with no position on any shard."""
     empty = dl.MapDataset.range(3).batch(4, drop_remainder=True)
-    mixed = dl.MapDataset.mix([empty, dl.MapDataset.range(5).batch(1)])
-    assert len(mixed) == 0
-    assert [list(mixed.to_iter_dataset(shard_options=dl.ShardOptions(h, 2))) for h in range(2)] == [[], []]
+    with pytest.raises(ValueError, match=r"MapDataset\.mix: dataset 0 \(.*Batch\(4, drop_remainder=True\)\)\) has length 0"):
+        dl.MapDataset.mix([empty, dl.MapDataset.range(5).batch(1)])
+    both = dl.MapDataset.concatenate([empty, dl.MapDataset.range(2).batch(4, drop_remainder=True)])
+    assert len(both) == 0
+    assert [list(both.to_iter_dataset(shard_options=dl.ShardOptions(h, 2))) for h in range(2)] == [[], []]
 
 
 def test_mixture_repeated_past_2_to_the_63_positions_is_refused():

@@ -87,11 +87,13 @@ class MapDataset(Generic[T]):
 
     @classmethod
     def _chain(
-        cls, node: Any, *, seed: int | None = None, seed_uses: int = 0, filtered: bool = False
+        cls, node: Any, *, seed: int | None = None, seed_uses: int = 0, filtered: bool = False,
+        parents: tuple[MapDataset, ...] = (),
     ) -> MapDataset:
-        """A dataset of the chained API: a node of the tree the engine compiles."""
+        """A dataset of the chained API: a node of the tree the engine compiles, and the
+        datasets it was called on (Grain's ``parents``)."""
         ds = MapDataset.__new__(MapDataset)
-        ds._parents = ()
+        ds._parents = parents
         ds._chain_node = node
         ds._seed, ds._seed_uses, ds._filtered = seed, seed_uses, filtered
         return ds
@@ -126,7 +128,8 @@ class MapDataset(Generic[T]):
 
     def _then(self, node: Any, **changes: Any) -> MapDataset:
         seed_at = changes.pop("seed_at", self._seed_at)
-        fields: dict[str, Any] = {"seed": self._seed, "seed_uses": self._seed_uses, "filtered": self._filtered}
+        fields: dict[str, Any] = {"seed": self._seed, "seed_uses": self._seed_uses, "filtered": self._filtered,
+                                  "parents": (self,)}
         fields.update(changes)
         ds = MapDataset._chain(node, **fields)
         ds._seed_at = seed_at
@@ -265,7 +268,8 @@ class MapDataset(Generic[T]):
 
     def seed(self, seed: int) -> MapDataset:
         """Sets the seed of the ``shuffle`` and ``random_map`` calls that follow."""
-        return self._then(self._node, seed=check_seed(seed, "seed"), seed_uses=0, seed_at=self._node)
+        return self._then(self._node, seed=check_seed(seed, "seed"), seed_uses=0, seed_at=self._node,
+                          parents=self._parents)  # the same dataset, seeded: Grain's parents
 
     def shuffle(self, seed: int | None = None, *, permutation: str | None = None) -> MapDataset:
         """A global shuffle: a new stateless permutation in every epoch.
@@ -325,16 +329,21 @@ class MapDataset(Generic[T]):
             node, depth = node.parent, depth + 1
         return depth
 
-    def repeat(self, num_epochs: int | None = None) -> MapDataset:
+    def repeat(self, num_epochs: int | None = None, *, reseed_each_epoch: bool = True) -> MapDataset:
         """``num_epochs`` passes (``None``: for ever, and ``len`` is ``sys.maxsize``).
+
+        Each pass reshuffles the ``shuffle`` calls below it and draws new randomness for
+        its ``random_map`` calls; with ``reseed_each_epoch=False`` every pass repeats the
+        first exactly, as in Grain.
 
         An empty dataset stays empty (length 0), however often it is repeated.
         """
         length = self._finite("repeat", "it repeats already")
         if num_epochs is not None:
             num_epochs = check_size(num_epochs, "repeat(num_epochs)")
+        check_bool("repeat(reseed_each_epoch)", reseed_each_epoch)
         total = None if num_epochs is None and length else length * (num_epochs or 1)
-        return self._then(nd.RepeatNode(self._node, num_epochs, total))
+        return self._then(nd.RepeatNode(self._node, num_epochs, total, reseed_each_epoch))
 
     def slice(self, sl: slice | Sequence[int]) -> MapDataset:
         """The elements at ``range(len(ds))[sl]`` (also ``ds[start:stop:step]``), or, given
@@ -626,18 +635,23 @@ def _grain_default_seed(seed: int, depth: int) -> int:
 
 
 def _combined_fields(datasets: list[MapDataset]) -> tuple[int | None, int, bool]:
-    """(seed, seed uses, filtered) of a dataset over several: it keeps their seed only
-    when they all share one, and has holes if any of them has."""
+    """(seed, seed uses, filtered) of a dataset over several: their seed when they all
+    share one; else, when any of them has a seed, one derived from the seeds and their
+    places (Grain aggregates every seeded parent's seed: a mixture of which one
+    component is seeded still seeds the random maps after it); and holes if any has."""
     seeds = {d._seed for d in datasets}
-    seed = seeds.pop() if len(seeds) == 1 else None
-    uses = max(d._seed_uses for d in datasets) if seed is not None else 0
-    return seed, uses, any(d._filtered for d in datasets)
+    if len(seeds) == 1:
+        seed = seeds.pop()
+        return seed, max(d._seed_uses for d in datasets) if seed is not None else 0, any(d._filtered for d in datasets)
+    placed = [v for i, d in enumerate(datasets) if d._seed is not None for v in (d._seed, i)]
+    seed = derive_seed(int(np.random.SeedSequence(placed).generate_state(1, np.uint64)[0]), 1) if placed else None
+    return seed, 0, any(d._filtered for d in datasets)
 
 
 def _combine(node: Any, datasets: list[MapDataset]) -> MapDataset:
     """A dataset over several (see :func:`_combined_fields`)."""
     seed, uses, filtered = _combined_fields(datasets)
-    return MapDataset._chain(node, seed=seed, seed_uses=uses, filtered=filtered)
+    return MapDataset._chain(node, seed=seed, seed_uses=uses, filtered=filtered, parents=tuple(datasets))
 
 
 class UserDatasetSource:

@@ -114,6 +114,11 @@ class _Builder:
             low = self.as_leaf(parent) if nd.is_batched(parent) else self.lower(parent)
             low.batch = node.batch
             return low
+        if isinstance(node, nd.RepeatNode) and not node.reseed_each_epoch:
+            # Every pass is the first: the sub-chain below is a source read by its own
+            # positions (its shuffles and random maps never see a later epoch).
+            low = self.as_leaf(node.parent)
+            return _Lowered(im.Repeat(low.index, node.num_epochs), low.parts, low.ops)
         children = nd.children(node)
         lowered = [self.as_leaf(c) if nd.is_batched(c) else self.lower(c) for c in children]
         indices = [c.index for c in lowered]

@@ -56,8 +56,11 @@ class RepeatNode:
     parent: Any
     num_epochs: int | None
     length: int | None
+    reseed_each_epoch: bool = True
 
     def __repr__(self) -> str:
+        if not self.reseed_each_epoch:
+            return f"{self.parent!r}.repeat({self.num_epochs}, reseed_each_epoch=False)"
         return f"{self.parent!r}.repeat({self.num_epochs})"
 
 

@@ -151,6 +151,49 @@ def test_a_fork_server_that_cannot_fork_safely_is_not_used(tmp_path, fresh_serve
     assert it._executor._workers.zygote is None
 
 
+def test_a_plan_module_that_starts_a_thread_is_named_and_left_out_of_the_next_server(tmp_path, fresh_server, caplog):
+    """The server imports the modules of the plan's objects; one that starts a thread on
+    import makes it unable to fork: it says which, this pool starts interpreters, and the
+    next pool gets a server without that module, which forks its workers."""
+    write_module(tmp_path, "starts_a_thread", """
+        import threading, time
+        threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
+
+        def double(x):
+            return {"id": x * 2}
+        """)
+    fresh_server.syspath_prepend(str(tmp_path))
+    threaded_before = set(fork_server.THREADED)  # a process-wide record: put back after
+    try:
+        check_a_threaded_module_is_left_out(threaded_before, caplog)
+    finally:
+        fork_server.THREADED.intersection_update(threaded_before)
+
+
+def check_a_threaded_module_is_left_out(threaded_before, caplog):
+    import starts_a_thread
+
+    def threaded_loader():
+        return dl.DataLoader(dl.RangeDataSource(40), dl.SequentialSampler(40),
+                             [dl.MapTransform(starts_a_thread.double), dl.Batch(8)], worker_count=2)
+
+    assert "starts_a_thread" in fork_server.preload_modules(threaded_loader()._plan_bytes)
+    with caplog.at_level("WARNING", logger="dataloader"):
+        first = [b["id"].tolist() for b in threaded_loader()]
+    assert first == [[2 * x for x in range(i, i + 8)] for i in range(0, 40, 8)]
+    assert fork_server.THREADED - threaded_before == {"starts_a_thread"}
+    assert any("importing starts_a_thread started a thread in the fork server" in r.getMessage()
+               for r in caplog.records)
+    ld = threaded_loader()
+    assert "starts_a_thread" not in fork_server.preload_modules(ld._plan_bytes)
+    it = iter(ld)
+    assert next(it)["id"].tolist() == list(range(0, 16, 2))
+    server = fork_server.server_pid()
+    assert server is not None
+    assert {parent_of(pid) for pid in it._executor.pids} == {server}
+    it.close()
+
+
 def test_forked_workers_do_not_share_numpy_global_random_state(tmp_path):
     """Each worker draws from numpy's global generator as it starts (every worker runs
     its init, whichever units it gets): no two draw the same."""

@@ -56,6 +56,7 @@ stages ahead in a thread. Output and states are the same for every worker count.
 from __future__ import annotations
 
 import abc
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -88,6 +89,12 @@ class IterDataset(Generic[T], abc.ABC):
     Args:
         parents: the datasets this one reads (``IterDataset`` or ``MapDataset``).
     """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("__iter__")
+        if own is not None and not getattr(own, "_pipeline_options", False):
+            cls.__iter__ = _with_pipeline_options(own)  # type: ignore[method-assign]
 
     def __init__(self, parents: Any = ()) -> None:
         if isinstance(parents, (IterDataset, _map_dataset_class())):
@@ -275,6 +282,22 @@ class IterDataset(Generic[T], abc.ABC):
     def __repr__(self) -> str:
         inner = ", ".join(repr(p) for p in self._parents)
         return f"{type(self).__name__}({inner})"
+
+
+def _with_pipeline_options(iter_fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``iter_fn`` (a subclass's ``__iter__``) run with the options of the pipeline's
+    ``WithOptionsIterDataset`` calls when it is the outermost ``iter()``, so they reach
+    the datasets after them as well as before (Grain's rule)."""
+
+    @functools.wraps(iter_fn)
+    def __iter__(self: Any) -> Any:
+        from dataloader.dataset.context import building
+
+        with building(self):
+            return iter_fn(self)
+
+    __iter__._pipeline_options = True  # type: ignore[attr-defined]
+    return __iter__
 
 
 def _map_dataset_class() -> type:

@@ -33,6 +33,8 @@ _WORKERS: contextvars.ContextVar[tuple[MultiprocessingOptions, Any] | None] = (
 _OPTIONS: contextvars.ContextVar[DatasetOptions | None] = contextvars.ContextVar(
     "granary_dataset_options", default=None
 )
+# Whether an iterator is being built under an outer iter() (which set the pipeline's options).
+_BUILDING: contextvars.ContextVar[bool] = contextvars.ContextVar("granary_building", default=False)
 
 
 def inherited_workers() -> tuple[MultiprocessingOptions, Any] | None:
@@ -100,12 +102,50 @@ def dataset_options(options: DatasetOptions) -> Iterator[None]:
         _OPTIONS.reset(token)
 
 
+def pipeline_options(ds: Any) -> DatasetOptions | None:
+    """The options of every ``WithOptionsIterDataset`` in ``ds``'s pipeline, merged: one
+    closer to the output wins over one further in (Grain's "the latest value takes
+    precedence"), wherever they are."""
+    merged: DatasetOptions | None = None
+    seen: set[int] = set()
+    queue = [ds]
+    while queue:  # breadth first from the output: outer options are met first
+        node = queue.pop(0)
+        if id(node) in seen or not isinstance(node, IterDataset):
+            continue
+        seen.add(id(node))
+        if isinstance(node, WithOptionsIterDataset):
+            merged = node.options if merged is None else merged.merge(node.options)
+        queue.extend(node.parents)
+    return merged
+
+
+@contextlib.contextmanager
+def building(ds: Any) -> Iterator[None]:
+    """Around the outermost ``iter(ds)``: the options of the whole pipeline reach every
+    dataset whose iterator is built inside it, before and after its
+    ``WithOptionsIterDataset`` (see :class:`~dataloader.dataset.base.IterDataset`)."""
+    if _BUILDING.get():
+        yield
+        return
+    token = _BUILDING.set(True)
+    try:
+        options = pipeline_options(ds)
+        if options is None:
+            yield
+        else:
+            with dataset_options(options):
+                yield
+    finally:
+        _BUILDING.reset(token)
+
+
 class WithOptionsIterDataset(IterDataset):
     """Grain's ``WithOptionsIterDataset``: ``parent`` run with ``options``.
 
-    The options reach every dataset of the pipeline below (the engine-backed stream's
-    filters and the iterator-level filters); options set closer to the output win, as
-    in Grain.
+    As in Grain, the options apply to the whole pipeline, the datasets before it and the
+    calls chained after it (the engine-backed stream's filters and the iterator-level
+    filters); options set closer to the output win.
 
     Example:
         >>> import dataloader as dl
@@ -115,7 +155,7 @@ class WithOptionsIterDataset(IterDataset):
         >>> list(strict)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        ValueError: the filters ... dropped 90.0% of the last ... records, above filter_raise_threshold_ratio=0.5...
+        ValueError: Transformation FilterTransform(<lambda>) skipped 90.00 % of the last seen 1000 elements, at or above filter_raise_threshold_ratio=0.5...
     """
 
     def __init__(self, parent: IterDataset, options: DatasetOptions) -> None:

@@ -56,3 +56,17 @@ def test_a_mixture_with_one_seeded_component_seeds_the_random_maps_after_it():
     assert one != list(mixture({1}).random_map(add_noise))  # and where it is
     with pytest.raises(ValueError, match=r"random_map\(.*\) needs a seed"):
         mixture(set()).random_map(add_noise)
+
+
+def test_options_apply_to_the_calls_chained_after_them_too():
+    """Grain: a WithOptionsIterDataset's options apply to the whole pipeline, the
+    transformations before it and after it (here a filter after a thread prefetch)."""
+    ds = dl.MapDataset.source([1, 2, 3]).repeat(1000).to_iter_dataset()
+    strict = dl.experimental.DatasetOptions(filter_raise_threshold_ratio=0.1)
+    ds = dl.experimental.WithOptionsIterDataset(ds, strict)
+    ds = dl.experimental.multithread_prefetch(ds, num_threads=1, buffer_size=1).filter(lambda x: x > 2)
+    with pytest.raises(ValueError, match=r"skipped 66\.70 % of the last seen 1000 elements, at or above "
+                                         r"filter_raise_threshold_ratio=0\.1"):
+        list(ds)
+    loose = dl.experimental.WithOptionsIterDataset(ds, dl.experimental.DatasetOptions(filter_raise_threshold_ratio=0.9))
+    assert len(list(loose)) == 1000  # an option set closer to the output wins

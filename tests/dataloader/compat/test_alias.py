@@ -122,7 +122,7 @@ def test_a_name_grain_has_and_granary_lacks_says_so_by_attribute_and_by_import(a
     import grain.python
 
     message = (r"granary does not provide Grain's grain\.python\.SharedMemoryArray: Grain's numpy subclass .*"
-               r"Use nothing: return plain numpy arrays \(see the Grain page of the docs \('Differences from Grain'\)\)")
+               r"Use nothing: return plain numpy arrays \(see docs/grain-differences\.md \(Differences from Grain\)\)")
     with pytest.raises(AttributeError, match=message):
         grain.python.SharedMemoryArray  # noqa: B018 - the lookup is the test
     with pytest.raises(ImportError, match=message):

@@ -53,5 +53,5 @@ def test_names_left_out_on_purpose_say_why_and_what_to_use():
                 resolve(module, name)
             message = str(info.value)
             assert message.startswith(f"granary does not provide Grain's {module}.{name}: {why}. Use {instead}")
-            assert message.endswith("(see the Grain page of the docs ('Differences from Grain'))")
+            assert message.endswith("(see docs/grain-differences.md (Differences from Grain))")
     assert seen == set(DIFFERENCES)  # each is a name of Grain's modules

@@ -476,8 +476,9 @@ class MapDataset(Generic[T]):
     def _batch(self, op: Batch) -> MapDataset:
         if self._filtered:
             raise ValueError(
-                f"{op.name} after a filter is not available on a MapDataset: filtered "
-                f"elements leave holes, so batches would not be of consecutive elements. "
+                f"{op.name} after a filter or a flat map is not available on a MapDataset: "
+                f"filtered elements and a flat map's empty slots leave holes, so batches would "
+                f"not be of consecutive elements. "
                 f"Batch the iterable stream instead: ds.to_iter_dataset().batch(...)"
             )
         n = self._node.length

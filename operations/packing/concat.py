@@ -84,6 +84,12 @@ class ConcatThenSplit:
                 f"ConcatThenSplit packs every feature it keeps; meta_features {unpacked} are "
                 f"not in length_struct {list(self.spec.names)}"
             )
+        if not self.spec.packed:
+            raise ValueError(
+                f"ConcatThenSplit needs a sequence to split, but every feature of length_struct "
+                f"{self.spec.length_struct} is in meta_features {sorted(self.spec.meta)}: leave "
+                f"the token feature(s) out of meta_features"
+            )
         if not isinstance(split_full_length_features, bool):
             raise TypeError(f"split_full_length_features must be True or False, got {split_full_length_features!r}")
         self.split_full_length_features = split_full_length_features
@@ -121,6 +127,19 @@ class ConcatThenSplit:
             "bos": [self.bos_handling.name, list(self.bos_features), self.bos_token_id],
         }
 
+    def check_features(self, element: Any) -> None:
+        """Refuses an element with a feature ``length_struct`` gives no length (Grain's
+        check): the rows would silently leave it out."""
+        if isinstance(element, Mapping):
+            extra = [key for key in element if key not in self.spec.length_struct]
+            if extra:
+                raise ValueError(
+                    f"the element has features {sorted(map(str, extra))} that length_struct "
+                    f"{self.spec.length_struct} gives no row length; ConcatThenSplit packs every "
+                    f"feature of an element, as Grain's does: give each a length (a per-sequence "
+                    f"value as a meta feature), or drop it with a map before packing"
+                )
+
     def new_row(self) -> ConcatRow:
         return ConcatRow(self)
 
@@ -130,6 +149,7 @@ class ConcatThenSplit:
         is longer, as Grain decides."""
         if self.split_full_length_features:
             return False
+        self.check_features(element)
         full = False
         for key, array, cap in zip(self.spec.names, self.spec.arrays(element), self.spec.lengths.tolist()):
             n = len(array) + int(key in self.bos_features and len(array) > 0 and array[0] != self.bos_token_id)
@@ -170,6 +190,8 @@ class ConcatRow:
         given) and completes the row.
         """
         spec = self._spec
+        if offsets is None:
+            self._op.check_features(element)
         arrays = spec.arrays(element)
         # a meta feature is never split: each piece of the element carries it whole
         starts = [0 if offsets is None or meta else int(offsets.get(k, 0))

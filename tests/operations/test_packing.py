@@ -210,6 +210,19 @@ def test_concat_then_split_arguments_are_checked():
         ConcatThenSplit({"t": 4}, bos_handling=BOSHandling.REPLACE_FIRST_TOKEN_WITH_BOS, bos_features=["t"])
     with pytest.raises(ValueError, match=r"meta_features \['x'\] are not in length_struct"):
         ConcatThenSplit({"t": 4}, meta_features=["x"])
+    with pytest.raises(ValueError, match=r"needs a sequence to split, but every feature of length_struct "
+                                         r"\{'t': 4\} is in meta_features \['t'\]"):
+        ConcatThenSplit({"t": 4}, meta_features=["t"])
+
+
+@pytest.mark.parametrize("split_full", [True, False])
+def test_concat_then_split_refuses_an_element_with_a_feature_it_has_no_length_for(split_full):
+    """Grain refuses it; packing it would silently drop the feature from every row."""
+    op = ConcatThenSplit({"t": 4}, split_full_length_features=split_full)
+    assert [r["t"].tolist() for r in concat_pack(op, [np.arange(1, 4)])] == [[1, 2, 3, 0]]
+    with pytest.raises(ValueError, match=r"the element has features \['label'\] that length_struct "
+                                         r"\{'t': 4\} gives no row length; .* drop it with a map"):
+        op.passes_through({"t": np.arange(4), "label": 1}) or op.new_row().add({"t": np.arange(4), "label": 1}, None)
 
 
 def test_an_element_without_a_packed_feature_is_named():

@@ -47,6 +47,12 @@ class SupportsClose(Protocol):
     def close(self) -> None: ...
 
 
+class NextIndexError(ValueError, NotImplementedError):
+    """``get_next_index``/``set_next_index`` on an iterator that cannot know the index
+    without processing the stream. A ``ValueError``, and a ``NotImplementedError`` as
+    Grain raises there, so code written for either catches it."""
+
+
 class DatasetIterator(Iterator[T], abc.ABC):
     """An iterator of an ``IterDataset``: elements, and a state to resume from.
 
@@ -189,13 +195,13 @@ class DatasetIterator(Iterator[T], abc.ABC):
 
     def _get_next_index(self) -> int:
         """The index of the next element, where it is known without processing."""
-        raise ValueError(
+        raise NextIndexError(
             f"{type(self).__name__} cannot tell the index of its next element without "
             f"processing the stream (Grain's get_next_index)"
         )
 
     def _set_next_index(self, index: int) -> None:
-        raise ValueError(
+        raise NextIndexError(
             f"{type(self).__name__} cannot move to element {index} without processing the "
             f"stream before it (Grain's set_next_index); restore a state with set_state"
         )

@@ -114,6 +114,10 @@ def test_next_index_is_refused_where_it_needs_processing():
         ge.get_next_index(it)
     with pytest.raises(ValueError, match=r"cannot move to element 3 without processing"):
         ge.set_next_index(it, 3)
+    with pytest.raises(NotImplementedError, match=r"cannot move to element 3"):  # what Grain raises there
+        ge.set_next_index(it, 3)
+    with pytest.raises(NotImplementedError, match=r"cannot tell the index"):
+        ge.get_next_index(it)
 
 
 def test_start_prefetch_reads_the_first_records_before_the_first_next():

@@ -93,7 +93,7 @@ class IterDataset(Generic[T], abc.ABC):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         own = cls.__dict__.get("__iter__")
-        if own is not None and not getattr(own, "_pipeline_options", False):
+        if own is not None and own not in _WITH_PIPELINE_OPTIONS:
             cls.__iter__ = _with_pipeline_options(own)  # type: ignore[method-assign]
 
     def __init__(self, parents: Any = ()) -> None:
@@ -284,6 +284,11 @@ class IterDataset(Generic[T], abc.ABC):
         return f"{type(self).__name__}({inner})"
 
 
+# The __iter__ wrappers made by _with_pipeline_options (a subclass of a subclass inherits
+# its parent's, already wrapped: never wrapped twice).
+_WITH_PIPELINE_OPTIONS: set[Callable[[Any], Any]] = set()
+
+
 def _with_pipeline_options(iter_fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """``iter_fn`` (a subclass's ``__iter__``) run with the options of the pipeline's
     ``WithOptionsIterDataset`` calls when it is the outermost ``iter()``, so they reach
@@ -296,7 +301,7 @@ def _with_pipeline_options(iter_fn: Callable[[Any], Any]) -> Callable[[Any], Any
         with building(self):
             return iter_fn(self)
 
-    __iter__._pipeline_options = True  # type: ignore[attr-defined]
+    _WITH_PIPELINE_OPTIONS.add(__iter__)
     return __iter__
 
 

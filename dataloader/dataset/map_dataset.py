@@ -643,10 +643,10 @@ def _combined_fields(datasets: list[MapDataset]) -> tuple[int | None, int, bool]
     seeds = {d._seed for d in datasets}
     if len(seeds) == 1:
         seed = seeds.pop()
-        return seed, max(d._seed_uses for d in datasets) if seed is not None else 0, any(d._filtered for d in datasets)
+        return seed, max(d._seed_uses for d in datasets) if seed is not None else 0, any(d.filtered for d in datasets)
     placed = [v for i, d in enumerate(datasets) if d._seed is not None for v in (d._seed, i)]
     seed = derive_seed(int(np.random.SeedSequence(placed).generate_state(1, np.uint64)[0]), 1) if placed else None
-    return seed, 0, any(d._filtered for d in datasets)
+    return seed, 0, any(d.filtered for d in datasets)
 
 
 def _combine(node: Any, datasets: list[MapDataset]) -> MapDataset:

@@ -20,7 +20,7 @@ import pytest
 
 import dataloader as dl
 from dataloader.engine.pool.pickling import PickledPlan, dumps_checked, register_reducer, round_trip
-from dataloader.engine.pool.unpicklable import find_unpicklable
+from dataloader.engine.pool.pickling.unpicklable import find_unpicklable
 
 TEMPLATE = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
 

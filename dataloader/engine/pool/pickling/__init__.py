@@ -41,7 +41,7 @@ from typing import Any
 
 import cloudpickle
 
-from dataloader.engine.pool.unpicklable import find_unpicklable
+from dataloader.engine.pool.pickling.unpicklable import find_unpicklable
 
 __all__ = ["PickledPlan", "PlanPickler", "bare_instance", "dumps_checked", "register_reducer", "round_trip"]
 

@@ -183,18 +183,24 @@ class MixDatasetIterator(DatasetIterator):
         return {"position": self._position, "parents": parents}
 
     def set_state(self, state: Any) -> None:
-        """Continues after ``state``. Given every old host's states (a list: an elastic
-        restore onto another host count), each component restores from its states on all
-        the old hosts, so each record is used at most once (as the components guarantee),
-        and the position goes on from the old hosts' mean."""
-        states = state if isinstance(state, list) else [state]
+        """Continues after ``state`` (every old host's states, a list: see
+        :meth:`restore_every_host`)."""
+        self._restore([state], every_host=False)
+
+    def restore_every_host(self, states: Sequence[Any]) -> None:
+        """An elastic restore onto another host count: each component restores from its
+        states on all the old hosts, so each record is used at most once (as the
+        components guarantee), and the position goes on from the old hosts' mean."""
+        self._restore(list(states), every_host=True)
+
+    def _restore(self, states: list[Any], every_host: bool) -> None:
         if not states:
             raise StateMismatchError("IterDataset.mix was given an empty list of states")
         states = [expect_state(s, ("position", "parents"), "IterDataset.mix") for s in states]
         parents = [per_component(s["parents"], self._keys, self._starts, "states") for s in states]
         for c, parent in enumerate(self._parents):
             own = [p[c] for p in parents]
-            parent.set_state(own if isinstance(state, list) else own[0])
+            parent.set_state(own if every_host else own[0])
         self._position = sum(int(s["position"]) for s in states) // len(states)
         self._piece = None
         self._stopped = False

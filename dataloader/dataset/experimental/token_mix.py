@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -136,9 +136,16 @@ class TokenMixIterator(DatasetIterator):
         return {"position": self._position, "tokens": self._by_name(list(self._tokens)), "parents": parents}
 
     def set_state(self, state: Any) -> None:
-        """Continues after ``state``; given every old host's states (a list), restores
-        each component elastically (see the module docstring)."""
-        states = state if isinstance(state, list) else [state]
+        """Continues after ``state`` (every old host's states, a list: see
+        :meth:`restore_every_host`)."""
+        self._restore([state], every_host=False)
+
+    def restore_every_host(self, states: Sequence[Any]) -> None:
+        """Restores each component elastically from every old host's states (see the
+        module docstring); the token counts go on from the old hosts' mean."""
+        self._restore(list(states), every_host=True)
+
+    def _restore(self, states: list[Any], every_host: bool) -> None:
         if not states:
             raise StateMismatchError("IterDataset.mix(weight_by='tokens') was given an empty list of states")
         states = [expect_state(s, ("position", "tokens", "parents"), "IterDataset.mix(weight_by='tokens')")
@@ -148,7 +155,7 @@ class TokenMixIterator(DatasetIterator):
         tokens = [per_component(s["tokens"], self._keys, zeros, "token counts") for s in states]
         for c, parent in enumerate(self._parents):
             own = [p[c] for p in parents]
-            parent.set_state(own if isinstance(state, list) else own[0])
+            parent.set_state(own if every_host else own[0])
         self._tokens = [sum(int(t[c]) for t in tokens) // len(states) for c in range(len(self._parents))]
         self._total, self._piece = sum(self._tokens), None
         self._position = sum(int(s["position"]) for s in states) // len(states)

@@ -97,6 +97,19 @@ class ElasticHead(Protocol):
     def prepare_hosts(self, hosts: Any) -> Callable[[], None]: ...
 
 
+@runtime_checkable
+class RestoresEveryHost(Protocol):
+    """A stage over several parents (a mixture) that takes every old host's states itself.
+
+    ``restore_every_host(states)``: ``states`` holds one state of this stage per old host;
+    the stage hands each parent that parent's states from every old host (each parent a
+    chain the restore room restores, or another such stage) and continues its own
+    counters from the old hosts'. ``set_state`` with a list comes here (not to the chain
+    walk of :func:`chain_of`, which follows one parent)."""
+
+    def restore_every_host(self, states: Sequence[Any]) -> None: ...
+
+
 def _refuse(stage: Any, count: int, why: str) -> StateMismatchError:
     return StateMismatchError(
         f"an elastic restore (every old host's {count} states) cannot run through "
@@ -131,6 +144,8 @@ def chain_of(top: Any, count: int = 0) -> list[Any]:
 def takes_every_host(top: Any) -> bool:
     """Whether ``top`` restores from every old host's states (what an Orbax restore on
     another process count asks before handing them over)."""
+    if isinstance(top, RestoresEveryHost):
+        return True
     try:
         chain_of(top)
     except StateMismatchError:

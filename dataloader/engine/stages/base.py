@@ -246,8 +246,12 @@ def _every_host_aware(set_state: Callable[[Any, Any], None]) -> Callable[[Any, A
     def wrapped(self: Any, state: Any) -> None:
         if isinstance(state, (list, tuple)):
             from dataloader.engine.restore.every_host import restore_every_host
+            from dataloader.engine.restore.protocol import RestoresEveryHost
 
-            restore_every_host(self, state)
+            if isinstance(self, RestoresEveryHost):  # a mixture hands each parent its states
+                self.restore_every_host(list(state))
+            else:
+                restore_every_host(self, state)
         else:
             set_state(self, state)
 

@@ -87,6 +87,14 @@ def test_building_blocks_import_neither_the_engine_nor_each_other(block):
                 assert module.split(".")[0] not in others, f"{path} imports {module}"
 
 
+def test_the_engine_never_imports_the_dataset_api():
+    """The placement rule of dataloader/engine/stages/__init__.py: a stage the dataset API
+    alone builds lives in dataloader/dataset/, and the engine never reaches up to it."""
+    for path in sorted((ROOT / "dataloader" / "engine").rglob("*.py")):
+        for module, _ in _imports(path):
+            assert not module.startswith("dataloader.dataset"), f"{path} imports {module}"
+
+
 def test_the_engine_never_imports_jax():
     for path in sorted((ROOT / "dataloader" / "engine").rglob("*.py")):
         for module, _ in _imports(path):

@@ -5,7 +5,7 @@ Under ``mp_prefetch`` (or ``GRANARY_WORKER_COUNT``), the ``map``/``random_map``/
 a window shuffle or interleave over such parents, a mix, a user's ``IterDataset``, a
 gzip TFRecord stream) run in worker processes: this process iterates the stage, cuts
 its elements into units of :data:`UNIT_SIZE` consecutive elements and ships each unit
-to a worker (:mod:`dataloader.engine.shipped`); results come back in unit order.
+to a worker (:mod:`dataloader.engine.stages.shipped`); results come back in unit order.
 
 The unit size does not depend on the worker count, and element ``i`` of the stage
 keys the random generators as it does element by element
@@ -28,7 +28,8 @@ worker is computed again from the elements kept for it.
 
 from __future__ import annotations
 
-from dataloader.engine.shipped import UNIT_SIZE, ShippedElementwiseIterator
+from dataloader.engine.stages.feeder import UNIT_SIZE
+from dataloader.engine.stages.shipped import ShippedElementwiseIterator
 from dataloader.operations import Operation
 
 # The iterator lives in the engine, where a DataLoader's stages can use it too.

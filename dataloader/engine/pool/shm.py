@@ -186,7 +186,7 @@ def payload_size(header: bytes, buffers: list[memoryview]) -> int:
     return size
 
 
-def write_payload(target: mmap.mmap, header: bytes, buffers: list[memoryview]) -> list[tuple[int, int]]:
+def write_payload(target: mmap.mmap | memoryview, header: bytes, buffers: list[memoryview]) -> list[tuple[int, int]]:
     """Writes header and buffers into ``target``; returns the layout ``[(offset, length)]``."""
     layout = [(0, len(header))]
     target[0 : len(header)] = header

@@ -5,7 +5,7 @@ maps) by position, in worker processes; the packer and everything after it (maps
 rows, a ``Batch`` of rows, ...) depend on the order of the stream, so they run as stages
 (:mod:`.packing`, :mod:`.elementwise`) over the engine's ordered output. The packers and
 batches run in this process; with workers, the element-wise operations between them run
-on a worker pool of their own (:class:`~dataloader.engine.shipped.ShippedElementwiseIterator`:
+on a worker pool of their own (:class:`~dataloader.engine.stages.shipped.ShippedElementwiseIterator`:
 this process ships the packed rows, 64 at a time, the workers run the maps), with the
 output and the states of the element-by-element stage, so states move between worker
 counts. The loader's iterator is then :class:`TailIterator`, whose state nests the
@@ -133,7 +133,7 @@ class TailIterator(DatasetIterator, ElasticDefaults):
         needs the stream's order, ``map_with_index``, stays here), else here."""
         if not self._workers or any(op.needs_index for op in ops):
             return ElementwiseIterator(top, ops, self._seed)
-        from dataloader.engine.shipped import ShippedElementwiseIterator
+        from dataloader.engine.stages.shipped import ShippedElementwiseIterator
 
         options = MultiprocessingOptions(num_workers=self._workers)
         return ShippedElementwiseIterator(top, ops, options, self._init_fn, default_seed=self._seed)

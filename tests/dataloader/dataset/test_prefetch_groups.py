@@ -11,7 +11,7 @@ import pytest
 import dataloader as dl
 from dataloader.dataset.base import DatasetIterator
 from dataloader.dataset.transformations.prefetch import _Producer
-from dataloader.engine.shipped import ShippedElementwiseIterator
+from dataloader.engine.stages.shipped import ShippedElementwiseIterator
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.timeout(120)

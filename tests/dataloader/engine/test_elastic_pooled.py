@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import dataloader as dl
-from dataloader.engine.shipped import ShippedElementwiseIterator
+from dataloader.engine.stages.shipped import ShippedElementwiseIterator
 from dataloader.errors import StateMismatchError
 from tests.dataloader.engine.elastic_cases import (
     CHANGES,

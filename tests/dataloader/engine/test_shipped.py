@@ -9,14 +9,10 @@ import pickle
 import numpy as np
 import pytest
 
-from dataloader.engine.shipped import (
-    ShippedElementwiseIterator,
-    ShippedInputs,
-    read_elements,
-    write_elements,
-)
+from dataloader.engine.shipped_inputs import ShippedInputs, read_elements, write_elements
 from dataloader.engine.stages.base import DatasetIterator
 from dataloader.engine.stages.elementwise import ElementwiseIterator
+from dataloader.engine.stages.shipped import ShippedElementwiseIterator
 from dataloader.operations import FlatMapTransform, MapTransform, RandomMapTransform
 from dataloader.options import MultiprocessingOptions
 

@@ -12,9 +12,9 @@ import json
 
 import pytest
 
-from dataloader.engine.shipped import ShippedElementwiseIterator
 from dataloader.engine.stages.base import DatasetIterator
 from dataloader.engine.stages.elementwise import ElementwiseIterator
+from dataloader.engine.stages.shipped import ShippedElementwiseIterator
 from dataloader.errors import PipelineError
 from dataloader.operations import FilterTransform, FlatMapTransform, MapTransform
 from dataloader.options import MultiprocessingOptions

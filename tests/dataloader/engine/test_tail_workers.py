@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import dataloader as dl
-from dataloader.engine.shipped import ShippedElementwiseIterator
 from dataloader.engine.stages.elementwise import ElementwiseIterator
+from dataloader.engine.stages.shipped import ShippedElementwiseIterator
 from tests.dataloader.dataset.test_pooled import run as outputs_and_states
 from tests.helpers import assert_streams_equal, take
 from tests.integration.conftest import no_leaks  # noqa: F401  (autouse: no child or block left)

@@ -96,7 +96,7 @@ def test_shard_states_restore_on_other_shard_counts_with_every_record_once(name)
 
 
 def test_a_map_after_a_packer_on_worker_processes_restores_with_every_record_once():
-    from dataloader.engine.shipped import ShippedElementwiseIterator
+    from dataloader.engine.stages.shipped import ShippedElementwiseIterator
 
     it = ElasticIterator(CASES["map, filter over first-fit"][0](), 6, dl.ShardOptions(0, 2),
                          multiprocessing_options=dl.MultiprocessingOptions(num_workers=2))

@@ -13,7 +13,7 @@ import pytest
 
 from dataloader.engine.pool import shm
 from dataloader.engine.pool.watch.progress import Board
-from dataloader.engine.shipped import ShippedInputs, write_elements
+from dataloader.engine.shipped_inputs import ShippedInputs, write_elements
 from tests.helpers import memfds
 
 

@@ -209,7 +209,7 @@ def test_close_from_another_thread_returns_while_next_runs_user_code_in_this_pro
     # next() first looks: the warm unit is the consumer's own, whatever the machine's speed
     # (a worker ready first would take unit 0, and record 1 would hang in that worker).
     it = iter(make(wp.hang_on(1, marker_dir=str(markers), release=release), warm_start=True,
-                   worker_init_fn=wp.init_waiting_for(release)))
+                   worker_init_fn=wp.gated_init(str(tmp_path / "in-init"), release)))
     thread, seen = consume_in_thread(it)
     # The consumer thread is inside the warm unit: record 1 hangs in this process.
     assert wait_until(lambda: any(m.name.startswith(f"{os.getpid()}-") for m in markers.iterdir()))

@@ -101,18 +101,6 @@ def hang_on(record, marker_dir=None, release=None):
     return fn
 
 
-def init_waiting_for(path):
-    """A ``worker_init_fn`` that holds each worker in its start-up until ``path`` exists
-    (at most 600 s): no worker is ready before the test says so."""
-
-    def init(worker_index, worker_count):
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and not os.path.exists(path):
-            time.sleep(0.02)
-
-    return init
-
-
 def sleep_on(record, seconds):
     def fn(x):
         if x == record:

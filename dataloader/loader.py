@@ -9,7 +9,8 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from dataloader.engine.executor import Described, ExecutorKind, ExecutorMaker, InProcessExecutor
+from dataloader.engine.executor import Described, ExecutorKind, ExecutorMaker
+from dataloader.engine.in_process import InProcessExecutor
 from dataloader.engine.plan import BATCH, Plan, make_plan
 from dataloader.engine.pool import zygote as fork_server
 from dataloader.engine.pool.executor import PoolExecutor

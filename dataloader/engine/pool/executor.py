@@ -33,7 +33,7 @@ from typing import Any
 
 from dataloader.engine.compute import UnitResult, compute_unit
 from dataloader.engine.plan import Plan
-from dataloader.engine.pool.autoscale.changes import Changes
+from dataloader.engine.pool.autoscale.changes import Changes, Decider
 from dataloader.engine.pool.autoscale.kind import worker_sets
 from dataloader.engine.pool.autoscale.measure import Scaling
 from dataloader.engine.pool.autoscale.oom import OomWatch
@@ -70,7 +70,10 @@ class PoolExecutor(Changes):
         unit_timeout_s: make a unit computed for this long an error and replace its
             worker (None: never).
         make_workers: ``f(slots)`` -> the :class:`Workers` (tests pass a fake that
-            starts nothing); None: the kind's (:func:`~.autoscale.kind.worker_sets`).
+            starts nothing; a ``RayExecutor`` its actors); None: the kind's
+            (:func:`~.autoscale.kind.worker_sets`).
+        scaling: what decides the worker count as the pool runs, for a fixed
+            ``worker_count`` (a ``RayExecutor`` follows its ``scale(n)``); None: fixed.
     """
 
     def __init__(
@@ -87,10 +90,11 @@ class PoolExecutor(Changes):
         stall_warning_s: float | None = None,
         unit_timeout_s: float | None = None,
         make_workers: Callable[[int], Workers] | None = None,
+        scaling: Decider | None = None,
     ) -> None:
         self._plan = plan
         self._warm_start = warm_start and unit_timeout_s is None
-        self._scaling: Scaling | None = None
+        self._scaling: Decider | None = scaling
         if isinstance(worker_count, AutoWorkers):
             self._scaling = Scaling(worker_count, buffer_size)
             # Slots (progress board, worker indices) for the most workers there may be.
@@ -270,13 +274,16 @@ class PoolExecutor(Changes):
             self._finalizer()  # lock held: not close()
             raise
         errors: list[tuple[int, WorkerError]]
-        if stuck is not None:
+        if stuck is not None and not self._workers.retries_stuck:
             tokens, unit = self._window.worker_timed_out(w.key)
             errors = [(unit, stuck.error)] if unit is not None and stuck.error is not None else []
-        else:
+        else:  # died, or timed out where another worker may well succeed (a Ray actor)
             tokens, poisoned = self._window.worker_died(w.key, MAX_CRASHES)
-            oom = self._oom.report(w.index, w.pid, code, len(self._workers.live()), self._workers.worker_bytes())
-            errors = [(u, crash_error(self._plan, self._window.range(u), code, MAX_CRASHES, oom)) for u in poisoned]
+            if stuck is not None:
+                errors = [(u, stuck.error) for u in poisoned if stuck.error is not None]
+            else:
+                oom = self._oom.report(w.index, w.pid, code, len(self._workers.live()), self._workers.worker_bytes())
+                errors = [(u, crash_error(self._plan, self._window.range(u), code, MAX_CRASHES, oom)) for u in poisoned]
         for token in tokens:
             self._workers.give_back(token)
         for unit, error in errors:

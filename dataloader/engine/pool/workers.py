@@ -6,7 +6,8 @@ reaches a worker or how its result comes back. That is the worker set's: child
 processes (:class:`~dataloader.engine.pool.process_set.ProcessSet`: a pickled task, the
 result in shared memory), threads of this process
 (:class:`~dataloader.engine.pool.thread_set.ThreadSet`: the task and the result handed
-over as objects), or a fake in the loop's tests. The output never depends on which.
+over as objects), Ray actors (:class:`~dataloader.engine.remote.ray_actors.RayActors`:
+an ``ObjectRef`` per unit), or a fake in the loop's tests. The output never depends on which.
 
 Obligations of an implementation:
 
@@ -69,9 +70,12 @@ class Footprint(Protocol):
 class Workers(Footprint, Protocol):
     """What the scheduling loop asks of its workers (see the module docstring)."""
 
-    kind: str  # "processes" or "threads", as stats() and messages say it
+    kind: str  # "processes", "threads" or "ray_actors", as stats() and messages say it
     stop_words: str  # what happens to a worker stopped for a stuck unit (the error)
     stop_verb: str  # the same, as the log says it ("killing it")
+    # a unit past unit_timeout_s is computed again by another worker (up to MAX_CRASHES
+    # times: Ray actors, which may run elsewhere), else it is the unit's error at once
+    retries_stuck: bool
     workers: list[Any]  # every worker that takes units or is retiring
     deferred: list[int]  # slots still to start
     board: Any  # .read(index) -> progress.Position; None: no stall checks
@@ -111,6 +115,8 @@ class Slots:
     Args:
         slots: the most workers there may be (their indices).
     """
+
+    retries_stuck = False  # workers of one machine: a unit that hung once would hang again
 
     def __init__(self, slots: int) -> None:
         self.slots = slots

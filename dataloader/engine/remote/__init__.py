@@ -1,8 +1,8 @@
 """Executors whose workers are not children of the training process (Ray actors).
 
-One rule for this room: an executor here computes the plan's units with
-:func:`~dataloader.engine.compute.compute_unit` somewhere else and hands them back in
-unit order through the :class:`~dataloader.engine.executor.Executor` protocol, reusing
-the pool's pure bookkeeping (:class:`~dataloader.engine.pool.window.Window`) and its
-error payloads. Its client library is imported only by its own module.
+One rule for this room: its workers are one more implementation of the pool's worker-set
+protocol (:class:`~dataloader.engine.pool.workers.Workers`), scheduled by the pool's one
+loop (:class:`~dataloader.engine.pool.executor.PoolExecutor`): what differs is how a unit
+reaches a worker and comes back, never how units are ordered, balanced, retried or
+timed. Its client library is imported only by its own modules.
 """

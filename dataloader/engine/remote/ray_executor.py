@@ -2,16 +2,18 @@
 
 :class:`RayExecutor` is what a user passes (``DataLoader(..., executor=RayExecutor(...))``):
 it connects to the cluster when it is made (so a cluster that cannot be reached fails
-there) and makes one :class:`RayUnits` per stream. A ``RayUnits`` starts
-``num_workers`` actors; each unpickles the plan once (the very bytes the local pool
+there) and makes one stream per iterator: the pool's scheduling loop
+(:class:`~dataloader.engine.pool.executor.PoolExecutor`) over a worker set of Ray actors
+(:class:`~dataloader.engine.remote.ray_actors.RayActors`). It starts ``num_workers``
+actors; each unpickles the plan once (the very bytes the local pool
 sends its processes, put in the object store once) and computes units with
 :func:`~dataloader.engine.compute.compute_unit`, so sources open lazily on the remote
 node and every unit is what the training process would have computed. Results come
 back through Ray's object store: numpy buffers travel out of band and arrive as
 read-only views of the store, without a copy (as Ray Data hands its batches out).
 
-Scheduling (:mod:`~dataloader.engine.remote.ray_units`) is the local pool's
-:class:`~dataloader.engine.pool.window.Window`: at most
+Scheduling is the local pool's, written once
+(:class:`~dataloader.engine.pool.window.Window` and its loop): at most
 ``units_per_worker`` units in flight per actor, new units to the least loaded ready
 actor (dynamic balancing), results kept until the consumer reaches them and handed out
 in unit order, never more than ``num_workers * units_per_worker`` units ahead of it.
@@ -31,7 +33,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from dataloader.engine.plan import Plan
-from dataloader.engine.remote.ray_units import RayUnits, UnitActor, kill_actors
+from dataloader.engine.pool.executor import PoolExecutor
+from dataloader.engine.pool.pickling import dumps_checked
+from dataloader.engine.remote.ray_actors import Follow, RayActors
+from dataloader.engine.remote.unit_actor import UnitActor, kill_actors
 from dataloader.options import DEFAULT_STALL_WARNING_S, check_seconds
 
 # A host:port that does not accept a TCP connection within this is reported unreachable
@@ -161,19 +166,19 @@ class RayExecutor:
         self.stall_warning_s = check_seconds("stall_warning_s", stall_warning_s)
         self.unit_timeout_s = check_seconds("unit_timeout_s", unit_timeout_s)
         self.address = address
-        self._runs: weakref.WeakSet[RayUnits] = weakref.WeakSet()
-        self._ray = _import_ray()
+        self._runs: weakref.WeakSet[RayActors] = weakref.WeakSet()
+        self.ray = _import_ray()
         self._connect(dict(init_kwargs or {}))
         # compute() one unit at a time (the default group); drop() runs beside it.
-        self._actor_class = self._ray.remote(concurrency_groups={"control": 1})(UnitActor)
+        self.actor_class = self.ray.remote(concurrency_groups={"control": 1})(UnitActor)
         # Actors of finished streams, kept for the next stream of the same plan (its
         # first batch then costs no actor start-up): (plan digest, handle). A stream of
-        # another plan that has to start an actor ends them (see _unpark).
+        # another plan that has to start an actor ends them (see unpark).
         self._parked: list[tuple[bytes, Any]] = []
-        self._finalizer = weakref.finalize(self, _kill_parked, self._ray, self._parked)
+        self._finalizer = weakref.finalize(self, _kill_parked, self.ray, self._parked)
 
     def _connect(self, init_kwargs: dict[str, Any]) -> None:
-        ray, address = self._ray, self.address
+        ray, address = self.ray, self.address
         if address not in (None, "auto"):
             _check_reachable(address)  # also when Ray runs here: the user named a cluster
         if ray.is_initialized():
@@ -206,7 +211,7 @@ class RayExecutor:
         """Kills the actors kept between streams (also done when the executor is
         garbage collected or Ray shuts down); running streams keep theirs."""
         self._finalizer()
-        self._finalizer = weakref.finalize(self, _kill_parked, self._ray, self._parked)
+        self._finalizer = weakref.finalize(self, _kill_parked, self.ray, self._parked)
 
     def __enter__(self) -> RayExecutor:
         return self
@@ -214,10 +219,11 @@ class RayExecutor:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _park(self, digest: bytes, handle: Any) -> None:
+    def park(self, digest: bytes, handle: Any) -> None:
+        """Keeps a closed stream's actor for the next stream of its plan (``digest``)."""
         self._parked.append((digest, handle))
 
-    def _unpark(self, digest: bytes) -> Any:
+    def unpark(self, digest: bytes) -> Any:
         """A parked actor for ``digest`` (plan digest + locality byte), or None: then the
         caller starts one, and the parked actors of other plans are killed first, since
         they may hold the CPUs it needs (a fingerprint check's actors, of a plan of its
@@ -230,7 +236,7 @@ class RayExecutor:
         others = [handle for d, handle in self._parked if d[:-1] != digest[:-1]]
         if others:
             self._parked[:] = [(d, h) for d, h in self._parked if d[:-1] == digest[:-1]]
-            kill_actors(self._ray, others)
+            kill_actors(self.ray, others)
         return None
 
     def describe(self) -> dict[str, Any]:
@@ -249,16 +255,25 @@ class RayExecutor:
     def actors(self) -> list[Any]:
         """The live actor handles of every running stream (to watch them, or to kill one
         in a fault drill: ``ray.kill(handle)`` loses no unit)."""
-        return [a.handle for run in list(self._runs) for a in run.actors.values()]
+        return [handle for run in list(self._runs) for handle in run.handles()]
 
     def make_executor(
         self, plan: Plan, plan_bytes: bytes, position: int, init_fn: Any = None
-    ) -> RayUnits:
+    ) -> PoolExecutor:
         """A stream of the plan's units from ``position`` (what the loader calls);
         ``init_fn(actor_index, actor_count)`` runs once in each actor."""
-        run = RayUnits(self, plan, plan_bytes, position, init_fn)
-        self._runs.add(run)
-        return run
+        init = dumps_checked(init_fn, "worker_init_fn")
+
+        def actors(slots: int) -> RayActors:
+            run = RayActors(slots, self, plan_bytes, init)
+            self._runs.add(run)
+            return run
+
+        return PoolExecutor(
+            plan, plan_bytes, position, worker_count=self.num_workers + self.local_workers,
+            buffer_size=self.units_per_worker, stall_warning_s=self.stall_warning_s,
+            unit_timeout_s=self.unit_timeout_s, make_workers=actors, scaling=Follow(self),
+        )
 
     def __repr__(self) -> str:
         return (

@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from dataloader.engine.executor import InProcessExecutor
+from dataloader.engine.in_process import InProcessExecutor
 from dataloader.engine.restore.protocol import ElasticDefaults, StatePart
 from dataloader.engine.shipped_inputs import ShippedInputs
 from dataloader.engine.stages.base import DatasetIterator, expect_state

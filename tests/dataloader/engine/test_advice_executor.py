@@ -6,7 +6,7 @@ checked in tests/integration/test_ray_executor.py)."""
 from __future__ import annotations
 
 import dataloader as dl
-from dataloader.engine.executor import InProcessExecutor
+from dataloader.engine.in_process import InProcessExecutor
 from dataloader.engine.stats.pipeline import describe_pipeline
 
 RAY = {"kind": "ray", "actors": 3, "remote_actors": 2, "local_actors": 1, "units_per_worker": 2,

@@ -1,6 +1,6 @@
 """``ReadOptions`` in Grain's units: threads read up to ``prefetch_buffer_size`` records (and
 about ``prefetch_buffer_bytes``) ahead, and every operation runs in the consumer's thread
-(:class:`dataloader.engine.executor.ReadAhead`). None of it changes a batch or a state."""
+(:class:`dataloader.engine.in_process.ReadAhead`). None of it changes a batch or a state."""
 
 from __future__ import annotations
 

@@ -12,13 +12,28 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol
 
-from dataloader.engine.pool.autoscale.measure import Scaling
 from dataloader.engine.pool.guard import Guarded
+from dataloader.engine.pool.window import Window
+from dataloader.engine.pool.workers import Workers
 from dataloader.errors import WorkerError
 
 logger = logging.getLogger("dataloader")
+
+
+class Decider(Protocol):
+    """What decides a pool's worker count as it runs: ``worker_count="auto"``'s
+    :class:`~.measure.Scaling`, or a ``RayExecutor`` following its ``scale(n)``."""
+
+    def decide(self, now: float, workers: Workers, window: Window) -> int:
+        """The workers to add (> 0) or retire (< 0) now."""
+
+    def waited(self, seconds: float) -> None:
+        """The consumer waited this long for a unit."""
+
+    def refused(self, started: int) -> None:
+        """A limit refused the workers added: ``started`` is as high as it can go."""
 
 
 class Changes(Guarded):
@@ -32,7 +47,7 @@ class Changes(Guarded):
     def _joined(self, started: Iterable[Any]) -> None:
         raise NotImplementedError
 
-    def _autoscale(self, scaling: Scaling, now: float) -> None:
+    def _autoscale(self, scaling: Decider, now: float) -> None:
         """Adds or retires workers as the autoscaler decides (the highest indices retire,
         each once it has answered what it holds)."""
         workers, window = self._workers, self._window
@@ -48,7 +63,7 @@ class Changes(Guarded):
                 started = len(workers.live())
                 if not started:
                     raise
-                scaling.scaler.high = max(scaling.scaler.low, started)
+                scaling.refused(started)
                 logger.warning("granary: worker_count auto stays at %d workers: %s", started, exc)
                 change = started - live
         elif change < 0:

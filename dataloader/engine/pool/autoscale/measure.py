@@ -72,6 +72,10 @@ class Scaling:
 
         return self.scaler.decide(now, len(live), starting, fits)
 
+    def refused(self, started: int) -> None:
+        """A limit (pids, memory) refused a worker: wish no higher than ``started``."""
+        self.scaler.high = max(self.scaler.low, started)
+
     def _oom_killed(self) -> bool:
         kills, _ = oom_kills()
         rose = kills is not None and self._kills is not None and kills > self._kills

@@ -30,6 +30,7 @@ _FIELDS = 4
 GENERATION, UNIT, STAGE, STARTED = range(_FIELDS)
 SENDING = -1  # the stage of a worker pickling and sending its result
 IDLE = -2  # the result is sent; the worker waits for its next task
+ELSEWHERE = -3  # a worker that does not report its stage (a Ray actor on another node)
 _WORD = 8
 
 

@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 
 from dataloader.engine.compute import stage_names, unit_record_keys
 from dataloader.engine.plan import Plan
-from dataloader.engine.pool.watch.progress import IDLE, SENDING
+from dataloader.engine.pool.watch.progress import ELSEWHERE, IDLE, SENDING
 from dataloader.engine.pool.window import Window
 from dataloader.engine.pool.workers import Workers
 from dataloader.errors import WorkerCrashError, WorkerTimeoutError
@@ -63,6 +63,8 @@ class StallWatch:
     def _operation(self, stage: int) -> str:
         if stage == SENDING:
             return "sending the result"
+        if stage == ELSEWHERE:
+            return "an operation it does not report"
         return self._names[stage] if 0 <= stage < len(self._names) else f"stage {stage}"
 
     def _unit_text(self, window: Window, generation: int, unit: int) -> tuple[str, list[int], int]:

@@ -20,8 +20,9 @@ from dataloader.engine.compute import compute_unit
 from dataloader.engine.plan import make_plan
 from dataloader.engine.pool.executor import PoolExecutor
 from dataloader.engine.pool.messages import Done, Failed, Ready, Task, error_payload, remote_error
+from dataloader.engine.pool.watch.progress import IDLE, Position
 from dataloader.engine.pool.workers import MAX_CRASHES
-from dataloader.errors import WorkerCrashError, WorkerError
+from dataloader.errors import WorkerCrashError, WorkerError, WorkerTimeoutError
 from dataloader.options import AutoWorkers
 
 RECORDS, UNIT = 24, 4  # six units of four records
@@ -39,6 +40,7 @@ class FakeWorker:
         self.tasks: list[Any] = []  # sent, not answered yet
         self.units: list[int] = []  # every unit it was sent
         self.dead = False
+        self.where = f"fake {key}"
 
     def send(self, task: Any, fds: tuple[int, ...] = ()) -> None:
         if self.dead:
@@ -54,6 +56,7 @@ class FakeWorkers:
 
     made: list[FakeWorkers] = []
     kind, stop_words, stop_verb, handover = "fake", "the fake worker was dropped", "dropping it", None
+    retries_stuck = False
 
     def __init__(self, slots: int) -> None:
         self.slots, self.plan = slots, None
@@ -244,6 +247,69 @@ def test_a_unit_that_kills_its_worker_every_time_becomes_an_error_at_its_place(p
     with pytest.raises(WorkerCrashError, match=r"positions \[4, 8\) killed its worker 3 times"):
         next(executor)
     assert len(fake.buried) == MAX_CRASHES and fake.closed  # the error ended the stream
+
+
+class Hanging(FakeWorkers):
+    """Fake workers on a set that computes a stuck unit again elsewhere (as Ray actors'
+    does); its board says each worker started its oldest unit at the clock's origin, so
+    a unit held unanswered at a look is past any ``unit_timeout_s``."""
+
+    retries_stuck = True
+
+    def __init__(self, slots: int) -> None:
+        super().__init__(slots)
+        self.board = self
+
+    def read(self, index: int) -> Position:
+        w = next((w for w in self.workers if w.index == index and w.tasks), None)
+        return Position(-1, 0, IDLE, 0) if w is None else Position(w.tasks[0].generation, w.tasks[0].unit, 0, 0)
+
+    def kill(self, w: FakeWorker) -> None:
+        w.dead = True  # the loop buries it at once: no death to hear later
+
+
+def hanging_pool(pool):
+    executor, fake = pool(workers=1, buffer=1)
+    executor.close()
+    plan = fake.plan
+    # A timeout of 1 ns: the loop looks at every call (its looks are a quarter of it apart).
+    executor = PoolExecutor(plan, b"", 0, worker_count=1, buffer_size=1, unit_timeout_s=1e-9, make_workers=Hanging)
+    fake = FakeWorkers.made.pop()
+    fake.plan = plan
+    return executor, fake
+
+
+def test_a_stuck_unit_on_a_set_that_retries_goes_to_another_worker_and_the_stream_is_unchanged(pool):
+    executor, fake = hanging_pool(pool)
+    try:
+        fake.answering = []  # nobody answers: unit 0 is held past unit_timeout_s
+        with pytest.raises(Silence):
+            next(executor)
+        first = fake.workers[0]
+        with pytest.raises(Silence):
+            next(executor)  # the look kills it; a successor starts
+        assert fake.buried == [first] and first.units == [0]
+        fake.answering = None
+        assert records(executor) == list(range(RECORDS))
+        assert fake.workers[0].units[0] == 0  # computed again by the successor
+    finally:
+        executor.close()
+
+
+def test_a_unit_stuck_on_max_crashes_workers_in_turn_is_the_timeout_error_at_its_place(pool):
+    executor, fake = hanging_pool(pool)
+    try:
+        fake.answering = []
+        with pytest.raises(Silence):
+            next(executor)
+        for _ in range(MAX_CRASHES - 1):
+            with pytest.raises(Silence):
+                next(executor)  # killed, and the unit goes to the successor
+        with pytest.raises(WorkerTimeoutError, match=r"computing unit 0 .* past unit_timeout_s=1e-09"):
+            next(executor)
+        assert len(fake.buried) == MAX_CRASHES
+    finally:
+        executor.close()
 
 
 def test_a_unit_that_raised_in_its_worker_is_the_error_at_its_place(pool):

@@ -120,6 +120,26 @@ def test_next_index_is_refused_where_it_needs_processing():
         ge.get_next_index(it)
 
 
+def test_next_index_after_an_iterator_level_map_with_index_is_the_parents():
+    """``map_with_index`` on a stream is a stage of its own; one output per element, so
+    its next index is its parent's, and moving it moves the index the call gets."""
+    it = iter(dl.MapDataset.range(12).to_iter_dataset().map_with_index(lambda i, x: (i, x * 10)))
+    for i in range(12):
+        assert ge.get_next_index(it) == i
+        assert next(it) == (i, i * 10)
+    for i in (7, 2, 11, 0):
+        ge.set_next_index(it, i)
+        assert ge.get_next_index(it) == i
+        assert next(it) == (i, i * 10)
+    # After a filter the index counts survivors, which the stream cannot tell unread.
+    filtered = iter(dl.MapDataset.range(12).to_iter_dataset().filter(lambda x: x % 2)
+                    .map_with_index(lambda i, x: (i, x)))
+    with pytest.raises(NotImplementedError, match=r"cannot tell the index"):
+        ge.get_next_index(filtered)
+    with pytest.raises(NotImplementedError, match=r"cannot move to element 3"):
+        ge.set_next_index(filtered, 3)
+
+
 def test_start_prefetch_reads_the_first_records_before_the_first_next():
     read = []
 

@@ -127,6 +127,10 @@ class BatchIterDataset(IterDataset):
         super().__init__(parent)
         self.batch_op = batch
 
+    @property
+    def batched_by(self) -> Batch:
+        return self.batch_op
+
     def __iter__(self) -> BatchIterator:
         return BatchIterator(iter(self._parent), self.batch_op)
 

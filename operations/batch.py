@@ -149,6 +149,15 @@ class Batch:
         batch: the drop-remainder rule, written once."""
         return count > 0 and (count == self.batch_size or not self.drop_remainder)
 
+    @property
+    def last_may_be_short(self) -> bool:
+        """Whether the stream's last batch may have fewer than ``batch_size`` rows (the
+        remainder kept, stacked by the default ``batch_fn``): an element spec then gives
+        ``None`` for the leading dimension, as Grain's does. False with
+        ``drop_remainder``; False with a ``batch_fn`` of your own, whose output shape the
+        spec reads off the first batch."""
+        return not self.drop_remainder and self._batch_fn is None
+
     def batches_in(self, count: int) -> int:
         """How many batches ``count`` elements make."""
         full, rest = divmod(count, self.batch_size)

@@ -164,6 +164,11 @@ class BatchAndPad(Batch):
         self.pad_value = pad_value
         self.mask_key = mask_key
 
+    @property
+    def last_may_be_short(self) -> bool:
+        """Never: the last batch is padded to ``batch_size`` rows."""
+        return False
+
     def batch_fn(self, elements: list[Any]) -> Any:
         return batch_and_pad_with_mask(
             elements, self.batch_size, pad_value=self.pad_value, mask_key=self.mask_key

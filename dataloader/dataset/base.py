@@ -110,6 +110,13 @@ class IterDataset(Generic[T], abc.ABC):
         return self._parents
 
     @property
+    def batched_by(self) -> Batch | None:
+        """The :class:`~dataloader.operations.Batch` whose batches are this dataset's
+        elements, when a batch is its last step (None otherwise, or not known): what
+        ``get_element_spec`` asks to give a kept remainder's leading dimension as None."""
+        return None
+
+    @property
     def _parent(self) -> Any:
         if len(self._parents) != 1:
             raise ValueError(f"{type(self).__name__} has {len(self._parents)} parents, not one")

@@ -159,6 +159,15 @@ class LoaderIterDataset(IterDataset):
         """Batches, padding the last short batch to full size with a mask of real rows."""
         return self._then(BatchAndPad(batch_size, pad_value=pad_value, mask_key=mask_key))
 
+    @property
+    def batched_by(self) -> Batch | None:
+        """The :class:`~dataloader.operations.Batch` of the last step, if it is one (the
+        parent's, with no operations of its own)."""
+        if not self._operations:
+            return self._parent.batched_by
+        last = self._operations[-1]
+        return last if isinstance(last, Batch) else None
+
     def _is_batched(self) -> bool:
         return is_batched(self._parent._node) or any(o.runs == GROUP for o in self._operations)
 

@@ -109,6 +109,13 @@ class MapDataset(Generic[T]):
         return self._parents
 
     @property
+    def batched_by(self) -> Batch | None:
+        """The :class:`~dataloader.operations.Batch` whose batches are this dataset's
+        elements, when a batch is its last step (None otherwise)."""
+        node = self._node
+        return node.batch if isinstance(node, nd.BatchNode) else None
+
+    @property
     def _parent(self) -> MapDataset:
         if len(self._parents) != 1:
             raise ValueError(f"{type(self).__name__} has {len(self._parents)} parents, not one")

@@ -216,7 +216,7 @@ def _rows_and_batches(config: MaxTextConfig, stream: IterDataset, *, batch_size:
         rows = stream.map(PadToLength(length))
     elif config.packing_type == "concat_then_split":
         bos = {} if not (tok is not None and config.add_bos) else {
-            "bos_handling": BOSHandling.REPLACE_FIRST_TOKEN_WITH_BOS, "bos_features": ["tokens"],
+            "bos_handling": BOSHandling.INSERT_BOS, "bos_features": ["tokens"],
             "bos_token_id": tok.bos_id}
         rows = ConcatThenSplitIterDataset(stream, length_struct={"tokens": length}, **bos)
     else:

@@ -13,10 +13,12 @@ features included) exactly fills its row, none being longer, through as a row of
 own, as Grain does: such rows come out right after the row being filled when they
 arrived, so they are handed out a little later than their place in the stream.
 
-BOS handling. With ``BOSHandling.REPLACE_FIRST_TOKEN_WITH_BOS`` every segment of the
-``bos_features`` starts with ``bos_token_id``: where a segment's first token is not
-BOS (the continuation of a split sequence, or a sequence tokenised without BOS), a BOS
-is *inserted* before it. Grain overwrites that first token instead, losing it.
+BOS handling. Every segment of the ``bos_features`` starts with ``bos_token_id``, in one
+of two ways. ``BOSHandling.REPLACE_FIRST_TOKEN_WITH_BOS`` is Grain's: the segment's first
+cell is overwritten with BOS, so where that token was not BOS (the continuation of a
+split sequence, a sequence tokenised without BOS) it is lost. ``BOSHandling.INSERT_BOS``
+(granary's) puts a BOS *before* such a token instead, so no token is lost and the
+segment is one cell longer.
 
 Example:
     >>> op = ConcatThenSplit({"tokens": 4})
@@ -39,10 +41,19 @@ from .spec import PackSpec
 
 
 class BOSHandling(enum.Enum):
-    """How a packer treats beginning-of-sequence tokens (Grain's names)."""
+    """How a packer treats beginning-of-sequence tokens (see the module docstring).
+
+    ``DO_NOTHING`` and ``REPLACE_FIRST_TOKEN_WITH_BOS`` are Grain's names and meanings;
+    ``INSERT_BOS`` is granary's, which loses no token.
+    """
 
     DO_NOTHING = enum.auto()
     REPLACE_FIRST_TOKEN_WITH_BOS = enum.auto()
+    INSERT_BOS = enum.auto()
+
+
+# How a segment gets its BOS: not at all, overwriting its first cell, or before it.
+_NO_BOS, _REPLACE, _INSERT = 0, 1, 2
 
 
 class ConcatThenSplit:
@@ -53,9 +64,10 @@ class ConcatThenSplit:
         meta_features: features packed without segment ids and positions, never split.
         split_full_length_features: split an element whose feature is exactly a row long
             like any other (default), or pass it through as a row of its own.
-        bos_handling: ``BOSHandling.DO_NOTHING`` or ``REPLACE_FIRST_TOKEN_WITH_BOS``.
+        bos_handling: ``BOSHandling.DO_NOTHING``, ``REPLACE_FIRST_TOKEN_WITH_BOS`` (Grain's:
+            overwrite each segment's first token) or ``INSERT_BOS`` (put BOS before it).
         bos_features: the features whose segments start with BOS.
-        bos_token_id: the BOS token, needed with ``REPLACE_FIRST_TOKEN_WITH_BOS``.
+        bos_token_id: the BOS token, needed unless ``DO_NOTHING``.
     """
 
     runs = "stream"  # on the ordered stream: operations.transforms.STREAM
@@ -99,9 +111,9 @@ class ConcatThenSplit:
         if bos_handling is BOSHandling.DO_NOTHING and (bos_features or bos_token_id is not None):
             raise ValueError(
                 "bos_handling=BOSHandling.DO_NOTHING adds no BOS, so leave bos_features and "
-                "bos_token_id unset (or use REPLACE_FIRST_TOKEN_WITH_BOS)"
+                "bos_token_id unset (or use REPLACE_FIRST_TOKEN_WITH_BOS or INSERT_BOS)"
             )
-        if bos_handling is BOSHandling.REPLACE_FIRST_TOKEN_WITH_BOS:
+        if bos_handling is not BOSHandling.DO_NOTHING:
             if isinstance(bos_token_id, bool) or not isinstance(bos_token_id, (int, np.integer)):
                 raise ValueError(f"bos_handling={bos_handling} needs an integer bos_token_id, got {bos_token_id!r}")
             bad = [k for k in bos_features if k not in self.spec.packed]
@@ -110,7 +122,7 @@ class ConcatThenSplit:
         self.bos_handling = bos_handling
         self.bos_features = bos_features
         self.bos_token_id = None if bos_token_id is None else int(bos_token_id)
-        self._bos = [k in bos_features for k in self.spec.names]
+        self._inserts = bos_handling is BOSHandling.INSERT_BOS
 
     @property
     def name(self) -> str:
@@ -140,6 +152,15 @@ class ConcatThenSplit:
                     f"value as a meta feature), or drop it with a map before packing"
                 )
 
+    def bos_mode(self, key: str, piece: np.ndarray) -> int:
+        """How the segment ``piece`` of feature ``key`` gets its BOS (none for an empty
+        piece; none to insert where it starts with BOS already)."""
+        if key not in self.bos_features or len(piece) == 0:
+            return _NO_BOS
+        if not self._inserts:
+            return _REPLACE
+        return _NO_BOS if piece[0] == self.bos_token_id else _INSERT
+
     def new_row(self) -> ConcatRow:
         return ConcatRow(self)
 
@@ -152,7 +173,7 @@ class ConcatThenSplit:
         self.check_features(element)
         full = False
         for key, array, cap in zip(self.spec.names, self.spec.arrays(element), self.spec.lengths.tolist()):
-            n = len(array) + int(key in self.bos_features and len(array) > 0 and array[0] != self.bos_token_id)
+            n = len(array) + int(self.bos_mode(key, array) == _INSERT)
             if n > cap:
                 return False
             full = full or n == cap
@@ -209,12 +230,12 @@ class ConcatRow:
                             f"{cap}; meta features are never split, so raise its length"
                         )
                     return whole  # never split: it goes whole into the next row
-                parts.append((piece, False))
+                parts.append((piece, _NO_BOS))
                 continue
-            bos = self._bos_needed(i, piece) and len(piece) > 0
-            take = min(len(piece), max(left - int(bos), 0))
+            bos = self._op.bos_mode(key, piece)
+            take = min(len(piece), max(left - int(bos == _INSERT), 0))
             rest = rest or take < len(piece)
-            parts.append((piece[:take], bos and take > 0))
+            parts.append((piece[:take], bos if take > 0 else _NO_BOS))
         packed = [i for i, meta in enumerate(spec.is_meta) if not meta]
         if not any(len(parts[i][0]) for i in packed) and any(len(arrays[i]) > starts[i] for i in packed):
             if self.empty:
@@ -226,14 +247,6 @@ class ConcatRow:
                     for k, meta, s, (p, _) in zip(spec.names, spec.is_meta, starts, parts)}
         return None
 
-    def _bos_needed(self, i: int, piece: np.ndarray) -> bool:
-        op = self._op
-        return (
-            op.bos_handling is BOSHandling.REPLACE_FIRST_TOKEN_WITH_BOS
-            and op._bos[i]
-            and (len(piece) == 0 or piece[0] != op.bos_token_id)
-        )
-
     @property
     def full(self) -> bool:
         """A packed feature has no cell left."""
@@ -242,7 +255,7 @@ class ConcatRow:
             if self._spec.names[i] not in self._spec.meta
         )
 
-    def _place(self, element: Any, arrays: list[np.ndarray], parts: list[tuple[np.ndarray, bool]]) -> None:
+    def _place(self, element: Any, arrays: list[np.ndarray], parts: list[tuple[np.ndarray, int]]) -> None:
         spec = self._spec
         if self._values is None:
             self._values, self._segments, self._positions = spec.empty_rows(arrays, 1)
@@ -250,10 +263,10 @@ class ConcatRow:
         for i, (piece, bos) in enumerate(parts):
             start = self._used[i]
             values = self._values[i][0]
-            if bos:
+            stop = start + int(bos == _INSERT) + len(piece)
+            values[stop - len(piece) : stop] = piece
+            if bos != _NO_BOS:
                 values[start] = self._op.bos_token_id
-            stop = start + int(bos) + len(piece)
-            values[start + int(bos) : stop] = piece
             if stop > start:
                 self._segments[i][0, start:stop] = self._count
                 self._positions[i][0, start:stop] = np.arange(stop - start, dtype=np.int32)

@@ -117,12 +117,12 @@ def test_concat_then_split_loses_and_reorders_no_token(lengths, cap, split_full)
 
 @settings(max_examples=60, deadline=None)
 @given(lengths=lengths, cap=st.integers(2, 40), starts_with_bos=st.booleans())
-def test_concat_then_split_bos_inserts_never_overwrites(lengths, cap, starts_with_bos):
+def test_concat_then_split_insert_bos_never_overwrites(lengths, cap, starts_with_bos):
     bos = -1
     seqs = sequences(lengths)
     if starts_with_bos:
         seqs = [np.concatenate([[bos], s]) for s in seqs]
-    op = ConcatThenSplit({"t": cap}, bos_handling=BOSHandling.REPLACE_FIRST_TOKEN_WITH_BOS,
+    op = ConcatThenSplit({"t": cap}, bos_handling=BOSHandling.INSERT_BOS,
                          bos_features=["t"], bos_token_id=bos)
     rows = concat_pack(op, seqs)
     kept = []
@@ -248,9 +248,45 @@ def test_full_length_sequences_pass_through_after_the_row_being_filled_as_in_gra
     assert not ConcatThenSplit({"t": 6}).passes_through({"t": np.zeros(6)})  # the default splits
 
 
+@settings(max_examples=60, deadline=None)
+@given(lengths=lengths, cap=st.integers(2, 40))
+def test_concat_then_split_replace_first_token_overwrites_each_segments_first_cell(lengths, cap):
+    """Grain's REPLACE_FIRST_TOKEN_WITH_BOS: the rows hold the stream's tokens in order,
+    cut where Grain cuts them, with each segment's first cell (a sequence's start or a
+    split's continuation) overwritten by BOS."""
+    bos = -1
+    seqs = sequences(lengths)
+    op = ConcatThenSplit({"t": cap}, bos_handling=BOSHandling.REPLACE_FIRST_TOKEN_WITH_BOS,
+                         bos_features=["t"], bos_token_id=bos)
+    plain = concat_pack(ConcatThenSplit({"t": cap}), seqs)
+    rows = concat_pack(op, seqs)
+    assert len(rows) == len(plain)
+    for row, cut in zip(rows, plain):
+        assert row["t_segment_ids"].tolist() == cut["t_segment_ids"].tolist()
+        assert row["t_positions"].tolist() == cut["t_positions"].tolist()
+        for seg, original in zip(segments(row), segments(cut)):
+            assert seg.tolist() == [bos, *original[1:].tolist()]
+
+
+def test_replace_first_token_packs_rows_as_grain_does():
+    """Sequences of 1, 2, 3, 5 and 7 tokens (token k repeated k times) in rows of 5: each
+    segment's first cell is BOS, a split loses its continuation's first token, and the
+    sequence of exactly 5 is a row of its own after the row being filled."""
+    op = ConcatThenSplit({"t": 5}, split_full_length_features=False,
+                         bos_handling=BOSHandling.REPLACE_FIRST_TOKEN_WITH_BOS, bos_features=["t"],
+                         bos_token_id=99)
+    rows = concat_pack(op, [np.full(k, k) for k in (1, 2, 3, 5, 7)])
+    assert [r["t"].tolist() for r in rows] == [
+        [99, 99, 2, 99, 3], [99, 99, 7, 7, 7], [99, 5, 5, 5, 5], [99, 7, 7, 0, 0]]
+    assert [r["t_segment_ids"].tolist() for r in rows] == [
+        [1, 2, 2, 3, 3], [1, 2, 2, 2, 2], [1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]
+    assert [r["t_positions"].tolist() for r in rows] == [
+        [0, 0, 1, 0, 1], [0, 0, 1, 2, 3], [0, 1, 2, 3, 4], [0, 1, 2, 0, 0]]
+
+
 def test_full_length_counts_the_bos_that_would_be_inserted():
     op = ConcatThenSplit({"t": 4}, split_full_length_features=False,
-                         bos_handling=BOSHandling.REPLACE_FIRST_TOKEN_WITH_BOS, bos_features=["t"], bos_token_id=0)
+                         bos_handling=BOSHandling.INSERT_BOS, bos_features=["t"], bos_token_id=0)
     assert op.passes_through({"t": np.array([5, 6, 7])})  # BOS + 3 tokens fill the row
     assert not op.passes_through({"t": np.array([5, 6, 7, 8])})  # BOS + 4 would not fit
     assert op.passes_through({"t": np.array([0, 6, 7, 8])})  # it starts with BOS already

@@ -68,21 +68,25 @@ def apply_transformations(ds: Any, transformations: Any) -> Any:
 
 
 class ShapeDtypeStruct(NamedTuple):
-    """The shape and dtype of one leaf of an element (Grain's ``ShapeDtypeStruct``)."""
+    """The shape and dtype of one leaf of an element (Grain's ``ShapeDtypeStruct``); a
+    dimension that differs between elements (a kept remainder's batch) is None."""
 
-    shape: tuple[int, ...]
+    shape: tuple[int | None, ...]
     dtype: np.dtype
 
 
-def _spec(tree: Any) -> Any:
+def _spec(tree: Any, batch_unknown: bool) -> Any:
     if isinstance(tree, dict):
-        return {k: _spec(v) for k, v in tree.items()}
+        return {k: _spec(v, batch_unknown) for k, v in tree.items()}
     if isinstance(tree, (list, tuple)) and not hasattr(tree, "_fields"):
-        return type(tree)(_spec(v) for v in tree)
+        return type(tree)(_spec(v, batch_unknown) for v in tree)
     if isinstance(tree, tuple):  # a named tuple
-        return type(tree)(*(_spec(v) for v in tree))
+        return type(tree)(*(_spec(v, batch_unknown) for v in tree))
     array = np.asarray(tree)
-    return ShapeDtypeStruct(array.shape, array.dtype)
+    shape: tuple[int | None, ...] = array.shape
+    if batch_unknown and shape:
+        shape = (None, *shape[1:])
+    return ShapeDtypeStruct(shape, array.dtype)
 
 
 def get_element_spec(ds: Any) -> Any:
@@ -90,20 +94,25 @@ def get_element_spec(ds: Any) -> Any:
 
     Grain infers it without reading data where its transformations can; here it is read
     off the first element (``ds[0]`` for a ``MapDataset``, the first ``next()`` of a new
-    iterator for an ``IterDataset``), which computes that one element.
+    iterator for an ``IterDataset``), which computes that one element. Where the last
+    step is a batch that keeps a shorter last batch (``drop_remainder=False``, default
+    stacking), each leaf's leading dimension is None, as in Grain, whatever the length.
 
     Raises:
         ValueError: the dataset has no element.
     """
+    from dataloader.dataset.base import IterDataset
     from dataloader.dataset.map_dataset import MapDataset
 
+    batch = ds.batched_by if isinstance(ds, (MapDataset, IterDataset)) else None
+    unknown = batch is not None and batch.last_may_be_short
     if isinstance(ds, MapDataset):
         for element in ds:
-            return _spec(element)
+            return _spec(element, unknown)
         raise ValueError(f"{ds!r} has no element to read a spec from")
     it = iter(ds)
     try:
-        return _spec(next(it))
+        return _spec(next(it), unknown)
     except StopIteration:
         raise ValueError(f"{ds!r} has no element to read a spec from") from None
     finally:

@@ -16,6 +16,7 @@ from typing import Any
 
 from dataloader.dataset.base import DatasetIterator, IterDataset
 from dataloader.dataset.context import inherited_options, inherited_workers
+from dataloader.dataset.transformations.apply import get_next_index, set_next_index
 from dataloader.engine.stages.elementwise import BatchIterator, ElementwiseIterator
 from dataloader.engine.stats import FilterWatch
 from dataloader.operations import (
@@ -103,6 +104,21 @@ class _StateReadingIterator(ElementwiseIterator):
             except StopIteration:
                 break
 
+    # Grain's get_next_index / set_next_index: where every parent element gives one
+    # output (no filter or flat map here), the next index is the parent's, and a
+    # map_with_index's index is the count of parent elements consumed.
+    def _get_next_index(self) -> int:
+        if self.reshapes:
+            return super()._get_next_index()
+        return get_next_index(self._parent)
+
+    def _set_next_index(self, index: int) -> None:
+        if self.reshapes:
+            super()._set_next_index(index)
+            return
+        set_next_index(self._parent, index)
+        self.restart_at(index)
+
 
 class BatchIterDataset(IterDataset):
     """Consecutive elements of the parent's stream, grouped by a :class:`Batch`."""
@@ -110,6 +126,10 @@ class BatchIterDataset(IterDataset):
     def __init__(self, parent: IterDataset, batch: Batch) -> None:
         super().__init__(parent)
         self.batch_op = batch
+
+    @property
+    def batched_by(self) -> Batch:
+        return self.batch_op
 
     def __iter__(self) -> BatchIterator:
         return BatchIterator(iter(self._parent), self.batch_op)

@@ -47,6 +47,7 @@ class ElementwiseIterator(DatasetIterator, ElasticDefaults):
         )
         self._rngs: dict[int, RecordRngFactory] = {}  # kept across elements
         self._expands = any(op.returns == MANY for op in ops)
+        self.reshapes = any(op.reshapes for op in ops)  # not one output per parent element
         self._index = 0  # parent elements consumed
         self._pending: list[Any] = []  # outputs of the last parent element
         self._given = 0  # how many of them were handed out
@@ -84,7 +85,7 @@ class ElementwiseIterator(DatasetIterator, ElasticDefaults):
 
     def restart_elastic(self, resume: Callable[[], None], kept: Sequence[Any]) -> None:
         resume()  # the parent restarts on this host's share, empty
-        self._index, self._pending, self._given = 0, [], 0
+        self.restart_at(0)
 
     def _fail(self, op: Operation, index: int, sub: int, exc: BaseException) -> BaseException:
         return PipelineError(
@@ -93,6 +94,11 @@ class ElementwiseIterator(DatasetIterator, ElasticDefaults):
             operation=op.name,
             position=index,
         )
+
+    def restart_at(self, index: int) -> None:
+        """Continues as if ``index`` parent elements were consumed (the parent was moved
+        there): nothing pending, the next element's index is ``index``."""
+        self._index, self._pending, self._given = int(index), [], 0
 
     def get_state(self) -> dict[str, Any]:
         if self._given < len(self._pending):

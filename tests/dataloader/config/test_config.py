@@ -323,7 +323,7 @@ def test_a_config_packs_with_the_same_packers_as_the_data_loader():
 
 
 def test_a_packer_in_a_config_names_its_bad_argument():
-    with pytest.raises(ConfigError, match=r"^operations\.0\.concat_then_split\.bos_handling: expected one of DO_NOTHING, REPLACE_FIRST_TOKEN_WITH_BOS, got 'FIRST'"):
+    with pytest.raises(ConfigError, match=r"^operations\.0\.concat_then_split\.bos_handling: expected one of DO_NOTHING, REPLACE_FIRST_TOKEN_WITH_BOS, INSERT_BOS, got 'FIRST'"):
         parse_config({"source": {"kind": "dataloader.sources.RangeDataSource", "options": {"start": 4}},
                       "operations": [{"concat_then_split": {"length_struct": {"t": 4}, "bos_handling": "FIRST"}}]})
     with pytest.raises(ConfigError, match=r"^operations\.0\.best_fit_pack: best_fit_pack\(\*\*args\) failed: num_packing_bins must be a positive integer"):

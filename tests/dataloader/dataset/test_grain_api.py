@@ -93,9 +93,26 @@ def test_element_spec_describes_leaves_by_shape_and_dtype():
     spec = ge.get_element_spec(ds)
     assert spec["a"] == ge.ShapeDtypeStruct((2, 3), np.dtype(np.float32))
     assert spec["b"][1].dtype == np.int8
-    assert ge.get_element_spec(ds.batch(2).to_iter_dataset())["a"].shape == (2, 2, 3)
+    assert ge.get_element_spec(ds.batch(2, drop_remainder=True).to_iter_dataset())["a"].shape == (2, 2, 3)
     with pytest.raises(ValueError, match="has no element"):
         ge.get_element_spec(dl.MapDataset.range(3)[3:])
+
+
+def test_element_spec_of_a_kept_remainder_batch_has_an_unknown_leading_dimension():
+    """As in Grain: batches that keep the remainder give None for the batch dimension,
+    even where the length divides evenly; a dropped remainder or padding gives the size."""
+    source = dl.MapDataset.range(10).map(lambda x: {"x": np.full((2,), x)})
+    kept = [source.batch(5), source.to_iter_dataset().batch(5), source.batch(5).to_iter_dataset(),
+            source.to_iter_dataset().filter(lambda e: True).batch(5),
+            ge.LimitIterDataset(source.to_iter_dataset(), 7).batch(5)]
+    for ds in kept:
+        assert ge.get_element_spec(ds) == {"x": ge.ShapeDtypeStruct((None, 2), np.dtype(np.int64))}, ds
+    fixed = [source.batch(3, drop_remainder=True), source.to_iter_dataset().batch(3, drop_remainder=True)]
+    for ds in fixed:
+        assert ge.get_element_spec(ds) == {"x": ge.ShapeDtypeStruct((3, 2), np.dtype(np.int64))}, ds
+    assert ge.get_element_spec(source.batch_and_pad(4))["x"].shape == (4, 2)
+    # A step after the batch reshapes as it likes: its first element is read as it is.
+    assert ge.get_element_spec(source.batch(5).map(lambda b: b["x"][:1])).shape == (1, 2)
 
 
 def test_next_index_of_a_plain_batched_stream_can_be_read_and_set():
@@ -118,6 +135,26 @@ def test_next_index_is_refused_where_it_needs_processing():
         ge.set_next_index(it, 3)
     with pytest.raises(NotImplementedError, match=r"cannot tell the index"):
         ge.get_next_index(it)
+
+
+def test_next_index_after_an_iterator_level_map_with_index_is_the_parents():
+    """``map_with_index`` on a stream is a stage of its own; one output per element, so
+    its next index is its parent's, and moving it moves the index the call gets."""
+    it = iter(dl.MapDataset.range(12).to_iter_dataset().map_with_index(lambda i, x: (i, x * 10)))
+    for i in range(12):
+        assert ge.get_next_index(it) == i
+        assert next(it) == (i, i * 10)
+    for i in (7, 2, 11, 0):
+        ge.set_next_index(it, i)
+        assert ge.get_next_index(it) == i
+        assert next(it) == (i, i * 10)
+    # After a filter the index counts survivors, which the stream cannot tell unread.
+    filtered = iter(dl.MapDataset.range(12).to_iter_dataset().filter(lambda x: x % 2)
+                    .map_with_index(lambda i, x: (i, x)))
+    with pytest.raises(NotImplementedError, match=r"cannot tell the index"):
+        ge.get_next_index(filtered)
+    with pytest.raises(NotImplementedError, match=r"cannot move to element 3"):
+        ge.set_next_index(filtered, 3)
 
 
 def test_start_prefetch_reads_the_first_records_before_the_first_next():

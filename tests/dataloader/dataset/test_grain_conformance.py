@@ -97,6 +97,29 @@ def test_random_map_takes_seeds_of_any_size_and_stays_reproducible(seed):
     assert list(stream) == list(dl.MapDataset.range(8).to_iter_dataset().seed(seed).random_map(draw))
 
 
+def _draw_into(key):
+    def draw(element, rng):
+        return {**element, key: int(rng.integers(1 << 30))}
+    return draw
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_random_maps_chained_after_one_seed_draw_different_numbers(stream):
+    """Grain gives each random map after ``.seed(s)`` a seed of its own (its test reads the
+    private ``_seed``); here each draws from (seed, position, operation), so two chained
+    maps differ from each other and each is reproducible."""
+    def build():
+        ds = dl.MapDataset.range(40).map(lambda x: {"x": x})
+        ds = ds.to_iter_dataset().seed(129) if stream else ds.seed(129)
+        return ds.random_map(_draw_into("a")).random_map(_draw_into("b"))
+
+    out = list(build())
+    assert out == list(build())
+    assert [e["x"] for e in out] == list(range(40))
+    assert [e["a"] for e in out] != [e["b"] for e in out]
+    assert sum(e["a"] == e["b"] for e in out) <= 1
+
+
 def test_seeds_below_the_key_width_keep_their_orders():
     """Folding applies only to seeds too wide for their key: smaller ones are unchanged."""
     assert list(dl.MapDataset.range(50).shuffle(seed=123)) == list(

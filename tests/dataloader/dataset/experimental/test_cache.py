@@ -36,6 +36,25 @@ def test_later_passes_do_not_read_the_parent():
     assert source.reads[0] == 10
 
 
+def test_a_sliced_engine_stream_computes_each_element_once_under_cache_and_repeat():
+    """Grain's limit + cache + repeat counts 10 map calls for 10 elements. An engine
+    stream computes a unit ahead (docs: Differences from Grain), so a limit after it may
+    run the map past its count; slicing the MapDataset first bounds the stream itself."""
+    calls = []
+
+    def counted(x):
+        calls.append(x)
+        return x
+
+    ds = dl.MapDataset.range(20)[:10].to_iter_dataset().map(counted)
+    assert list(RepeatIterDataset(CacheIterDataset(ds), num_epochs=2)) == list(range(10)) * 2
+    assert sorted(calls) == list(range(10))
+    calls.clear()
+    limited = LimitIterDataset(dl.MapDataset.range(20).to_iter_dataset().map(counted), 10)
+    assert list(RepeatIterDataset(CacheIterDataset(limited), num_epochs=2)) == list(range(10)) * 2
+    assert set(range(10)) <= set(calls) and len(calls) == len(set(calls)) < 20  # once each, a unit ahead
+
+
 def test_setting_an_earlier_state_serves_it_from_memory():
     source = Counted(list(range(6)))
     it = iter(CacheIterDataset(source))

@@ -34,7 +34,8 @@ import numpy as np
 
 from dataloader.dataset.base import DatasetIterator, IterDataset
 from dataloader.dataset.compile.mixing import check_weights
-from dataloader.dataset.compile.schedule import Piece, ScheduledMix, WeightSchedule
+from dataloader.dataset.compile.schedule import WeightSchedule
+from dataloader.dataset.compile.scheduled_mix import Piece, ScheduledMix
 from dataloader.dataset.experimental.checks import per_component
 from dataloader.engine.stages.base import expect_state
 from dataloader.errors import StateMismatchError

@@ -93,15 +93,17 @@ class FolderKeyValue:
 def _cpu_wait_s() -> float:
     """Seconds the threads on a start-up's critical path have waited on a run queue so
     far: the main thread, and fsspec's I/O thread (the main thread sleeps while it runs
-    the requests). Other threads (array_record's idle pool) are not waited for."""
+    the requests), found by their native ids (Python names its threads, not the
+    kernel: every thread's ``comm`` reads ``python``). Other threads (array_record's
+    idle pool) are not waited for."""
+    import threading
+
+    ids = {t.native_id for t in threading.enumerate()
+           if t is threading.main_thread() or t.name.startswith("fsspecIO")}
     total = 0
-    for tid in os.listdir("/proc/self/task"):
-        with contextlib.suppress(OSError):
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                name = f.read().strip()
-            if int(tid) == os.getpid() or name.startswith("fsspecIO"):
-                with open(f"/proc/self/task/{tid}/schedstat") as f:
-                    total += int(f.read().split()[1])
+    for tid in ids:
+        with contextlib.suppress(OSError), open(f"/proc/self/task/{tid}/schedstat") as f:
+            total += int(f.read().split()[1])
     return total / 1e9
 
 

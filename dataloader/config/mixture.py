@@ -20,9 +20,10 @@ positions in order (``sampler.sharding`` interleaves them over the hosts), so ``
 counts the mixture's global stream and a restore, elastic too, is exact. With
 ``sampler.shuffle`` each source is shuffled on its own (its seed derived from
 ``sampler.seed`` and its place in the list), so the weights hold along the stream.
-``sampler.num_epochs: null`` repeats each source for ever (reshuffled each pass) and the
-schedule runs the whole run; ``num_epochs: k`` reads the mixture's one pass (until its
-first source with weight runs out) ``k`` times, a schedule starting over each time.
+``sampler.num_epochs`` counts the passes over each source: ``k`` repeats each source ``k``
+times (reshuffled each pass) and the mixture ends where the first source with weight
+has run out of its ``k`` passes; ``null`` repeats each source for ever. Either way the
+schedule runs along the whole run.
 
 ``weight_by: tokens`` is refused here: token weights need each element's length once it
 is read, so that mixture runs at the iterator level (``dl.IterDataset.mix(...,
@@ -55,15 +56,16 @@ class MixtureConfig:
     sources: tuple[SourceConfig, ...]
     weights: list[float] | WeightSchedule | None
 
-    def build(self, shuffle: bool, seed: int | None, endless: bool) -> MapDataset:
-        """The mixture as one random-access dataset (see the module docstring)."""
+    def build(self, shuffle: bool, seed: int | None, num_epochs: int | None) -> MapDataset:
+        """The mixture as one random-access dataset, each source read ``num_epochs``
+        times (None: for ever); see the module docstring."""
         components = []
         for i, source in enumerate(self.sources):
             ds = MapDataset.source(source.build())
             if shuffle:
                 assert seed is not None, "checked at parse time"
                 ds = ds.shuffle(seed=component_seed(seed, i))
-            components.append(ds.repeat() if endless else ds)
+            components.append(ds if num_epochs == 1 else ds.repeat(num_epochs))
         return MapDataset.mix(components, self.weights)
 
 

@@ -181,15 +181,16 @@ class PipelineConfig:
         (``mixture:``; :mod:`dataloader.config.mixture`)."""
         if self.mixture is not None:
             sampler = self.sampler
-            return self.mixture.build(sampler.shuffle, sampler.seed, endless=sampler.num_epochs is None)
+            return self.mixture.build(sampler.shuffle, sampler.seed, sampler.num_epochs)
         assert self.source is not None, "parse_config needs source: or mixture:"
         return self.source.build()
 
     def build_loader(self, source: Any = None) -> DataLoader:
         """A :class:`DataLoader` for this config (over ``source`` if given)."""
         source = self.build_source() if source is None else source
-        endless = self.mixture is not None and self.sampler.num_epochs is None
-        sampler = dataclasses.replace(self.sampler, num_epochs=1) if endless else self.sampler
+        # A mixture repeats its sources itself (sampler.num_epochs passes over each): one
+        # pass over its positions, in order.
+        sampler = self.sampler if self.mixture is None else dataclasses.replace(self.sampler, num_epochs=1)
         return DataLoader(
             source,
             sampler.build(len(source), in_order=self.mixture is not None),

@@ -156,3 +156,11 @@ def test_an_override_of_a_schedule_point_writes_its_integer_key():
     assert cfg.mixture.weights.points == [(0, [1.0, 0.0]), (10, [0.25, 0.75])]
     with pytest.raises(ConfigError, match=r"mixture\.schedule\.points\.10\.books: expected a weight >= 0, got -1"):
         config(mixture(schedule=schedule), overrides=["mixture.schedule.points.10.books=-1"])
+
+
+def test_num_epochs_repeats_each_source_reshuffled_and_the_schedule_runs_on():
+    data = [x for b in config(mixture(weights={"web": 1, "books": 1}), epochs=2).build_loader() for x in b.tolist()]
+    web = [x for x in data if x < 1000]
+    assert len(data) == 1600 and len(web) == 800  # two passes over each source, 1:1
+    assert sorted(web[:400]) == sorted(web[400:]) == list(range(400))  # each pass: each record once
+    assert web[:400] != web[400:]  # the second pass, reshuffled

@@ -16,6 +16,8 @@ What ``at`` counts (it must be something a restore knows exactly):
   ``elements_per_step=B`` puts ``at`` in training steps, whatever the host count.
 * the iterator-level ``IterDataset.mix`` (a dict of named datasets, packed or batched
   streams): the elements this mixture has produced on this host.
+* ``weight_by="tokens"``: the job's tokens, ``H`` times this host's on ``H`` hosts
+  (:mod:`~dataloader.dataset.experimental.token_mix`).
 
 It is compiled into pieces of constant weights, and bound to its components as a
 :class:`~dataloader.dataset.compile.scheduled_mix.ScheduledMix` (where each position

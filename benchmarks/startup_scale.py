@@ -24,9 +24,13 @@ and read the first batch in this process. Three ways:
 Metadata requests are counted at the proxy: listings, HEADs, index reads and writes, and
 ranged reads of a file's head or tail (where its index lies); the rest (chunks of
 records) are data. The first batch's time is given for one host alone and for the
-slowest of H, raw, and with each host's time spent waiting for a CPU taken out (its
-main and I/O threads' run-queue wait, from ``/proc/<pid>/task/*/schedstat``): on a 2-core
-machine, H processes wait for each other's CPU, which H hosts with their own do not.
+slowest of H, from the barrier that releases every host after its imports, raw, and
+with each host's time spent waiting for a CPU taken out (its main and I/O threads'
+run-queue wait, from ``/proc/<pid>/task/*/schedstat``): on a 2-core machine, H processes
+wait for each other's CPU, which H hosts with their own do not. It is also given from
+the process start (the host's imports, timed for one host importing alone and for the
+slowest of H importing at once, plus its start-up), with the share of the slowest
+host's start-up spent waiting for a CPU and the CPU seconds one host used.
 
     python benchmarks/startup_scale.py
     python benchmarks/startup_scale.py --hosts 16 --files 256 --latency-ms 20
@@ -89,33 +93,44 @@ class FolderKeyValue:
 def _cpu_wait_s() -> float:
     """Seconds the threads on a start-up's critical path have waited on a run queue so
     far: the main thread, and fsspec's I/O thread (the main thread sleeps while it runs
-    the requests). Other threads (array_record's idle pool) are not waited for."""
+    the requests), found by their native ids (Python names its threads, not the
+    kernel: every thread's ``comm`` reads ``python``). Other threads (array_record's
+    idle pool) are not waited for."""
+    import threading
+
+    ids = {t.native_id for t in threading.enumerate()
+           if t is threading.main_thread() or t.name.startswith("fsspecIO")}
     total = 0
-    for tid in os.listdir("/proc/self/task"):
-        with contextlib.suppress(OSError):
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                name = f.read().strip()
-            if int(tid) == os.getpid() or name.startswith("fsspecIO"):
-                with open(f"/proc/self/task/{tid}/schedstat") as f:
-                    total += int(f.read().split()[1])
+    for tid in ids:
+        with contextlib.suppress(OSError), open(f"/proc/self/task/{tid}/schedstat") as f:
+            total += int(f.read().split()[1])
     return total / 1e9
 
 
 def _host(rank: int, conn: Any, options: dict[str, Any], batch: int) -> None:
-    """One host: imports, then for each run, its start-up and first batch, timed."""
+    """One host: imports (timed: wall and CPU), then for each run, its start-up and first
+    batch, timed from the barrier that releases every host at once."""
+    began, cpu = time.perf_counter(), time.process_time()
     logging.getLogger("botocore").setLevel(logging.ERROR)
+    import fsspec
+
     import dataloader as dl
     from dataloader.device.remote_index import shared_array_record_source
 
-    conn.send("ready")
+    # Everything a start-up imports, imported before the barrier (fsspec imports s3fs,
+    # and granary its engine, on first use): the barrier is after the imports.
+    fsspec.get_filesystem_class("s3")
+    assert dl.ArrayRecordDataSource is not None and dl.RemoteOptions is not None
+    next(iter(dl.MapDataset.source(dl.RangeDataSource(8)).seed(0).shuffle()[0::2].batch(2).to_iter_dataset()))
+    conn.send({"imports": time.perf_counter() - began, "imports_cpu": time.process_time() - cpu})
     while (job := conn.recv()) is not None:
         mode, hosts, run, folder = job
         glob = f"s3://{BUCKET}/{PREFIX}/*.array_record"
         index = f"s3://{BUCKET}/{PREFIX}/_granary_index.json"
         remote = dl.RemoteOptions(cache_dir=os.path.join(folder, f"cache-{run}-{rank}"), whole_file_bytes=0,
                                   storage_options=options)
-        conn.recv()  # the start signal: every host goes at once
-        began, waited = time.perf_counter(), _cpu_wait_s()
+        conn.recv()  # the start signal (the barrier): every host goes at once
+        began, waited, cpu = time.perf_counter(), _cpu_wait_s(), time.process_time()
         if mode == "no index":
             source = dl.ArrayRecordDataSource(glob, remote=remote, index=False)
         elif mode == "index":
@@ -128,9 +143,26 @@ def _host(rank: int, conn: Any, options: dict[str, Any], batch: int) -> None:
         ready = time.perf_counter() - began
         ds = dl.MapDataset.source(source).seed(0).shuffle()[rank::hosts].batch(batch)
         first = next(iter(ds.to_iter_dataset()))
-        seconds, waited = time.perf_counter() - began, _cpu_wait_s() - waited
+        seconds, waited, cpu = time.perf_counter() - began, _cpu_wait_s() - waited, time.process_time() - cpu
         source.close()
-        conn.send({"ready": ready, "seconds": seconds, "cpu_wait": min(waited, seconds), "records": len(first)})
+        conn.send({"ready": ready, "seconds": seconds, "cpu_wait": min(waited, seconds), "cpu": cpu,
+                   "records": len(first)})
+
+
+def _compiled_once() -> None:
+    """Granary's modules compiled once, read by every host, as from an installed package.
+
+    Where bytecode is not written (``PYTHONDONTWRITEBYTECODE``, as on the VM these runs
+    were made on), every host would compile granary's modules from source again (about
+    0.1 s of CPU each); a prefix folder of compiled modules, named in the environment the
+    hosts inherit, is what an installed package's ``__pycache__`` gives."""
+    import compileall
+    import importlib
+
+    prefix = os.path.join(tempfile.gettempdir(), f"startup-scale-pycache-{os.getuid()}")
+    sys.pycache_prefix = os.environ["PYTHONPYCACHEPREFIX"] = prefix
+    for name in ("dataloader", "dataloader.sources", "dataloader.samplers", "dataloader.operations"):
+        compileall.compile_dir(os.path.dirname(importlib.import_module(name).__file__), quiet=1)
 
 
 def _classify(log: list[tuple[str, str, int | None, int | None]], sizes: dict[str, int]) -> dict[str, int]:
@@ -161,6 +193,8 @@ def main() -> None:
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     modes = args.modes.split(",")
     import dataloader as dl
+
+    _compiled_once()
     from dataloader.cli.index import build_index
 
     with tempfile.TemporaryDirectory() as folder, s3_server_process() as endpoint, FaultProxy(endpoint) as proxy:
@@ -180,11 +214,14 @@ def main() -> None:
         pipes = [context.Pipe() for _ in range(args.hosts)]
         hosts = [context.Process(target=_host, args=(rank, child, options, args.batch), daemon=True)
                  for rank, (_, child) in enumerate(pipes)]
-        for host in hosts:
-            host.start()
         conns = [parent for parent, _ in pipes]
-        for conn in conns:
-            assert conn.recv() == "ready"
+        # Host 0 imports alone (one host's imports), then the others all at once (H hosts').
+        hosts[0].start()
+        alone = conns[0].recv()
+        for host in hosts[1:]:
+            host.start()
+        together = [alone, *(conn.recv() for conn in conns[1:])]
+        imports = {1: alone["imports"], args.hosts: max(r["imports"] for r in together)}
         proxy.latency_s = args.latency_ms / 1000
         print(f"{args.hosts} hosts, {args.files} files of {args.records} records, {args.latency_ms:g} ms "
               f"a request; first batch of {args.batch} records per host\n")
@@ -203,10 +240,14 @@ def main() -> None:
                 results = _run(conns, mode, count, run, os.path.join(folder, f"run-{run}"))
                 requests = _classify(list(proxy.log), sizes)
                 assert all(r["records"] == args.batch for r in results), results
+                slowest = max(results, key=lambda r: r["seconds"])
                 timings[count] = {
                     "ready": max(r["ready"] for r in results),
-                    "first": max(r["seconds"] for r in results),
+                    "first": slowest["seconds"],
+                    "total": imports[count] + slowest["seconds"],
                     "own": max(r["seconds"] - r["cpu_wait"] for r in results),
+                    "wait_share": slowest["cpu_wait"] / slowest["seconds"],
+                    "cpu": max(r["cpu"] for r in results),
                     "requests": requests,
                 }
             metadata = sum(v for k, v in timings[args.hosts]["requests"].items() if k != "data")
@@ -229,6 +270,15 @@ def main() -> None:
         print(f"{mode:26s} {one['ready']:13.2f} {many['ready']:9.2f} {many['ready'] / one['ready']:6.2f}   "
               f"{one['first']:13.2f} {many['first']:9.2f} {many['first'] / one['first']:6.2f}   "
               f"{many['own'] / one['own']:14.2f}")
+    print(f"\nseconds from process start (imports + start-up; imports {imports[1]:.2f} s for one host alone, "
+          f"{imports[args.hosts]:.2f} s the slowest of {args.hosts} importing at once), the slowest host's share "
+          f"of its start-up spent waiting for a CPU, and the most CPU one host used after the barrier")
+    print(f"{'':26s} {'total: 1 host':>13s} {args.hosts:>3d} hosts {'ratio':>6s}   {'CPU wait: 1':>11s} "
+          f"{args.hosts:>5d}   {'CPU s: 1':>8s} {args.hosts:>5d}")
+    for mode, timings, _, _ in rows:
+        one, many = timings[1], timings[args.hosts]
+        print(f"{mode:26s} {one['total']:13.2f} {many['total']:9.2f} {many['total'] / one['total']:6.2f}   "
+              f"{one['wait_share']:11.0%} {many['wait_share']:5.0%}   {one['cpu']:8.2f} {many['cpu']:5.2f}")
     for mode, timings, _, _ in rows:
         print(f"{mode}: requests of the {args.hosts} hosts by kind: {timings[args.hosts]['requests']}")
     if built is not None:

@@ -184,7 +184,7 @@ def test_yaml_blocks_are_valid_configs(page):
     for _, body, line in (b for b in blocks(page) if b[0] == "yaml"):
         data = yaml.safe_load(body)
         assert isinstance(data, dict), f"{page_id(page)}:{line}: a yaml block that is not a mapping"
-        if "source" in data:
+        if "source" in data or "mixture" in data:
             parse_config(data, check_files=False)
         elif "grain_train_files" in data:
             dl.maxtext.parse_maxtext_config(data)

@@ -62,10 +62,12 @@ def _set(config: dict[str, Any], parts: list[str], value: Any, text: str) -> Non
             else:
                 node = node[index]
         elif isinstance(node, dict):
+            # a mapping keyed by integers (a schedule's points) is written with digits
+            key: Any = int(part) if part not in node and part.lstrip("-").isdigit() and int(part) in node else part
             if last:
-                node[part] = value
+                node[key] = value
             else:
-                node = node.setdefault(part, {})
+                node = node.setdefault(key, {})
         else:
             parent = ".".join(parts[:depth])
             raise OverrideError(

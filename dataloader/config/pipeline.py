@@ -8,6 +8,8 @@ the returned :class:`PipelineConfig` builds the loader::
       kind: array_record             # array_record | parquet | an import path
       paths: data/train-*.array_record   # a path, a glob or a list (from the cwd)
       options: {}                    # keyword arguments of the source
+    mixture: null                    # or, in place of source:, named sources mixed by weight
+                                     # (fixed or a schedule; see dataloader.config.mixture)
     sampler:
       shuffle: true
       seed: 42                       # needed when shuffling
@@ -51,42 +53,23 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from dataloader.config import checks as check
-from dataloader.config.import_path import ImportPathError, resolve_import
+from dataloader.config.mixture import MixtureConfig, parse_mixture
 from dataloader.config.operations import build_operations
 from dataloader.config.overrides import apply_overrides
 from dataloader.config.shipped import config_file
+from dataloader.config.source import SourceConfig, parse_source
 from dataloader.engine.stages.finite import PadEnd
 from dataloader.errors import ConfigError
 from dataloader.loader import DataLoader
 from dataloader.options import DEFAULT_STALL_WARNING_S, WORKER_KINDS, AutoWorkers, ReadOptions
 from dataloader.samplers import IndexSampler, NoSharding, ShardByJaxProcess, ShardOptions
-from dataloader.sources import expand_paths
 
-_TOP = ("description", "source", "sampler", "operations", "loader", "device", "train")
-_SOURCE_KINDS = {"array_record": "dataloader.sources.ArrayRecordDataSource", "parquet": "dataloader.sources.ParquetDataSource"}
-# What a built-in kind's files are called in messages, and a glob to suggest.
-_SOURCE_FILES = {"array_record": ("ArrayRecord", "*.array_record"), "parquet": ("Parquet", "*.parquet")}
-
-
-@dataclasses.dataclass(frozen=True)
-class SourceConfig:
-    """``source:``: what to read. ``factory(paths, **options)`` builds it."""
-
-    kind: str
-    paths: tuple[str, ...] | None
-    options: Mapping[str, Any]
-    factory: Any = dataclasses.field(repr=False, compare=False)
-
-    def build(self) -> Any:
-        if self.paths is None:
-            return self.factory(**self.options)
-        return self.factory(list(self.paths), **self.options)
+_TOP = ("description", "source", "mixture", "sampler", "operations", "loader", "device", "train")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,9 +91,11 @@ class SamplerConfig:
         index, count = self.sharding
         return ShardOptions(index, count, drop_remainder=self.drop_remainder)
 
-    def build(self, num_records: int) -> IndexSampler:
+    def build(self, num_records: int, *, in_order: bool = False) -> IndexSampler:
+        """The sampler over ``num_records``; ``in_order``: positions unshuffled (a
+        mixture, whose sources are shuffled each on its own)."""
         return IndexSampler(
-            num_records, self.shard_options(), shuffle=self.shuffle,
+            num_records, self.shard_options(), shuffle=self.shuffle and not in_order,
             num_epochs=self.num_epochs, seed=self.seed,
         )
 
@@ -182,22 +167,33 @@ class PipelineConfig:
     """
 
     data: dict[str, Any]
-    source: SourceConfig
+    source: SourceConfig | None
     sampler: SamplerConfig
     operations: tuple[Any, ...]
     loader: LoaderConfig
     device: DeviceConfig
     train: dict[str, Any]
+    # ``mixture:`` (in place of ``source:``): the sources mixed by weight, or None.
+    mixture: MixtureConfig | None = None
 
     def build_source(self) -> Any:
+        """The source (``source:``), or the mixture as one random-access dataset
+        (``mixture:``; :mod:`dataloader.config.mixture`)."""
+        if self.mixture is not None:
+            sampler = self.sampler
+            return self.mixture.build(sampler.shuffle, sampler.seed, sampler.num_epochs)
+        assert self.source is not None, "parse_config needs source: or mixture:"
         return self.source.build()
 
     def build_loader(self, source: Any = None) -> DataLoader:
         """A :class:`DataLoader` for this config (over ``source`` if given)."""
         source = self.build_source() if source is None else source
+        # A mixture repeats its sources itself (sampler.num_epochs passes over each): one
+        # pass over its positions, in order.
+        sampler = self.sampler if self.mixture is None else dataclasses.replace(self.sampler, num_epochs=1)
         return DataLoader(
             source,
-            self.sampler.build(len(source)),
+            sampler.build(len(source), in_order=self.mixture is not None),
             list(self.operations),
             worker_count=self.loader.worker_count,
             worker_buffer_size=self.loader.worker_buffer_size,
@@ -232,56 +228,12 @@ class PipelineConfig:
         )
 
 
-def _check_paths(where: str, kind: str, paths: tuple[str, ...]) -> tuple[str, ...]:
-    """Checks each path as the source will expand it; returns them with ``~`` expanded.
-
-    A built-in kind's files go through the sources' own :func:`~sources.expand_paths`
-    (globs recursive, directories refused); another kind's factory may take a directory.
-    """
-    what, example_glob = _SOURCE_FILES.get(kind, ("source", "*"))
-    expanded = tuple(os.path.expanduser(path) for path in paths)
-    for i, path in enumerate(expanded):
-        at = check.sub(where, i) if len(paths) > 1 else where
-        try:
-            expand_paths(path, what=what, example_glob=example_glob)
-        except FileNotFoundError as error:
-            raise check.fail(at, f"{error} (relative paths are read from {os.getcwd()})") from None
-        except ValueError as error:  # a directory
-            if kind in _SOURCE_FILES:
-                raise check.fail(at, str(error)) from None
-    return expanded
-
-
 def _source(section: Any, check_files: bool = True) -> SourceConfig:
-    where = "source"
-    section = check.mapping(where, section)
+    section = check.mapping("source", section)
     if not section:
-        raise check.fail(where, "missing; say what to read, e.g. {kind: array_record, paths: ...}")
-    check.known_keys(where, section, ("kind", "paths", "options"))
-    kind = check.string(check.sub(where, "kind"), check.get(section, "kind", where=where))
-    paths = section.get("paths")
-    options = check.mapping(check.sub(where, "options"), section.get("options"))
-    if kind in _SOURCE_KINDS and paths is None:
-        raise check.fail(check.sub(where, "paths"), f"missing; a {kind} source needs paths (a path, glob or list)")
-    if paths is not None:
-        paths = check.strings(check.sub(where, "paths"), paths)
-        if check_files:
-            paths = _check_paths(check.sub(where, "paths"), kind, paths)
-    try:
-        factory = resolve_import(_SOURCE_KINDS.get(kind, kind))
-    except ImportPathError as error:
-        raise check.fail(
-            check.sub(where, "kind"), f"not one of {', '.join(_SOURCE_KINDS)} and not an import path: {error}"
-        ) from None
-    if not callable(factory):
-        raise check.fail(check.sub(where, "kind"), f"{kind} is a {type(factory).__name__}, not callable")
-    try:
-        inspect.signature(factory).bind(*([paths] if paths is not None else []), **options)
-    except TypeError as error:
-        raise check.fail(check.sub(where, "options"), f"{kind} does not take these options: {error}") from None
-    except ValueError:  # no signature to check; the call itself will tell
-        pass
-    return SourceConfig(kind, paths, options, factory)
+        raise check.fail("source", "missing; say what to read, e.g. {kind: array_record, paths: ...}, "
+                                   "or mix several sources under mixture:")
+    return parse_source("source", section, check_files)
 
 
 def _sampler(section: Any) -> SamplerConfig:
@@ -464,14 +416,19 @@ def parse_config(
             f"{loader.audit_log!r} would be written by every shard (sampler.sharding: "
             f"{sampler.sharding}); put {{shard}} in it, e.g. audit-{{shard}}.jsonl",
         )
+    if data.get("mixture") is not None and data.get("source") is not None:
+        raise check.fail("mixture", "a config reads source: or mixture:, not both; move the source "
+                                    "under mixture.sources with a name")
+    mixture = None if data.get("mixture") is None else parse_mixture(data["mixture"], check_files)
     return PipelineConfig(
         data=data,
-        source=_source(data.get("source"), check_files),
+        source=None if mixture is not None else _source(data.get("source"), check_files),
         sampler=sampler,
         operations=operations,
         loader=loader,
         device=_device(data.get("device")),
         train=check.mapping("train", data.get("train")),
+        mixture=mixture,
     )
 
 

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from dataloader.dataset.compile.mixing import MixSchedule
-from dataloader.dataset.compile.schedule import ScheduledMix
+from dataloader.dataset.compile.scheduled_mix import ScheduledMix
 from dataloader.samplers import IndexSampler, NoSharding, ShardOptions
 from dataloader.samplers.key_blocks import KeyBlocks
 from dataloader.samplers.permutation import MAX_N
@@ -236,7 +236,7 @@ class Concatenate:
 
 class Mix:
     """Interleaves the children by a :class:`MixSchedule` or a bound weight schedule
-    (:class:`~dataloader.dataset.compile.schedule.ScheduledMix`).
+    (:class:`~dataloader.dataset.compile.scheduled_mix.ScheduledMix`).
 
     ``length`` (one pass) is the node's: Grain's ``MapDataset.mix`` length
     (:func:`mix_length`), or :func:`exhausted_length` for ``IterDataset.mix``; positions

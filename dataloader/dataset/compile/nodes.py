@@ -13,7 +13,7 @@ import dataclasses
 from typing import Any
 
 from dataloader.dataset.compile.mixing import MixSchedule
-from dataloader.dataset.compile.schedule import ScheduledMix
+from dataloader.dataset.compile.scheduled_mix import ScheduledMix
 from dataloader.operations import Batch, Operation
 
 

@@ -34,7 +34,8 @@ from typing import Any
 
 from dataloader.dataset.base import DatasetIterator, IterDataset
 from dataloader.dataset.compile.mixing import MixSchedule
-from dataloader.dataset.compile.schedule import Piece, ScheduledMix, WeightSchedule, bind_weights
+from dataloader.dataset.compile.schedule import WeightSchedule, bind_weights
+from dataloader.dataset.compile.scheduled_mix import Piece, ScheduledMix
 from dataloader.dataset.experimental.checks import as_iter_dataset, per_component
 from dataloader.dataset.experimental.token_mix import TokenMixIterDataset
 from dataloader.engine.stages.base import expect_state

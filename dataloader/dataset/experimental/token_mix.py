@@ -13,11 +13,28 @@ for elements of up to 2,048 tokens.
 
 The choice depends only on the tokens counted so far, which depend only on the
 components' streams: the mixture is deterministic, and its state is the components'
-states plus ``T_c`` (one integer a component). A restore continues exactly. Given every
-old host's states (a list, an elastic restore), each component restores from its own
-states on all the old hosts (so each record is used at most once, as the components
-guarantee), and the counters start from the old hosts' mean ``T_c``: the shares hold
-over the new hosts' tokens from there.
+states plus ``T_c`` (one integer a component). A restore continues exactly.
+
+**Many hosts.** Each host mixes its own shard of every component and counts its own
+tokens; the job's count of a component is the sum over the hosts, and the job's
+shortfall of a component is the sum of the hosts' (each within about one element), so
+over ``T`` tokens of the job the shares are within ``H * max_length / T`` of the
+weights on ``H`` hosts. A schedule's ``at`` counts the job's tokens, taken on each host
+as ``H`` times its own (the host count read from the components' shard options), so a
+switch comes at the same point of the job whatever ``H``.
+
+**Elastic restore, exact.** Given every old host's states (a list), each component
+restores from its own states on all the old hosts (so each record is used at most once,
+as the components guarantee), and the job's counts ``S_c`` (the sums over the old hosts)
+are split over the new hosts exactly: host ``h`` of ``H'`` starts from
+``S_c // H' + (1 if h < S_c % H' else 0)``. The new hosts' counts sum to the old job's,
+so the job's token accounting goes on without loss or gain, and each new host starts
+with its share of the job's shortfall, which it makes up; the shares' error over the
+job stays within ``H' * max_length / T`` (plus the old hosts' shortfall while it is made
+up, at most ``H * max_length`` tokens). Where no component says which host this is (no
+component is a stream on the engine, or a chain of stages over one) the counts go on
+from the old hosts' mean instead: every record is still used at most once, but the job's
+counts are then ``H'/H`` times the old ones.
 
 As for ``IterDataset.mix``, the mixture ends when the component it draws from is
 exhausted, and a dict of named datasets keeps the components' states by name.
@@ -34,8 +51,10 @@ import numpy as np
 
 from dataloader.dataset.base import DatasetIterator, IterDataset
 from dataloader.dataset.compile.mixing import check_weights
-from dataloader.dataset.compile.schedule import Piece, ScheduledMix, WeightSchedule
+from dataloader.dataset.compile.schedule import WeightSchedule
+from dataloader.dataset.compile.scheduled_mix import Piece, ScheduledMix
 from dataloader.dataset.experimental.checks import per_component
+from dataloader.engine.restore.protocol import RestoresEveryHost, chain_of
 from dataloader.engine.stages.base import expect_state
 from dataloader.errors import StateMismatchError
 
@@ -84,6 +103,8 @@ class TokenMixIterator(DatasetIterator):
         self._schedule = schedule
         self._keys, self._length = keys, length
         self._starts = [p.get_state() for p in parents]  # for components a state lacks
+        self._layout = host_layout(parents)
+        self._hosts = self._layout[1] if self._layout is not None else 1
         self._tokens = [0] * len(parents)
         self._total = 0
         self._piece: Piece | None = None  # the schedule's piece holding the token count
@@ -91,18 +112,21 @@ class TokenMixIterator(DatasetIterator):
         self._stopped = False
 
     def _choose(self) -> int:
-        total = self._total
+        # The job's tokens, H times this host's; shortfalls are compared times H (the
+        # same order as this host's own shortfalls, W_c(job) / H - T_c).
+        hosts = self._hosts
+        job = self._total * hosts
         piece = self._piece
-        if piece is None or total < piece.start or (piece.stop is not None and total >= piece.stop):
-            piece = self._piece = self._schedule.piece(total)
-        into, tokens, base, weights = total - piece.start, self._tokens, piece.integral, piece.weights
+        if piece is None or job < piece.start or (piece.stop is not None and job >= piece.stop):
+            piece = self._piece = self._schedule.piece(job)
+        into, tokens, base, weights = job - piece.start, self._tokens, piece.integral, piece.weights
         if len(piece.active) > _VECTOR_FROM:
-            behind = np.asarray(base) + into * np.asarray(weights) - np.asarray(tokens, dtype=np.float64)
+            behind = np.asarray(base) + into * np.asarray(weights) - hosts * np.asarray(tokens, dtype=np.float64)
             live = np.asarray(piece.active)
             return int(live[np.argmax(behind[live])])
         best, most = piece.active[0], -math.inf
         for c in piece.active:  # the first on a tie
-            behind = base[c] + into * weights[c] - tokens[c]
+            behind = base[c] + into * weights[c] - hosts * tokens[c]
             if behind > most:
                 best, most = c, behind
         return best
@@ -141,8 +165,9 @@ class TokenMixIterator(DatasetIterator):
         self._restore([state], every_host=False)
 
     def restore_every_host(self, states: Sequence[Any]) -> None:
-        """Restores each component elastically from every old host's states (see the
-        module docstring); the token counts go on from the old hosts' mean."""
+        """Restores each component elastically from every old host's states, and splits
+        the old hosts' summed token counts over the new hosts exactly (see the module
+        docstring)."""
         self._restore(list(states), every_host=True)
 
     def _restore(self, states: list[Any], every_host: bool) -> None:
@@ -156,7 +181,35 @@ class TokenMixIterator(DatasetIterator):
         for c, parent in enumerate(self._parents):
             own = [p[c] for p in parents]
             parent.set_state(own if every_host else own[0])
-        self._tokens = [sum(int(t[c]) for t in tokens) // len(states) for c in range(len(self._parents))]
+        sums = [sum(int(t[c]) for t in tokens) for c in range(len(self._parents))]
+        positions = sum(int(s["position"]) for s in states)
+        if every_host and self._layout is not None:
+            self._tokens = [split(total, *self._layout) for total in sums]
+            self._position = split(positions, *self._layout)
+        else:  # one state (then these are its own), or no layout known: the mean
+            self._tokens = [total // len(states) for total in sums]
+            self._position = positions // len(states)
         self._total, self._piece = sum(self._tokens), None
-        self._position = sum(int(s["position"]) for s in states) // len(states)
         self._stopped = False
+
+
+def split(total: int, host: int, hosts: int) -> int:
+    """Host ``host``'s share of ``total`` over ``hosts`` hosts: the shares are integers
+    that sum to ``total`` exactly (the first ``total % hosts`` hosts one more)."""
+    return total // hosts + (1 if host < total % hosts else 0)
+
+
+def host_layout(parents: Sequence[Any]) -> tuple[int, int] | None:
+    """``(shard_index, shard_count)`` of this host, from the first component that is a
+    stream on the engine or a chain of stages over one (its engine's sampler's shard
+    options), or None when no component says."""
+    for parent in parents:
+        if isinstance(parent, RestoresEveryHost):
+            continue
+        try:
+            head = chain_of(parent)[-1]
+        except StateMismatchError:
+            continue
+        options = head.sampler.shard_options
+        return int(options.shard_index), int(options.shard_count)
+    return None

@@ -90,11 +90,17 @@ class ElasticHead(Protocol):
       :class:`~dataloader.errors.StateMismatchError` when that fails, and returns the
       function that moves it there, starting empty (called once, after every check,
       from the thread that reads it). It changes nothing itself.
+    * ``sampler``: the sampler it reads; before a restore its ``shard_options`` say which
+      host this is among how many (a token mixture over it splits the old hosts' token
+      counts over the new hosts by them).
     """
 
     def last_tag(self) -> Tag | None: ...
 
     def prepare_hosts(self, hosts: Any) -> Callable[[], None]: ...
+
+    @property
+    def sampler(self) -> Any: ...
 
 
 @runtime_checkable

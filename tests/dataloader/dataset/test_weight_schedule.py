@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dataloader as dl
-from dataloader.dataset.compile.schedule import _draws_before
+from dataloader.dataset.compile.scheduled_mix import _draws_before
 from tests.helpers import assert_restores_everywhere, take
 
 # switches at 12 and 30, a component off before the first

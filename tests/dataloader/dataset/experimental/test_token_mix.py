@@ -84,27 +84,81 @@ def test_named_token_mixtures_keep_states_by_name_and_restore_at_every_step():
     assert set(state["tokens"]) == {"a", "b"} and set(state["parents"]) == {"a", "b"}
 
 
+WEIGHTS = [0.2, 0.3, 0.5]
+MAX_LENGTH = max(high for _, high in SPANS) - 1
+
+
+def token_host(h: int, count: int, n_each: int = 10**6):
+    return iter(dl.IterDataset.mix(components(n_each, dl.ShardOptions(h, count)), WEIGHTS,
+                                   weight_by="tokens", length=length))
+
+
+def job_tokens(states: list) -> np.ndarray:
+    return np.sum([s["tokens"] for s in states], axis=0)
+
+
 @pytest.mark.parametrize("save_after", [1, 5, 9])
 def test_an_elastic_restore_from_two_hosts_to_three_uses_each_record_at_most_once(save_after):
-    def host(h, count):
-        return iter(dl.IterDataset.mix(components(60, dl.ShardOptions(h, count)), [0.2, 0.3, 0.5],
-                                       weight_by="tokens", length=length))
-
     used = []
-    two = [host(h, 2) for h in range(2)]
+    two = [token_host(h, 2, 60) for h in range(2)]
     for it in two:
         used += take(it, save_after)
     states = [json.loads(json.dumps(it.get_state())) for it in two]
-    three = [host(h, 3) for h in range(3)]
+    three = [token_host(h, 3, 60) for h in range(3)]
     for it in three:
         it.set_state(states)
         used += list(it)  # to where the first component runs out on that host
     assert len(set(used)) == len(used)  # no record twice
-    state = three[0].get_state()
-    assert sum(state["tokens"]) > 0  # the counters went on from the old hosts' mean
     # the components continued from where the old hosts stopped: nobody read a record
     # below what the two hosts had used, twice, and the mixture drew on every component
     assert {e // 10**6 for e in used} == {0, 1, 2}
+
+
+@pytest.mark.parametrize(("old", "new"), [(2, 3), (3, 1), (2, 2)])
+def test_an_elastic_restore_splits_the_jobs_token_counts_exactly_over_the_new_hosts(old, new):
+    """The new hosts' counts sum to the old hosts' (nothing lost or gained, whatever the
+    host counts), each new host's an equal share (to one token), and the job's shares
+    over the whole run stay within (old + new) * max_length / T of the weights."""
+    hosts = [token_host(h, old) for h in range(old)]
+    used = [x for it in hosts for x in take(it, 40 + 7 * hosts.index(it))]  # hosts unequal
+    states = [json.loads(json.dumps(it.get_state())) for it in hosts]
+    restored = [token_host(h, new) for h in range(new)]
+    for it in restored:
+        it.set_state(states)
+    after = [it.get_state() for it in restored]
+    assert job_tokens(after).tolist() == job_tokens(states).tolist()
+    for c in range(len(WEIGHTS)):
+        shares_c = [s["tokens"][c] for s in after]
+        assert max(shares_c) - min(shares_c) <= 1
+    for it in restored:
+        used += take(it, 300)
+    assert len(set(used)) == len(used)  # every record at most once
+    counted = np.zeros(len(WEIGHTS))
+    for e in used:
+        counted[e // 10**6] += length(e)
+    # the states count exactly the tokens of the records the hosts handed out
+    assert job_tokens([it.get_state() for it in restored]).tolist() == counted.astype(int).tolist()
+    error = np.abs(counted / counted.sum() - WEIGHTS).max()
+    assert error <= (old + new) * MAX_LENGTH / counted.sum()
+
+
+def test_a_token_schedules_switch_comes_at_the_jobs_token_count_whatever_the_host_count():
+    schedule = dl.WeightSchedule([(0, [1, 0, 1]), (100_000, [0, 1, 1])])
+
+    def first_of_component_1(count: int) -> int:
+        """The job's tokens (summed over the hosts) before any host draws component 1."""
+        hosts = [iter(dl.IterDataset.mix(components(10**6, dl.ShardOptions(h, count)), schedule,
+                                         weight_by="tokens", length=length)) for h in range(count)]
+        job = 0
+        while True:
+            for it in hosts:
+                element = next(it)
+                if element // 10**6 == 1:
+                    return job
+                job += length(element)
+
+    for count in (1, 2, 4):
+        assert 100_000 - count * MAX_LENGTH <= first_of_component_1(count) <= 100_000 + count * MAX_LENGTH
 
 
 def test_many_components_are_compared_in_numpy_with_the_same_choices(monkeypatch):

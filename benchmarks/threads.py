@@ -5,8 +5,11 @@ folder), each row in a fresh interpreter so no row inherits another's memory:
 
 * ``png``: PNG decode with PIL (128x128 RGB) to a float32 array (PIL releases the GIL);
 * ``zlib``: zlib-compressed float32 arrays, inflated and normalised with numpy;
-* ``bpe``: Hugging Face ``tokenizers`` BPE (trained here on made-up text) over lines;
-* ``parquet``: one Parquet row group per record, read with pyarrow into numpy arrays;
+* ``bpe``: Hugging Face ``tokenizers`` BPE (trained here on made-up text) over lines,
+  with ``encode_batch`` (which releases the GIL; ``encode`` holds it throughout);
+* ``parquet``: one Parquet row group per record, read with pyarrow
+  (``use_threads=False``: decoded in the calling thread, GIL released) into numpy
+  arrays column by column;
 * ``python``: a pure-Python map (a loop over integers): holds the GIL, processes win.
 
 granary's arms: ``0`` (in the training process), ``processes`` and ``threads``
@@ -92,7 +95,10 @@ class RowGroups:
         reader = getattr(self._local, "reader", None)
         if reader is None:
             reader = self._local.reader = pq.ParquetFile(self.path)
-        table = reader.read_row_group(int(i))
+        # use_threads=False: the row group is decoded in the calling thread, with the GIL
+        # released (the loader's workers are the parallelism; Arrow's own pool would add
+        # a hand-over per record, which took half the CPU of a 2048-row group here).
+        table = reader.read_row_group(int(i), use_threads=False)
         return {name: table.column(name).to_numpy() for name in table.column_names}
 
     def __getstate__(self):
@@ -125,7 +131,11 @@ class Tokenize:
             from tokenizers import Tokenizer
 
             self._tok = Tokenizer.from_file(self.path)
-        ids = self._tok.encode(line).ids
+        # encode_batch, not encode: tokenizers releases the GIL in encode_batch only (its
+        # encode holds it for the whole line), so this is how a pipeline that tokenizes on
+        # threads is written. TOKENIZERS_PARALLELISM=false (set by measure()): the loader's
+        # workers are the parallelism, not tokenizers' own thread pool.
+        ids = self._tok.encode_batch([line])[0].ids
         out = np.zeros(512, dtype=np.int32)
         out[: min(512, len(ids))] = ids[:512]
         return out
@@ -289,6 +299,7 @@ def build(name: str, data: dict, arm: str, workers: int):
 
 def measure(request: dict) -> dict:
     """One row, in this fresh interpreter."""
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # workers inherit it (see Tokenize)
     monitor = subprocess.Popen(
         [sys.executable, str(HERE / "pss_monitor.py"), str(os.getpid()), "0.05"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,

@@ -124,10 +124,8 @@ def test_auto_with_one_worker_chooses_processes():
 
 
 def test_auto_hands_over_to_processes_when_the_trial_says_so_and_the_stream_is_unchanged(monkeypatch, caplog):
-    """The hand-over itself, made certain: every measured share is past a limit of -1,
-    and no round is too busy to count."""
+    """The hand-over itself, made certain: every measured share is past a limit of -1."""
     monkeypatch.setattr(kind_module, "GIL_LIMIT", -1.0)
-    monkeypatch.setattr(kind_module, "BUSY_LIMIT", 2.0)
     reference = list(make_loader("everything", n=3000, epochs=1))
     # Small units, many of them: the trial ends long before the stream does.
     it = iter(make_loader("everything", n=3000, epochs=1, worker_count=2, worker_kind="auto",

@@ -38,7 +38,7 @@ from typing import Any
 
 from dataloader.engine.compute import UnitResult, compute_unit, hint_unit
 from dataloader.engine.plan import Plan
-from dataloader.engine.pool.autoscale.kind import KindTrial, run_delay_s
+from dataloader.engine.pool.autoscale.kind import KindTrial, clocks
 from dataloader.engine.pool.messages import Done, Failed, Fatal, Ready
 from dataloader.engine.pool.watch.progress import IDLE, SENDING, Position
 from dataloader.engine.pool.workers import Closing, Slots
@@ -217,15 +217,15 @@ class ThreadSet(Slots):
                 board.write(w.index, w.key, generation, unit, 0)
                 message: Any
                 trial = self.trial if self.trial is not None and self.trial.verdict is None else None
-                waited = run_delay_s() if trial is not None else 0.0
+                before = clocks() if trial is not None else None
                 try:
                     # passthrough=(): Ctrl-C reaches the main thread only, so whatever
                     # is raised here comes from user code: the unit's error.
                     result = compute_unit(plan, start, stop, report, passthrough=())
+                    if trial is not None and before is not None:
+                        trial.record(w.index, before, clocks())
                     board.write(w.index, w.key, None, None, SENDING)
                     message = Done(generation, unit, None, 0, result)
-                    if trial is not None:
-                        trial.record(w.index, result.began, result.ended, result.cpu_s, run_delay_s() - waited)
                 except BaseException as exc:
                     message = Failed(generation, unit, exc)
                 board.write(w.index, w.key, None, None, IDLE)

@@ -42,6 +42,11 @@ def test_an_unknown_worker_kind_is_refused_at_construction_naming_the_three(monk
         make(wp.slow_identity, worker_kind=None)
 
 
+def resident_now() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
 def test_threads_start_no_process_and_stats_name_the_kind_and_each_threads_cpu():
     before = child_pids()
     it = iter(make(wp.slow_identity))
@@ -50,7 +55,12 @@ def test_threads_start_no_process_and_stats_name_the_kind_and_each_threads_cpu()
     stats = it.stats()
     it.close()
     assert got == [list(range(i, i + 4)) for i in range(0, 40, 4)]
-    assert stats["pipeline"]["workers"] == {"worker_kind": "threads", "why": "asked for"}
+    described = stats["pipeline"]["workers"]
+    assert {k: described[k] for k in ("worker_kind", "why", "threads")} == {
+        "worker_kind": "threads", "why": "asked for", "threads": 2,
+    }
+    # The process's memory, once: the threads share it (and the training loop has it too).
+    assert described["process_rss_mb"] * 2**20 == pytest.approx(resident_now(), rel=0.5)
     workers = stats["workers"]
     assert set(workers) <= {"0", "1"} and sum(w["units"] for w in workers.values()) == 10
     assert all(w["cpu_s"] > 0 and w["busy_s"] >= w["cpu_s"] * 0.5 for w in workers.values())
@@ -110,9 +120,8 @@ def test_auto_on_a_free_threaded_interpreter_chooses_threads_without_a_trial(mon
     monkeypatch.setattr(kind_module, "gil_enabled", lambda: False)
     it = iter(make(wp.slow_identity, worker_kind="auto"))
     assert len(list(it)) == 10
-    assert it.stats()["pipeline"]["workers"] == {
-        "worker_kind": "threads", "why": "the interpreter runs without a GIL",
-    }
+    described = it.stats()["pipeline"]["workers"]
+    assert (described["worker_kind"], described["why"]) == ("threads", "the interpreter runs without a GIL")
     it.close()
 
 

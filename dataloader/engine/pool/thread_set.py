@@ -77,6 +77,16 @@ class ThreadBoard:
             return self._slots[index]
 
 
+def resident_bytes() -> int:
+    """This process's resident memory (``/proc/self/statm``: one read, no walk of the
+    mappings); 0 where the kernel does not say."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 class ThreadWorker:
     """One worker thread: its slot, its inbox, and whether the set still listens to it."""
 
@@ -167,9 +177,13 @@ class ThreadSet(Slots):
         return functools.partial(self._then, why=why)
 
     def describe(self) -> dict[str, Any]:
-        if self.trial is not None:
-            return self.trial.describe()
-        return {"worker_kind": "threads", "why": self._why}
+        """The kind and why, the number of worker threads, and the memory they have: the
+        process's resident memory, once (threads share one address space, so no thread
+        has a figure of its own; it is the training loop's too)."""
+        out = self.trial.describe() if self.trial is not None else {"worker_kind": "threads", "why": self._why}
+        out["threads"] = len(self.workers)
+        out["process_rss_mb"] = resident_bytes() / 2**20
+        return out
 
     def _spawn(self, index: int) -> ThreadWorker:
         if self.stopping:

@@ -133,8 +133,10 @@ def test_auto_with_one_worker_chooses_processes():
 
 
 def test_auto_hands_over_to_processes_when_the_trial_says_so_and_the_stream_is_unchanged(monkeypatch, caplog):
-    """The hand-over itself, made certain: every measured share is past a limit of -1."""
+    """The hand-over itself, made certain: every measured share is past a limit of -1,
+    and no round is too busy to count."""
     monkeypatch.setattr(kind_module, "GIL_LIMIT", -1.0)
+    monkeypatch.setattr(kind_module, "BUSY_LIMIT", 2.0)
     reference = list(make_loader("everything", n=3000, epochs=1))
     # Small units, many of them: the trial ends long before the stream does.
     it = iter(make_loader("everything", n=3000, epochs=1, worker_count=2, worker_kind="auto",
@@ -147,6 +149,20 @@ def test_auto_hands_over_to_processes_when_the_trial_says_so_and_the_stream_is_u
     assert stats["pipeline"]["workers"]["worker_kind"] == "processes"
     assert stats["pipeline"]["workers"]["why"].startswith("measured on the first units")
     assert any("worker_kind auto" in r.getMessage() and r.getMessage().endswith("processes") for r in caplog.records)
+
+
+def test_auto_on_a_machine_too_busy_to_measure_hands_over_to_processes_and_says_why(monkeypatch):
+    """Made certain: every round is past a busy limit of -1."""
+    monkeypatch.setattr(kind_module, "BUSY_LIMIT", -1.0)
+    reference = list(make_loader("everything", n=3000, epochs=1))
+    it = iter(make_loader("everything", n=3000, epochs=1, worker_count=2, worker_kind="auto",
+                          read_options=dl.ReadOptions(unit_size=16)))
+    got = list(it)
+    described = it.stats()["pipeline"]["workers"]
+    it.close()
+    assert_streams_equal(got, reference)
+    assert described["worker_kind"] == "processes"
+    assert described["why"].startswith("the machine was too busy to measure")
 
 
 def test_the_dataset_apis_mp_prefetch_takes_the_kind_and_gives_the_same_elements_and_states():

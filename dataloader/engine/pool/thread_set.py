@@ -173,7 +173,10 @@ class ThreadSet(Slots):
         trial = self.trial
         if trial is None or trial.verdict != "processes":
             return None
-        why = f"measured on the first units: a unit holds the GIL about {trial.gil_share:.0%} of its time"
+        if trial.gil_share is None:  # too busy a machine to read it: processes
+            why = trial.why
+        else:
+            why = f"measured on the first units: a unit holds the GIL about {trial.gil_share:.0%} of its time"
         return functools.partial(self._then, why=why)
 
     def describe(self) -> dict[str, Any]:

@@ -183,7 +183,9 @@ class ThreadSet(Slots):
         """The kind and why, the number of worker threads, and the memory they have: the
         process's resident memory, once (threads share one address space, so no thread
         has a figure of its own; it is the training loop's too)."""
-        out = self.trial.describe() if self.trial is not None else {"worker_kind": "threads", "why": self._why}
+        out: dict[str, Any] = (
+            self.trial.describe() if self.trial is not None else {"worker_kind": "threads", "why": self._why}
+        )
         out["threads"] = len(self.workers)
         out["process_rss_mb"] = resident_bytes() / 2**20
         return out

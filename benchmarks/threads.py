@@ -333,12 +333,26 @@ def measure(request: dict) -> dict:
     }
 
 
+def median_row(replies: list[dict]) -> dict:
+    """The reply with the median records/s (so that its columns belong together), with
+    the spread of the runs' records/s."""
+    ok = sorted((r for r in replies if r.get("ok")), key=lambda r: r["records_s"])
+    if not ok:
+        return replies[-1]
+    row = dict(ok[(len(ok) - 1) // 2])
+    row["spread"] = (ok[0]["records_s"], ok[-1]["records_s"]) if len(ok) > 1 else None
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pipelines", default=",".join(PIPELINES))
     parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=6.0)
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="runs per row, going round the arms (a noisy machine's drift spreads evenly); "
+                        "the median is shown")
     parser.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "granary-threads-bench"))
     parser.add_argument("--no-venv", action="store_true", help="run in this interpreter (peers absent: their rows fail)")
     parser.add_argument("--measure", help=argparse.SUPPRESS)
@@ -358,10 +372,13 @@ def main() -> None:
              f"{'tree PSS MB':>11} {'first s':>7}  chosen"
     print(header)
     for name in args.pipelines.split(","):
-        rows = {}
-        for arm in args.arms.split(","):
-            request = {"pipeline": name, "data": made[name], "arm": arm, "workers": args.workers, "seconds": args.seconds}
-            rows[arm] = run_row(__file__, request, timeout=120 + 4 * args.seconds)
+        replies: dict[str, list[dict]] = {arm: [] for arm in args.arms.split(",")}
+        for _ in range(args.repeat):
+            for arm, got in replies.items():
+                request = {"pipeline": name, "data": made[name], "arm": arm, "workers": args.workers,
+                           "seconds": args.seconds}
+                got.append(run_row(__file__, request, timeout=120 + 4 * args.seconds))
+        rows = {arm: median_row(got) for arm, got in replies.items()}
         base = rows.get("processes", {}).get("records_s")
         for arm, r in rows.items():
             if not r.get("ok"):
@@ -369,6 +386,8 @@ def main() -> None:
                 continue
             ratio = f"{r['records_s'] / base:.2f}" if base else "-"
             gil = f" (GIL share {r['gil']:.2f})" if r.get("gil") is not None else ""
+            if r.get("spread"):
+                gil += f"  [runs {r['spread'][0]:.0f}..{r['spread'][1]:.0f} rec/s]"
             print(f"{name:9} {arm:13} {r['records_s']:8.0f} {ratio:>7} {r['trainer_cpu_ms']:12.2f} "
                   f"{r['process_cpu_ms']:12.2f} {r['pss_mb']:11.0f} {r['first_s']:7.2f}  {r['chosen']}{gil}", flush=True)
     print(f"load average after: {os.getloadavg()}")

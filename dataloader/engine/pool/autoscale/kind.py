@@ -20,18 +20,19 @@ tokenizers, Arrow). ``"processes"`` scales whatever the units do. ``"auto"`` mea
   its threads. The choice is logged and shown in ``stats()["pipeline"]["workers"]``; it
   never changes the output (a unit is the same whoever computes it).
 
-On a busy machine the threads' clocks cannot tell a GIL wait from a wait for a CPU. In
-the loader on the 2-core VM at load 5 to 8, a pure-Python unit beside another thread
-spent its time running or runnable, almost never asleep on the GIL (the waker of a GIL
-waiter leaves it runnable, and runnable it stays while others run), so the share read
-0 to 7%; without the run delay taken out, load alone read as a held GIL. So a round
-where the threads waited for a CPU more than :data:`BUSY_LIMIT` of the time is measured
-again, and after :data:`ATTEMPTS` such rounds the pool takes processes: the default,
-which scale whatever the units do (an earlier rule kept the threads there, and chose
-threads for pure Python on every loaded run). The shares are read from sums over a
-round's units (CPU seconds over the seconds not spent waiting for a CPU), each unit timed
-between two readings of :func:`clocks`, so its wait for a CPU and its wall time cover
-the same span.
+On a loaded machine the threads' clocks cannot tell a GIL wait from a wait for a CPU.
+In the loader on the 2-core VM, a pure-Python unit beside another thread spent its time
+off the CPU runnable, almost never asleep on the GIL (a woken GIL waiter then waits for a
+CPU), so with the run delay taken out the share read 0 to 7%, at a load of 4 as at 8;
+without it, load alone reads as a held GIL. So the share is read both ways and the
+larger decides: threads stay only where they visibly ran side by side, and a doubt goes
+to processes, the default, which scale whatever the units do (at worst a pipeline that
+releases the GIL gets processes on a busy machine, and their memory). A round where the
+threads waited for a CPU more than :data:`BUSY_LIMIT` of the time is measured again, and
+after :data:`ATTEMPTS` such rounds the pool takes processes (an earlier rule kept the
+threads there, and chose threads for pure Python on every loaded run). The shares are
+read from sums over a round's units, each unit timed between two readings of
+:func:`clocks`, so that its wait for a CPU and its wall time cover the same span.
 """
 
 from __future__ import annotations
@@ -91,10 +92,11 @@ class KindTrial:
         self.threads = threads
         self._lock = threading.Lock()
         self._counts = [0] * threads  # units each thread has recorded
-        # Sums over units: [CPU seconds, seconds not waiting for a CPU, units], alone and
-        # beside the others; and the seconds waited for a CPU and of wall beside them.
-        self._alone = [0.0, 0.0, 0]
-        self._beside = [0.0, 0.0, 0]
+        # Sums over units: [CPU seconds, seconds not waiting for a CPU, units, wall
+        # seconds], alone and beside the others; and the seconds waited for a CPU and of
+        # wall beside them.
+        self._alone = [0.0, 0.0, 0, 0.0]
+        self._beside = [0.0, 0.0, 0, 0.0]
         self._busy = [0.0, 0.0]
         self._solo: float | None = None  # a unit's CPU share, alone
         self._warm_at: float | None = None  # every thread has computed a unit since
@@ -124,7 +126,7 @@ class KindTrial:
             self._counts[index] += 1
             if self._solo is None:
                 if index == 0 and self._counts[0] > 1:  # the first warmed up
-                    _add(self._alone, cpu, running)
+                    _add(self._alone, cpu, running, ended - began)
                 if self._alone[2] >= SOLO_UNITS - 1:
                     self._solo = _share(self._alone)
                 return
@@ -134,7 +136,7 @@ class KindTrial:
                     self._warm_at = max(self._first_ends.values())
                 return
             if began >= self._warm_at:
-                _add(self._beside, cpu, running)
+                _add(self._beside, cpu, running, ended - began)
                 self._busy[0] += waited
                 self._busy[1] += ended - began
             if self._beside[2] >= PAIR_UNITS_PER_THREAD * self.threads:
@@ -146,7 +148,7 @@ class KindTrial:
         if busy > BUSY_LIMIT:
             self.rounds += 1
             if self.rounds < ATTEMPTS:  # measure again, on units that start from now
-                self._beside, self._busy, self._warm_at = [0.0, 0.0, 0], [0.0, 0.0], now
+                self._beside, self._busy, self._warm_at = [0.0, 0.0, 0, 0.0], [0.0, 0.0], now
                 return
             self.verdict = "processes"
             self.why = (
@@ -157,7 +159,11 @@ class KindTrial:
             logger.info("granary: worker_kind auto: %s", self.why)
             return
         pair = _share(self._beside)
-        share = (self._solo / pair - 1.0) / max(1, self.threads - 1)
+        # Read twice: with the waits for a CPU taken out (a busy machine is no GIL), and
+        # as they are (a GIL wait that became a wait for a CPU is still seen); the larger
+        # decides, so threads stay only where they visibly ran side by side.
+        shares = (self._solo / pair, _share(self._alone, raw=True) / _share(self._beside, raw=True))
+        share = (max(shares) - 1.0) / max(1, self.threads - 1)
         self.gil_share = min(1.0, max(0.0, share))
         self.verdict = "processes" if self.gil_share > GIL_LIMIT else "threads"
         self.why = "measured on the first units"
@@ -177,16 +183,17 @@ class KindTrial:
             }
 
 
-def _add(sums: list, cpu: float, running: float) -> None:
+def _add(sums: list, cpu: float, running: float, wall: float) -> None:
     sums[0] += cpu
     sums[1] += running
     sums[2] += 1
+    sums[3] += wall
 
 
-def _share(sums: list) -> float:
-    """CPU seconds over the seconds not spent waiting for a CPU (at most 1: the two
-    clocks are read apart)."""
-    return max(min(1.0, sums[0] / max(sums[1], sums[0], 1e-9)), 1e-6)
+def _share(sums: list, raw: bool = False) -> float:
+    """CPU seconds over the seconds not spent waiting for a CPU (``raw``: over the wall
+    seconds), at most 1 (the clocks are read apart)."""
+    return max(min(1.0, sums[0] / max(sums[3 if raw else 1], sums[0], 1e-9)), 1e-6)
 
 
 def choose_at_start(kind: str, workers: int, gil: bool) -> tuple[str | None, str]:

@@ -353,7 +353,7 @@ class DataLoader:
         element-wise operations among them run on a pool too (not the packers)."""
         return TailIterator(
             DataLoaderIterator(self._engine), self._tail, self.plan.sampler.seed,
-            workers=self.worker_count, init_fn=self.worker_init_fn,
+            workers=self.worker_count, init_fn=self.worker_init_fn, worker_kind=self.worker_kind,
         )
 
     def _end_together(self, state: Any) -> EndTogether:

@@ -42,6 +42,11 @@ def test_an_unknown_worker_kind_is_refused_at_construction_naming_the_three(monk
         make(wp.slow_identity, worker_kind=None)
 
 
+def resident_now() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
 def test_threads_start_no_process_and_stats_name_the_kind_and_each_threads_cpu():
     before = child_pids()
     it = iter(make(wp.slow_identity))
@@ -50,7 +55,12 @@ def test_threads_start_no_process_and_stats_name_the_kind_and_each_threads_cpu()
     stats = it.stats()
     it.close()
     assert got == [list(range(i, i + 4)) for i in range(0, 40, 4)]
-    assert stats["pipeline"]["workers"] == {"worker_kind": "threads", "why": "asked for"}
+    described = stats["pipeline"]["workers"]
+    assert {k: described[k] for k in ("worker_kind", "why", "threads")} == {
+        "worker_kind": "threads", "why": "asked for", "threads": 2,
+    }
+    # The process's memory, once: the threads share it (and the training loop has it too).
+    assert described["process_rss_mb"] * 2**20 == pytest.approx(resident_now(), rel=0.5)
     workers = stats["workers"]
     assert set(workers) <= {"0", "1"} and sum(w["units"] for w in workers.values()) == 10
     assert all(w["cpu_s"] > 0 and w["busy_s"] >= w["cpu_s"] * 0.5 for w in workers.values())
@@ -110,9 +120,8 @@ def test_auto_on_a_free_threaded_interpreter_chooses_threads_without_a_trial(mon
     monkeypatch.setattr(kind_module, "gil_enabled", lambda: False)
     it = iter(make(wp.slow_identity, worker_kind="auto"))
     assert len(list(it)) == 10
-    assert it.stats()["pipeline"]["workers"] == {
-        "worker_kind": "threads", "why": "the interpreter runs without a GIL",
-    }
+    described = it.stats()["pipeline"]["workers"]
+    assert (described["worker_kind"], described["why"]) == ("threads", "the interpreter runs without a GIL")
     it.close()
 
 
@@ -140,6 +149,20 @@ def test_auto_hands_over_to_processes_when_the_trial_says_so_and_the_stream_is_u
     assert stats["pipeline"]["workers"]["worker_kind"] == "processes"
     assert stats["pipeline"]["workers"]["why"].startswith("measured on the first units")
     assert any("worker_kind auto" in r.getMessage() and r.getMessage().endswith("processes") for r in caplog.records)
+
+
+def test_auto_on_a_machine_too_busy_to_measure_hands_over_to_processes_and_says_why(monkeypatch):
+    """Made certain: every round is past a busy limit of -1."""
+    monkeypatch.setattr(kind_module, "BUSY_LIMIT", -1.0)
+    reference = list(make_loader("everything", n=3000, epochs=1))
+    it = iter(make_loader("everything", n=3000, epochs=1, worker_count=2, worker_kind="auto",
+                          read_options=dl.ReadOptions(unit_size=16)))
+    got = list(it)
+    described = it.stats()["pipeline"]["workers"]
+    it.close()
+    assert_streams_equal(got, reference)
+    assert described["worker_kind"] == "processes"
+    assert described["why"].startswith("the machine was too busy to measure")
 
 
 def test_the_dataset_apis_mp_prefetch_takes_the_kind_and_gives_the_same_elements_and_states():

@@ -38,7 +38,7 @@ from typing import Any
 
 from dataloader.engine.compute import UnitResult, compute_unit, hint_unit
 from dataloader.engine.plan import Plan
-from dataloader.engine.pool.autoscale.kind import KindTrial, run_delay_s
+from dataloader.engine.pool.autoscale.kind import KindTrial, clocks
 from dataloader.engine.pool.messages import Done, Failed, Fatal, Ready
 from dataloader.engine.pool.watch.progress import IDLE, SENDING, Position
 from dataloader.engine.pool.workers import Closing, Slots
@@ -75,6 +75,16 @@ class ThreadBoard:
     def read(self, index: int) -> Position:
         with self._lock:
             return self._slots[index]
+
+
+def resident_bytes() -> int:
+    """This process's resident memory (``/proc/self/statm``: one read, no walk of the
+    mappings); 0 where the kernel does not say."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 class ThreadWorker:
@@ -163,13 +173,22 @@ class ThreadSet(Slots):
         trial = self.trial
         if trial is None or trial.verdict != "processes":
             return None
-        why = f"measured on the first units: a unit holds the GIL about {trial.gil_share:.0%} of its time"
+        if trial.gil_share is None:  # too busy a machine to read it: processes
+            why = trial.why
+        else:
+            why = f"measured on the first units: a unit holds the GIL about {trial.gil_share:.0%} of its time"
         return functools.partial(self._then, why=why)
 
     def describe(self) -> dict[str, Any]:
-        if self.trial is not None:
-            return self.trial.describe()
-        return {"worker_kind": "threads", "why": self._why}
+        """The kind and why, the number of worker threads, and the memory they have: the
+        process's resident memory, once (threads share one address space, so no thread
+        has a figure of its own; it is the training loop's too)."""
+        out: dict[str, Any] = (
+            self.trial.describe() if self.trial is not None else {"worker_kind": "threads", "why": self._why}
+        )
+        out["threads"] = len(self.workers)
+        out["process_rss_mb"] = resident_bytes() / 2**20
+        return out
 
     def _spawn(self, index: int) -> ThreadWorker:
         if self.stopping:
@@ -217,15 +236,15 @@ class ThreadSet(Slots):
                 board.write(w.index, w.key, generation, unit, 0)
                 message: Any
                 trial = self.trial if self.trial is not None and self.trial.verdict is None else None
-                waited = run_delay_s() if trial is not None else 0.0
+                before = clocks() if trial is not None else None
                 try:
                     # passthrough=(): Ctrl-C reaches the main thread only, so whatever
                     # is raised here comes from user code: the unit's error.
                     result = compute_unit(plan, start, stop, report, passthrough=())
+                    if trial is not None and before is not None:
+                        trial.record(w.index, before, clocks())
                     board.write(w.index, w.key, None, None, SENDING)
                     message = Done(generation, unit, None, 0, result)
-                    if trial is not None:
-                        trial.record(w.index, result.began, result.ended, result.cpu_s, run_delay_s() - waited)
                 except BaseException as exc:
                     message = Failed(generation, unit, exc)
                 board.write(w.index, w.key, None, None, IDLE)

@@ -8,9 +8,10 @@ operations after it run on a pool, each unit's elements shipped to its worker
 element-by-element stage (:mod:`dataloader.dataset.transformations.pooled`). A
 ``DataLoader`` runs it after its packer, the dataset API after an iterator-level stage
 under ``mp_prefetch``: it lives with the stages (the rule in :mod:`dataloader.engine.stages`).
-Its pool is its own, so a pipeline with an engine-backed part before it runs two pools of
-``num_workers`` processes (the measured cost: ``docs/streaming.md``, "Where each stage
-runs"): records read by index and elements shipped from here are two streams.
+Its pool is its own, of the loader's ``worker_kind``, so a pipeline with an engine-backed
+part before it runs two pools of ``num_workers`` workers (the measured cost of two
+process pools: ``docs/streaming.md``, "Where each stage runs"): records read by index
+and elements shipped from here are two streams.
 """
 
 from __future__ import annotations
@@ -35,12 +36,13 @@ from dataloader.options import (
     MultiprocessingOptions,
     ReadOptions,
     check_worker_count,
+    check_worker_kind,
 )
 
 
 class ShippedElementwiseIterator(DatasetIterator, ElasticDefaults):
     """``ops`` over ``parent``'s elements, unit by unit, on ``options.num_workers``
-    worker processes (0: in this process, unit by unit all the same).
+    workers of ``options.worker_kind`` (0: in this process, unit by unit all the same).
 
     Its output is that of :class:`~dataloader.engine.stages.elementwise.ElementwiseIterator`
     with the same ``default_seed``, and its states use the same keys (see
@@ -73,7 +75,10 @@ class ShippedElementwiseIterator(DatasetIterator, ElasticDefaults):
         self._ops = ops
         self._watch = watch
         count = check_worker_count("num_workers", options.num_workers)
-        self._inputs = ShippedInputs(unit_size, shared=count != 0)
+        kind = check_worker_kind("worker_kind", options.worker_kind) if count != 0 else "processes"
+        # Threads read the elements where the feeder put them; processes (and auto, which
+        # may hand over to them) through shared memory.
+        self._inputs = ShippedInputs(unit_size, shared=count != 0 and kind != "threads")
         self._release = weakref.finalize(self, self._inputs.close)
         self._feeder = Feeder(parent, self._inputs)
         # The state before the first output of the unit to come (taken before any unit
@@ -106,12 +111,15 @@ class ShippedElementwiseIterator(DatasetIterator, ElasticDefaults):
             from dataloader.engine.pool.executor import PoolExecutor
             from dataloader.engine.pool.messages import pickle_plan
 
-            plan_bytes = pickle_plan(worker_plan)
-            zygote.prestart(plan_bytes)
+            plan_bytes = b""  # threads share the parent's plan itself
+            if kind != "threads":
+                plan_bytes = pickle_plan(worker_plan)
+                zygote.prestart(plan_bytes)
             self._executor = PoolExecutor(
                 plan, plan_bytes, 0, worker_count=count,
                 buffer_size=options.per_worker_buffer_size, init_fn=init_fn,
                 stall_warning_s=DEFAULT_STALL_WARNING_S,  # as a DataLoader's pool
+                worker_kind=kind,
             )
 
     def __next__(self) -> Any:

@@ -100,15 +100,17 @@ class TailIterator(DatasetIterator, ElasticDefaults):
         workers: the loader's ``worker_count``: with workers (not 0), the element-wise
             operations run on a pool of that many workers; 0: in this process.
         init_fn: the loader's ``worker_init_fn``.
+        worker_kind: the loader's ``worker_kind``: what those workers are.
     """
 
     stats_name = None  # stats(): it only passes its stages' outputs on
 
     def __init__(
-        self, head: DatasetIterator, tail: Sequence[Any], seed: int | None, workers: Any = 0, init_fn: Any = None
+        self, head: DatasetIterator, tail: Sequence[Any], seed: int | None, workers: Any = 0, init_fn: Any = None,
+        worker_kind: str = "processes",
     ) -> None:
         self._tail, self._seed = tuple(tail), seed
-        self._workers, self._init_fn = workers, init_fn
+        self._workers, self._init_fn, self._kind = workers, init_fn, worker_kind
         super().__init__(self._stages(head))
         self._head = head
         self._operations = [_name(op) for op in tail]
@@ -135,7 +137,7 @@ class TailIterator(DatasetIterator, ElasticDefaults):
             return ElementwiseIterator(top, ops, self._seed)
         from dataloader.engine.stages.shipped import ShippedElementwiseIterator
 
-        options = MultiprocessingOptions(num_workers=self._workers)
+        options = MultiprocessingOptions(num_workers=self._workers, worker_kind=self._kind)
         return ShippedElementwiseIterator(top, ops, options, self._init_fn, default_seed=self._seed)
 
     @property

@@ -49,20 +49,20 @@ def noise(row, rng):
     return {**row, "noise": rng.integers(0, 1000, size=2)}
 
 
-def loader(workers, ops=None):
+def loader(workers, ops=None, kind="processes"):
     if ops is None:
         ops = [dl.MapTransform(scale), dl.FilterTransform(keep), dl.FlatMapTransform(halves, max_fan_out=2),
                dl.RandomMapTransform(noise), dl.Batch(3)]
     return dl.DataLoader(
         dl.RangeDataSource(N), dl.IndexSampler(N, shuffle=True, num_epochs=1, seed=5),
         [dl.MapTransform(tokens), dl.FirstFitPack({"tokens": 8}, num_packing_bins=2), *ops],
-        worker_count=workers,
+        worker_count=workers, worker_kind=kind,
     )
 
 
-def run(workers):
+def run(workers, kind="processes"):
     """Every output, and the state (as JSON) before the first and after each."""
-    return outputs_and_states(loader(workers))
+    return outputs_and_states(loader(workers, kind=kind))
 
 
 def stages(it):
@@ -88,6 +88,32 @@ def test_same_output_and_every_state_for_every_worker_count():
         out, states = run(workers)
         assert_streams_equal(out, out0)
         assert states == states0
+
+
+def test_threads_after_the_packer_give_the_same_output_and_every_state():
+    """worker_kind reaches the pool of the stage after the packer: its maps run on threads
+    of this process, and the batches and states are those of 0 workers and of processes."""
+    out0, states0 = run(0)
+    out, states = run(2, "threads")
+    assert_streams_equal(out, out0)
+    assert states == states0
+    it = iter(loader(2, [dl.MapTransform(add_pid), dl.Batch(4)], kind="threads"))
+    shipped = [s for s in stages(it) if isinstance(s, ShippedElementwiseIterator)]
+    pids = {int(p) for batch in it for p in np.asarray(batch["pid"]).ravel()}
+    it.close()
+    assert len(shipped) == 1 and pids == {os.getpid()}  # on the pool, in this process
+
+
+def test_a_state_moves_between_kinds_after_the_packer():
+    out0, states0 = run(0)
+    _, states = run(2, "threads")
+    for k in (1, len(out0) // 2):
+        it = loader(2, kind="processes").iterator(json.loads(states[k]))
+        assert_streams_equal(list(it), out0[k:])
+        it.close()
+    it = loader(2, kind="threads").iterator(json.loads(states0[7]))
+    assert_streams_equal(list(it), out0[7:])
+    it.close()
 
 
 def test_a_state_restores_at_several_steps_across_worker_counts():

@@ -10,28 +10,38 @@ tokenizers, Arrow). ``"processes"`` scales whatever the units do. ``"auto"`` mea
   training loop itself, and there is no second thread to measure against);
 * else the pool starts with threads and runs a short trial on the stream's first units
   (:class:`KindTrial`), which are kept: one thread computes its first units alone, then
-  every thread computes. A unit's CPU share (its thread's CPU time over its wall time
-  less the time the thread waited, runnable, for a CPU: ``/proc/thread-self/schedstat``,
-  so a busy machine does not read as a held GIL) alone, against beside the others,
-  estimates the share of a unit's time that holds the GIL: a thread waiting for the GIL
-  sleeps, so with ``n`` threads a share ``h`` lowers the CPU share by about
-  ``1 + h * (n - 1)``. Waiting on I/O lowers both alike. On a machine so busy that the
-  threads wait for a CPU more than half the time (:data:`BUSY_LIMIT`), a thread waiting
-  for the GIL is mostly runnable too and the share cannot be read: the trial measures
-  again on later units, and after :data:`ATTEMPTS` such rounds keeps the threads (the
-  cheaper kind), saying so. Past :data:`GIL_LIMIT` the pool hands over to processes (the threads
-  first answer what they hold), else it keeps its threads. The choice is logged and shown
-  in ``stats()["pipeline"]["workers"]``; it never changes the output (a unit is the
-  same whoever computes it).
+  every thread computes. A unit's CPU share (its thread's CPU time over the part of its
+  wall time the thread was not runnable-and-waiting for a CPU: ``/proc/thread-self/
+  schedstat``'s run delay is taken out) alone, against beside the others, estimates the
+  share of a unit's time that holds the GIL: a thread waiting for the GIL sleeps on a
+  condition, so with ``n`` threads a share ``h`` lowers the CPU share by about
+  ``1 + h * (n - 1)``. Waiting on I/O lowers both alike. Past :data:`GIL_LIMIT` the
+  pool hands over to processes (the threads first answer what they hold), else it keeps
+  its threads. The choice is logged and shown in ``stats()["pipeline"]["workers"]``; it
+  never changes the output (a unit is the same whoever computes it).
+
+On a loaded machine the threads' clocks cannot tell a GIL wait from a wait for a CPU.
+In the loader on the 2-core VM, a pure-Python unit beside another thread spent its time
+off the CPU runnable, almost never asleep on the GIL (a woken GIL waiter then waits for a
+CPU), so with the run delay taken out the share read 0 to 7%, at a load of 4 as at 8;
+without it, load alone reads as a held GIL. So the share is read both ways and the
+larger decides: threads stay only where they visibly ran side by side, and a doubt goes
+to processes, the default, which scale whatever the units do (at worst a pipeline that
+releases the GIL gets processes on a busy machine, and their memory). A round where the
+threads waited for a CPU more than :data:`BUSY_LIMIT` of the time is measured again, and
+after :data:`ATTEMPTS` such rounds the pool takes processes (an earlier rule kept the
+threads there, and chose threads for pure Python on every loaded run). The shares are
+read from sums over a round's units, each unit timed between two readings of
+:func:`clocks`, so that its wait for a CPU and its wall time cover the same span.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import statistics
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -44,9 +54,9 @@ KINDS = ("processes", "threads", "auto")
 # of what 2 processes do (1 / (1 + h) of 2x): processes win despite their pickling.
 GIL_LIMIT = 0.35
 SOLO_UNITS = 4  # units the first thread computes alone (the first warms it up)
-PAIR_UNITS_PER_THREAD = 3  # units per thread measured while all compute
+PAIR_UNITS_PER_THREAD = 4  # units per thread measured while all compute
 BUSY_LIMIT = 0.5  # past this share of wall time waiting for a CPU, a round tells nothing
-ATTEMPTS = 3  # rounds measured before a too busy machine keeps the threads
+ATTEMPTS = 3  # rounds measured before a too busy machine gets processes
 
 
 def gil_enabled() -> bool:
@@ -66,6 +76,14 @@ def run_delay_s() -> float:
         return 0.0
 
 
+def clocks() -> tuple[float, float, float]:
+    """This thread's (``time.monotonic``, CPU seconds, seconds waited for a CPU), read
+    together: a trial unit is timed between two of them, so that its wall time and its
+    wait for a CPU cover the same span (a wait outside the wall time read as more wait
+    than wall on a loaded machine)."""
+    return time.monotonic(), time.thread_time(), run_delay_s()
+
+
 class KindTrial:
     """The measurement behind ``worker_kind="auto"`` (see the module docstring). Fed by
     the worker threads (:meth:`record`), read by the pool; every field under one lock."""
@@ -74,12 +92,15 @@ class KindTrial:
         self.threads = threads
         self._lock = threading.Lock()
         self._counts = [0] * threads  # units each thread has recorded
-        self._solo_rates: list[float] = []
+        # Sums over units: [CPU seconds, seconds not waiting for a CPU, units, wall
+        # seconds], alone and beside the others; and the seconds waited for a CPU and of
+        # wall beside them.
+        self._alone = [0.0, 0.0, 0, 0.0]
+        self._beside = [0.0, 0.0, 0, 0.0]
+        self._busy = [0.0, 0.0]
         self._solo: float | None = None  # a unit's CPU share, alone
         self._warm_at: float | None = None  # every thread has computed a unit since
         self._first_ends: dict[int, float] = {}
-        self._pair: list[float] = []
-        self._busy = [0.0, 0.0]  # this round's seconds waiting for a CPU, and of wall
         self.rounds = 0  # rounds thrown away: the machine was too busy
         self.why = "measuring (threads meanwhile)"
         self.gil_share: float | None = None
@@ -90,20 +111,24 @@ class KindTrial:
         with self._lock:
             return self._solo is not None
 
-    def record(self, index: int, began: float, ended: float, cpu: float, waited: float = 0.0) -> None:
+    def record(self, index: int, before: tuple[float, float, float], after: tuple[float, float, float]) -> None:
+        """Thread ``index`` computed a unit between two readings of :func:`clocks`."""
+        self.add(index, before[0], after[0], after[1] - before[1], after[2] - before[2])
+
+    def add(self, index: int, began: float, ended: float, cpu: float, waited: float = 0.0) -> None:
         """Thread ``index`` computed a unit from ``began`` to ``ended``
         (``time.monotonic``), using ``cpu`` seconds of CPU, ``waited`` of it runnable
         but waiting for a CPU."""
-        rate = min(1.0, cpu / max(ended - began - waited, cpu, 1e-9))
+        running = max(ended - began - waited, 0.0)
         with self._lock:
             if self.verdict is not None or index >= self.threads:
                 return
             self._counts[index] += 1
             if self._solo is None:
                 if index == 0 and self._counts[0] > 1:  # the first warmed up
-                    self._solo_rates.append(rate)
-                if len(self._solo_rates) >= SOLO_UNITS - 1:
-                    self._solo = max(statistics.median(self._solo_rates), 1e-6)
+                    _add(self._alone, cpu, running, ended - began)
+                if self._alone[2] >= SOLO_UNITS - 1:
+                    self._solo = _share(self._alone)
                 return
             self._first_ends.setdefault(index, ended)
             if self._warm_at is None:
@@ -111,10 +136,10 @@ class KindTrial:
                     self._warm_at = max(self._first_ends.values())
                 return
             if began >= self._warm_at:
-                self._pair.append(rate)
+                _add(self._beside, cpu, running, ended - began)
                 self._busy[0] += waited
                 self._busy[1] += ended - began
-            if len(self._pair) >= PAIR_UNITS_PER_THREAD * self.threads:
+            if self._beside[2] >= PAIR_UNITS_PER_THREAD * self.threads:
                 self._decide(ended)
 
     def _decide(self, now: float) -> None:
@@ -123,24 +148,30 @@ class KindTrial:
         if busy > BUSY_LIMIT:
             self.rounds += 1
             if self.rounds < ATTEMPTS:  # measure again, on units that start from now
-                self._pair, self._busy, self._warm_at = [], [0.0, 0.0], now
+                self._beside, self._busy, self._warm_at = [0.0, 0.0, 0, 0.0], [0.0, 0.0], now
                 return
-            self.verdict = "threads"
+            self.verdict = "processes"
             self.why = (
                 f"the machine was too busy to measure (the threads waited for a CPU "
-                f"{busy:.0%} of the time, {ATTEMPTS} rounds): threads kept"
+                f"{busy:.0%} of the time, {ATTEMPTS} rounds): processes, which scale "
+                f"whatever the units do"
             )
             logger.info("granary: worker_kind auto: %s", self.why)
             return
-        pair = max(statistics.median(self._pair), 1e-6)
-        share = (self._solo / pair - 1.0) / max(1, self.threads - 1)
+        pair = _share(self._beside)
+        # Read twice: with the waits for a CPU taken out (a busy machine is no GIL), and
+        # as they are (a GIL wait that became a wait for a CPU is still seen); the larger
+        # decides, so threads stay only where they visibly ran side by side.
+        shares = (self._solo / pair, _share(self._alone, raw=True) / _share(self._beside, raw=True))
+        share = (max(shares) - 1.0) / max(1, self.threads - 1)
         self.gil_share = min(1.0, max(0.0, share))
         self.verdict = "processes" if self.gil_share > GIL_LIMIT else "threads"
         self.why = "measured on the first units"
         logger.info(
             "granary: worker_kind auto: a unit holds the GIL about %.0f%% of its time "
-            "(CPU %.0f%% of its wall time alone, %.0f%% beside %d threads): %s",
-            100 * self.gil_share, 100 * self._solo, 100 * pair, self.threads - 1, self.verdict,
+            "(CPU %.0f%% of its running time alone, %.0f%% beside %d threads; they waited "
+            "for a CPU %.0f%% of the time): %s",
+            100 * self.gil_share, 100 * self._solo, 100 * pair, self.threads - 1, 100 * busy, self.verdict,
         )
 
     def describe(self) -> dict[str, Any]:
@@ -150,6 +181,19 @@ class KindTrial:
                 "why": self.why,
                 "gil_share": self.gil_share,
             }
+
+
+def _add(sums: list, cpu: float, running: float, wall: float) -> None:
+    sums[0] += cpu
+    sums[1] += running
+    sums[2] += 1
+    sums[3] += wall
+
+
+def _share(sums: list, raw: bool = False) -> float:
+    """CPU seconds over the seconds not spent waiting for a CPU (``raw``: over the wall
+    seconds), at most 1 (the clocks are read apart)."""
+    return max(min(1.0, sums[0] / max(sums[3 if raw else 1], sums[0], 1e-9)), 1e-6)
 
 
 def choose_at_start(kind: str, workers: int, gil: bool) -> tuple[str | None, str]:

@@ -194,8 +194,9 @@ class _PrefetchingIterator(DatasetIterator, ElasticDefaults):
             raise ValueError(f"next() on a closed iterator ({self!r}); make a new one")
         if self._finished:
             raise StopIteration
-        self.start_prefetch()
-        assert self._producer is not None
+        if self._producer is None:  # asked once, not on every element
+            self.start_prefetch()
+            assert self._producer is not None
         kind, value, state = self._producer.get()
         if kind == "ok":
             self._state = state

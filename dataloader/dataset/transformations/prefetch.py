@@ -39,7 +39,7 @@ class _Room:
     """How many more elements the thread may hold that the consumer has not taken.
 
     ``reserve`` waits for room before the thread asks its source for an element it may
-    have to compute; ``charge`` counts one the source already held computed (it may go
+    have to compute; ``charge`` counts those the source already held computed (it may go
     below zero: those were in memory anyway, and the thread waits for the consumer to
     take them before it asks for more); ``give`` returns room as the consumer takes
     elements.
@@ -60,9 +60,9 @@ class _Room:
             self._free -= 1
             return True
 
-    def charge(self) -> None:
+    def charge(self, count: int) -> None:
         with self._lock:
-            self._free -= 1
+            self._free -= count
 
     def give(self, count: int) -> None:
         with self._lock:
@@ -94,12 +94,17 @@ class _Producer:
         self.thread.start()
 
     def _run(self) -> None:
-        source, held = self._source, False
+        # ``held``: the next calls that return what the source holds computed (its
+        # ready(), asked once and counted down); ``charged``: those taken for this group,
+        # counted once before it is handed over (the consumer cannot give room back for
+        # a group before it has it, so this is the room's count element by element too).
+        source, held, charged = self._source, 0, 0
         group: list[tuple[str, Any, Any]] = []
         try:
             while True:
                 if held:  # computed already: counted, never waited for
-                    self.room.charge()
+                    held -= 1
+                    charged += 1
                 elif not self.room.reserve(self.stopping):
                     return
                 try:
@@ -108,15 +113,21 @@ class _Producer:
                     group.append(("end", None, source.get_state()))
                     return
                 group.append(("ok", element, source.get_state()))
-                held = self._grouped and source.ready() > 0
+                if not held and self._grouped:
+                    held = source.ready()
                 if not held:
-                    self.items.put(group)
-                    group = []
+                    self._hand_over(group, charged)
+                    group, charged = [], 0
         except BaseException as exc:  # handed to the consumer at its place, with its type
             group.append(("error", exc, None))
         finally:
             if group:
-                self.items.put(group)
+                self._hand_over(group, charged)
+
+    def _hand_over(self, group: list[tuple[str, Any, Any]], charged: int) -> None:
+        if charged:
+            self.room.charge(charged)
+        self.items.put(group)
 
     def get(self) -> tuple[str, Any, Any]:
         if self._at == len(self._group):
@@ -183,8 +194,9 @@ class _PrefetchingIterator(DatasetIterator, ElasticDefaults):
             raise ValueError(f"next() on a closed iterator ({self!r}); make a new one")
         if self._finished:
             raise StopIteration
-        self.start_prefetch()
-        assert self._producer is not None
+        if self._producer is None:  # asked once, not on every element
+            self.start_prefetch()
+            assert self._producer is not None
         kind, value, state = self._producer.get()
         if kind == "ok":
             self._state = state

@@ -26,8 +26,11 @@ before any size was known, travel in blocks too.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import copyreg
 import ctypes
+import io
 import mmap
 import os
 import pickle
@@ -172,11 +175,33 @@ class Mapped:
         os.close(self.fd)
 
 
+def _scalar(value: np.generic) -> tuple[type, tuple[Any]]:
+    return type(value), (value.item(),)
+
+
+# numpy scalars whose Python value (``item()``) is exact, pickled as ``type(value)`` of
+# it: numpy's own reduce pickles the dtype and the raw bytes, twice the time. A Parquet
+# row's np.int64 fields made half of what pickling a shipped unit cost the trainer (2.0
+# against 1.0 us a row of two np.int64 and a string); the values and types unpickled
+# are the same. Floats narrower than a double are left to numpy: through a Python
+# float a signalling NaN would come back quiet.
+_SCALARS: dict[type, Any] = {t: _scalar for t in (
+    np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
+    np.float64, np.complex128,
+)}
+# Read through, so that reducers registered with copyreg later still count.
+_DISPATCH: collections.ChainMap[type, Any] = collections.ChainMap(_SCALARS, copyreg.dispatch_table)
+
+
 def dumps(obj: Any) -> tuple[bytes, list[memoryview]]:
-    """Pickles with protocol 5; large contiguous buffers come back out of band."""
+    """Pickles with protocol 5; large contiguous buffers come back out of band, numpy
+    scalars as their exact Python values (see ``_SCALARS``)."""
     buffers: list[pickle.PickleBuffer] = []
-    header = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
-    return header, [b.raw() for b in buffers]
+    out = io.BytesIO()
+    pickler = pickle.Pickler(out, protocol=5, buffer_callback=buffers.append)
+    pickler.dispatch_table = _DISPATCH
+    pickler.dump(obj)
+    return out.getvalue(), [b.raw() for b in buffers]
 
 
 def payload_size(header: bytes, buffers: list[memoryview]) -> int:

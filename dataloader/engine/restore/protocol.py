@@ -159,7 +159,9 @@ def takes_every_host(top: Any) -> bool:
     return True
 
 
-def _no_tag() -> None:
+def no_tag() -> None:
+    """The tag reader of a parent that takes no part in an elastic restore (see
+    :func:`tag_reader`); a stage may compare with it to skip reading tags at all."""
     return None
 
 
@@ -170,7 +172,7 @@ def tag_reader(parent: Any) -> Callable[[], Tag | None]:
     and a state holding them is refused for an elastic restore)."""
     if isinstance(parent, (ElasticStage, ElasticHead)):
         return parent.last_tag
-    return _no_tag
+    return no_tag
 
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from dataloader.engine.plan import ELEMENTS, Plan, Step
-from dataloader.engine.restore.protocol import tag_reader
+from dataloader.engine.restore.protocol import no_tag, tag_reader
 from dataloader.engine.shipped_inputs import ShippedInputs
 from dataloader.engine.sizing import Units
 from dataloader.operations import Operation
@@ -75,6 +75,9 @@ class Feeder:
         self.error = None
         if restore:
             restore[0]()
+        # Read per element in this loop, which runs in the trainer: bound once. An
+        # upstream with no engine tags gives a unit none (the stage reads None for each).
+        upstream, state_of, tagged = self.upstream, self.upstream.get_state, self._tag is not no_tag
         while True:
             # The state before every element, not only the unit's first: a state handed
             # out mid-unit then names the very element it stands before, as the
@@ -87,10 +90,11 @@ class Feeder:
             tags: list[Any] = []
             try:
                 for _ in range(want):
-                    befores.append(self.upstream.get_state())
-                    elements.append(next(self.upstream))
-                    tags.append(self._tag())
-                after = self.upstream.get_state()
+                    befores.append(state_of())
+                    elements.append(next(upstream))
+                    if tagged:
+                        tags.append(self._tag())
+                after = state_of()
             except StopIteration:
                 after = befores.pop()
                 self.end_at, self.end_state = start + len(elements), self.upstream.get_state()

@@ -76,6 +76,27 @@ def test_what_the_source_holds_goes_over_in_one_group():
     assert groups == [list(range(k, k + 5)) for k in (0, 5, 10, 15)]
 
 
+class Counted(Grouped):
+    """Grouped, counting the calls of ``ready()``."""
+
+    def __init__(self, n: int, group: int) -> None:
+        super().__init__(n, group)
+        self.asked = 0
+
+    def ready(self) -> int:
+        self.asked += 1
+        return super().ready()
+
+
+def test_the_thread_asks_what_the_source_holds_once_a_group_not_once_an_element():
+    """ready() says how many next() calls return held outputs: the thread counts those
+    down rather than asking after every element (a call per element cost the trainer)."""
+    source = Counted(20, group=5)
+    it = dl.experimental.ThreadPrefetchDatasetIterator(source, prefetch_buffer_size=2)
+    assert list(it) == list(range(20))
+    assert source.asked <= 2 * 4  # after a group's first element, and after its last
+
+
 def _all(producer: _Producer) -> list:
     """One group, taken whole."""
     first = producer.get()

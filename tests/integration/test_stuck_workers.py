@@ -71,7 +71,7 @@ STOPPED = {
 def test_unit_timeout_raises_at_its_place_names_it_and_does_not_retry(kind, tmp_path, caplog):
     where, stopped, verb = STOPPED[kind]
     release = str(tmp_path / "release")  # lets an abandoned thread return at the end
-    loader = make(wp.hang_on(13, marker_dir=str(tmp_path), release=release), unit_timeout_s=1.0, worker_kind=kind)
+    loader = make(wp.hang_on(13, marker_dir=str(tmp_path), release=release), unit_timeout_s=2.5, worker_kind=kind)
     it = iter(loader)
     try:
         with caplog.at_level(logging.WARNING, logger="dataloader"):
@@ -80,7 +80,7 @@ def test_unit_timeout_raises_at_its_place_names_it_and_does_not_retry(kind, tmp_
                 dl.WorkerTimeoutError,
                 match=rf"worker [01] \({where}\) has been computing unit 3 \(positions \[12, 16\), record indices "
                 r"\[12, 13, 14, 15\]\) for \d+\.\d s; it is in MapTransform\(hang_on\.<locals>\.fn\), past "
-                rf"unit_timeout_s=1; {stopped}, and the unit is not computed again",
+                rf"unit_timeout_s=2.5; {stopped}, and the unit is not computed again",
             ) as info:
                 next(it)
         error = info.value
@@ -88,7 +88,7 @@ def test_unit_timeout_raises_at_its_place_names_it_and_does_not_retry(kind, tmp_
         assert (error.record_indices, error.position, error.operation) == ([12, 13, 14, 15], 12, "MapTransform(hang_on.<locals>.fn)")
         assert error.worker in (0, 1)
         stopping = [r.getMessage() for r in caplog.records if verb in r.getMessage()]
-        assert len(stopping) == 1 and "unit_timeout_s=1 s" in stopping[0]
+        assert len(stopping) == 1 and "unit_timeout_s=2.5 s" in stopping[0]
         assert len(os.listdir(tmp_path)) == 1  # record 13 was started once: no silent retry
         # The stream can go on past the unit, from a state, with fresh workers.
         state = it.get_state()
@@ -102,17 +102,18 @@ def test_unit_timeout_raises_at_its_place_names_it_and_does_not_retry(kind, tmp_
 
 def test_a_unit_stuck_behind_the_head_is_found_while_the_training_step_runs(tmp_path):
     """The stuck worker is killed and replaced while the consumer is busy elsewhere."""
-    loader = make(wp.hang_on(13, marker_dir=str(tmp_path)), unit_timeout_s=1.0)  # record 13 is in unit 3
+    loader = make(wp.hang_on(13, marker_dir=str(tmp_path)), unit_timeout_s=2.5)  # record 13 is in unit 3
     it = iter(loader)
     executor = it._executor
     # Before the first next(), the pool hands out the window's 4 units to both workers.
     assert wait_until(lambda: executor._window.created == 4 and all(w.ready for w in executor._workers.workers))
     assert next(it).tolist() == [0, 1, 2, 3]
     before = set(executor.pids)
-    # The "training step": it ends over a second after record 13 started, so however late
-    # the worker got to it, unit 3 has been out for longer than unit_timeout_s.
+    # The "training step": it ends 0.6 s past unit_timeout_s after record 13 started, so
+    # however late the worker got to it, unit 3 has been out for longer than the limit.
+    # (The limit is seconds so that no other unit reaches it on a busy machine.)
     assert wait_until(lambda: os.listdir(tmp_path))
-    time.sleep(1.6)
+    time.sleep(3.1)
     assert next(it).tolist() == [4, 5, 6, 7]  # unit 1 is handed out; the check ran first
     after = set(executor.pids)
     assert len(after) == 2 and len(before & after) == 1  # one worker replaced
@@ -125,7 +126,7 @@ def test_a_unit_stuck_behind_the_head_is_found_while_the_training_step_runs(tmp_
 
 
 def test_a_worker_stuck_on_a_unit_left_behind_by_set_state_is_replaced_without_an_error(caplog):
-    loader = make(wp.hang_on(13), unit_timeout_s=1.0)
+    loader = make(wp.hang_on(13), unit_timeout_s=2.5)
     it = iter(loader)
     assert [next(it).tolist() for _ in range(3)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
     state = it.get_state()
@@ -261,17 +262,19 @@ def test_a_consumer_pause_with_a_full_window_is_not_counted_as_compute(kind, tmp
 
     The pause is made observable: with the window full (2 workers x 1 unit ahead of the
     consumer), no unit can start while the consumer is away; the test sees that through
-    the records marked, before and after a pause of three times unit_timeout_s. A clock
-    started at sending would warn and kill here (as Ray's did, issue 33)."""
+    the records marked, before and after a pause of 1.5 times unit_timeout_s. A clock
+    started at sending would warn and kill here (as Ray's did, issue 33). The limits are
+    seconds, not tenths: a unit of four tiny writes must never reach them on a busy
+    machine (at 0.6 s a worker waiting for a CPU on CI was killed mid-unit)."""
     loader = make(wp.mark_each(str(tmp_path)), n=80, worker_kind=kind, worker_buffer_size=1,
-                  unit_timeout_s=0.6, stall_warning_s=0.4)
+                  unit_timeout_s=4, stall_warning_s=3)
     it = iter(loader)
     with caplog.at_level(logging.WARNING, logger="dataloader"):
         got = [next(it).tolist() for _ in range(3)]
         # Units 3 and 4 fill the window: 5 units of 4 records computed, and no more.
         assert wait_until(lambda: len(os.listdir(tmp_path)) == 20)
         pids = set(it._executor.pids)
-        time.sleep(1.8)  # the training step: three times unit_timeout_s
+        time.sleep(6)  # the training step: 1.5 times unit_timeout_s
         assert len(os.listdir(tmp_path)) == 20  # nothing started meanwhile: the window was full
         got += [b.tolist() for b in it]
     assert got == [list(range(i, i + 4)) for i in range(0, 80, 4)]

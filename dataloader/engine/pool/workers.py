@@ -78,11 +78,14 @@ class Workers(Footprint, Protocol):
     retries_stuck: bool
     workers: list[Any]  # every worker that takes units or is retiring
     deferred: list[int]  # slots still to start
-    board: Any  # .read(index) -> progress.Position; None: no stall checks
     stopping: bool  # close() was called: start no worker
     # f(slots): the worker set to hand the stream over to (worker_kind="auto" measured
     # that processes fit); None: keep this one
     handover: Any
+
+    @property
+    def board(self) -> Any:
+        """``.read(index) -> progress.Position``; None: no stall checks."""
 
     def describe(self) -> dict[str, Any]:
         """``stats()["pipeline"]["workers"]``: the kind, and how it was chosen."""

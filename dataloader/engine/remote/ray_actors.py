@@ -71,7 +71,13 @@ class RayActors(Slots):
         self._generation = 0  # the newest stream generation sent
         self._start_failures: list[str] = []
         self._waiting_since: float | None = time.monotonic()  # no actor ready since then
-        self.board = self
+
+    @property
+    def board(self) -> RayActors:
+        """The set is its own board (:meth:`read`). A property, not ``self.board = self``:
+        that cycle kept a dropped stream, its executor and the executor's parked actors
+        alive until the next full garbage collection, instead of ending them at once."""
+        return self
 
     def describe(self) -> dict[str, Any]:
         return {"worker_kind": "ray_actors", "actors": len(self.workers)}

@@ -269,6 +269,11 @@ def test_a_consumer_pause_with_a_full_window_is_not_counted_as_compute(kind, tmp
     loader = make(wp.mark_each(str(tmp_path)), n=80, worker_kind=kind, worker_buffer_size=1,
                   unit_timeout_s=4, stall_warning_s=3)
     it = iter(loader)
+    # Both workers ready before the consumer starts (the start-up thread takes that in):
+    # a worker that becomes ready while the consumer is away is seen at its next call,
+    # so with one late worker (CI once) unit 4 would wait for the next() after the pause.
+    workers = it._executor._workers.workers
+    assert wait_until(lambda: len(workers) == 2 and all(w.ready for w in workers))
     with caplog.at_level(logging.WARNING, logger="dataloader"):
         got = [next(it).tolist() for _ in range(3)]
         # Units 3 and 4 fill the window: 5 units of 4 records computed, and no more.

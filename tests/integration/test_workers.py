@@ -50,20 +50,44 @@ def test_warm_start_computes_units_here_until_a_worker_is_ready_and_then_none(tm
     open(release, "w").close()
     assert wait_until(lambda: len(os.listdir(tmp_path)) == 3)  # both workers were in init
     # Until the parent has taken a worker's Ready in, next() may still compute here: wait
-    # for that, rather than for a second that a busy machine may not keep to.
-    executor = it._executor
-
-    def a_worker_is_ready() -> bool:
-        executor._wait(0)  # what next() does first: take in the messages that arrived
-        return any(w.ready for w in executor._workers.workers)
-
-    assert wait_until(a_worker_is_ready)
+    # for that (the start-up thread takes it in while the consumer is away), rather than
+    # for a second that a busy machine may not keep to.
+    workers = it._executor._workers.workers
+    assert wait_until(lambda: any(w.ready for w in workers))
     got += list(it)
     workers = it.stats()["workers"]
     it.close()
     assert_streams_equal(got, reference)
     assert workers["main"]["units"] == 3  # none once a worker was ready
     assert sum(w["units"] for key, w in workers.items() if key != "main") == 7
+
+
+@pytest.mark.parametrize("kind", ["processes", "threads"])
+def test_the_window_fills_while_the_consumer_is_away_and_a_worker_is_not_ready(kind, tmp_path):
+    """The consumer takes in what workers say only inside next(). While a worker is not
+    ready yet (its init is slow), the start-up thread goes on doing that between calls: it
+    takes in the ready worker's answers and sends it the window's room, and takes the late
+    worker in when it is ready, so units are computed during the training step, not only
+    at the consumer's next call."""
+    marks, release = tmp_path / "marks", str(tmp_path / "go")
+    marks.mkdir()
+    loader = dl.DataLoader(
+        dl.RangeDataSource(80), dl.SequentialSampler(80), [dl.MapTransform(wp.mark_each(str(marks))), dl.Batch(4)],
+        worker_count=2, worker_buffer_size=1, warm_start=False, worker_kind=kind,
+        worker_init_fn=wp.gated_init(str(tmp_path / "in-init"), release, only=1))
+    it = iter(loader)
+    got = [next(it).tolist() for _ in range(3)]  # worker 0 alone, one unit at a time
+    # Units 3 and 4 (the window past the head) computed by worker 0 without a next():
+    # before, unit 4 waited for the next call, as did a worker ready in the meantime.
+    assert wait_until(lambda: len(os.listdir(marks)) == 20)
+    assert os.path.exists(tmp_path / "in-init-1")  # worker 1 still in its init
+    assert it.stats()["workers"].keys() == {"0"}
+    open(release, "w").close()
+    workers = it._executor._workers.workers
+    assert wait_until(lambda: all(w.ready for w in workers))  # taken in, the consumer away
+    got += [b.tolist() for b in it]
+    it.close()
+    assert got == [list(range(i, i + 4)) for i in range(0, 80, 4)]
 
 
 @pytest.mark.parametrize("kind", KINDS)

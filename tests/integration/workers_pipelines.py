@@ -54,11 +54,14 @@ def record_init(path):
     return init
 
 
-def gated_init(marker, release):
+def gated_init(marker, release, only=None):
     """A worker init that leaves ``marker-INDEX`` and then waits for the file ``release``:
-    the worker is not ready until the test (or :func:`open_gate_on`) says so."""
+    the worker is not ready until the test (or :func:`open_gate_on`) says so. ``only``:
+    the one worker index that waits (None: every worker)."""
 
     def init(index, count):
+        if only is not None and index != only:
+            return
         open(f"{marker}-{index}", "w").close()
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline and not os.path.exists(release):

@@ -12,7 +12,9 @@ below it runs with the lock held, one call at a time.
   ``close()`` then releases the workers and blocks without it, after ``CLOSE_WAIT_S``.
 * A start-up thread takes in what the workers say and hands out the first units as soon
   as they are ready, before the first ``next()``, so the pool works while the training
-  script is still setting up (compiling its step, restoring a checkpoint).
+  script is still setting up (compiling its step, restoring a checkpoint). It goes on
+  after the first ``next()`` until every worker is ready, so a late one gets its units
+  while the consumer is away, then ends: the steady state has no thread of its own.
 """
 
 from __future__ import annotations
@@ -63,9 +65,9 @@ class Guarded:
 
     @staticmethod
     def _prestart(ref: weakref.ref[Guarded]) -> None:
-        """Runs start-up rounds until the consumer starts, or the executor is closed or
-        collected (it holds only a weak reference between rounds, and no lock while it
-        waits)."""
+        """Runs start-up rounds until the consumer has started and every worker is ready,
+        or the executor is closed or collected (it holds only a weak reference between
+        rounds, and no lock while it waits)."""
         workers = Guarded._early_round(ref, work=False)
         while workers is not None:
             workers.wait_readable(0.05)
@@ -93,7 +95,13 @@ class Guarded:
             return executor._workers
 
     def _wanted_early(self) -> bool:
-        return not (self._consumer_started or self._closing or not self._finalizer.alive)
+        """Before the first ``next()``; after it, until every worker started is ready: the
+        consumer takes in what workers say only while it is in ``next()``, so a worker
+        ready while the consumer is away (its training step, a compile) would otherwise
+        sit idle until the consumer's next call, its share of the window unsent."""
+        if self._closing or not self._finalizer.alive:
+            return False
+        return not self._consumer_started or not all(w.ready for w in self._workers.workers)
 
     def __iter__(self) -> Guarded:
         return self
